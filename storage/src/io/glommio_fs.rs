@@ -1,0 +1,153 @@
+//! The real disk: O_DIRECT files through glommio's io_uring DMA API, and
+//! buffered files for the small consumer-state logs.
+//!
+//! Must run inside a glommio executor. Directory listing, creation and
+//! existence checks use `std::fs`: they are rare (startup, partition
+//! creation), tiny and have no io_uring form in glommio 0.9.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+use glommio::io::{BufferedFile, DmaFile, OpenOptions};
+
+use super::{FileSystem, OpenMode, StorageFile};
+use crate::limits::BLOCK_BYTES;
+
+/// Name of the marker file that [`GlommioFs::new`] writes and opens first.
+pub const IO_PROBE_FILE_NAME: &str = ".narad-io-probe";
+
+/// The real file system. Create it with [`GlommioFs::new`] before opening
+/// any other DMA file in the process.
+#[derive(Debug, Clone, Default)]
+pub struct GlommioFs {
+    _private: (),
+}
+
+impl GlommioFs {
+    /// Prepares `data_dir` and makes the first DMA file this process opens one
+    /// that already holds data. glommio probes the disk's capabilities with
+    /// the first DMA file it opens; probing a new, empty file gets it wrong and
+    /// makes every later O_DIRECT read of the process fail with EOPNOTSUPP.
+    pub async fn new(data_dir: &Path) -> io::Result<Self> {
+        std::fs::create_dir_all(data_dir)?;
+        let probe_path = data_dir.join(IO_PROBE_FILE_NAME);
+        let block = vec![0x4e_u8; usize::try_from(BLOCK_BYTES).unwrap_or(4096)];
+        std::fs::write(&probe_path, &block)?;
+        std::fs::File::open(&probe_path)?.sync_all()?;
+        let probe = OpenOptions::new().read(true).dma_open(&probe_path).await.map_err(io::Error::from)?;
+        let read = probe.read_at_aligned(0, block.len()).await.map_err(io::Error::from)?;
+        probe.close().await.map_err(io::Error::from)?;
+        if read.len() != block.len() {
+            return Err(io::Error::other("O_DIRECT probe read came back short"));
+        }
+        Ok(Self { _private: () })
+    }
+}
+
+/// An open file: O_DIRECT or buffered.
+pub enum GlommioFile {
+    Direct { file: Rc<DmaFile>, path: PathBuf },
+    Buffered { file: Rc<BufferedFile>, path: PathBuf },
+}
+
+impl StorageFile for GlommioFile {
+    async fn write_at(&self, data: &[u8], pos: u64) -> io::Result<()> {
+        let written = match self {
+            Self::Direct { file, .. } => {
+                let mut buf = file.alloc_dma_buffer(data.len());
+                buf.as_bytes_mut().copy_from_slice(data);
+                file.write_at(buf, pos).await.map_err(io::Error::from)?
+            }
+            Self::Buffered { file, .. } => file.write_at(data.to_vec(), pos).await.map_err(io::Error::from)?,
+        };
+        if written != data.len() {
+            return Err(io::Error::new(
+                io::ErrorKind::WriteZero,
+                format!("short write: {written} of {} bytes", data.len()),
+            ));
+        }
+        Ok(())
+    }
+
+    async fn read_at(&self, pos: u64, len: usize) -> io::Result<Vec<u8>> {
+        let read = match self {
+            Self::Direct { file, .. } => file.read_at(pos, len).await.map_err(io::Error::from)?,
+            Self::Buffered { file, .. } => file.read_at(pos, len).await.map_err(io::Error::from)?,
+        };
+        Ok(read.to_vec())
+    }
+
+    async fn sync_data(&self) -> io::Result<()> {
+        match self {
+            Self::Direct { file, .. } => file.fdatasync().await.map_err(io::Error::from),
+            Self::Buffered { file, .. } => file.fdatasync().await.map_err(io::Error::from),
+        }
+    }
+
+    async fn size(&self) -> io::Result<u64> {
+        match self {
+            Self::Direct { file, .. } => file.file_size().await.map_err(io::Error::from),
+            Self::Buffered { file, .. } => file.file_size().await.map_err(io::Error::from),
+        }
+    }
+}
+
+impl std::fmt::Debug for GlommioFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Direct { path, .. } => write!(f, "DirectFile({})", path.display()),
+            Self::Buffered { path, .. } => write!(f, "BufferedFile({})", path.display()),
+        }
+    }
+}
+
+impl FileSystem for GlommioFs {
+    type File = GlommioFile;
+
+    async fn open(&self, path: &Path, mode: OpenMode) -> io::Result<GlommioFile> {
+        let mut options = OpenOptions::new();
+        options.read(true).write(true).create(mode.create);
+        if mode.direct {
+            let file = options.dma_open(path).await.map_err(io::Error::from)?;
+            Ok(GlommioFile::Direct { file: Rc::new(file), path: path.to_path_buf() })
+        } else {
+            let file = options.buffered_open(path).await.map_err(io::Error::from)?;
+            Ok(GlommioFile::Buffered { file: Rc::new(file), path: path.to_path_buf() })
+        }
+    }
+
+    async fn create_dir_all(&self, path: &Path) -> io::Result<()> {
+        std::fs::create_dir_all(path)
+    }
+
+    async fn sync_dir(&self, path: &Path) -> io::Result<()> {
+        let dir = glommio::io::Directory::open(path).await.map_err(io::Error::from)?;
+        dir.sync().await.map_err(io::Error::from)?;
+        dir.close().await.map_err(io::Error::from)
+    }
+
+    async fn list_dir(&self, path: &Path) -> io::Result<Vec<String>> {
+        let mut names = Vec::new();
+        for entry in std::fs::read_dir(path)? {
+            let entry = entry?;
+            if let Some(name) = entry.file_name().to_str() {
+                names.push(name.to_string());
+            }
+        }
+        names.sort();
+        Ok(names)
+    }
+
+    async fn remove_file(&self, path: &Path) -> io::Result<()> {
+        glommio::io::remove(path).await.map_err(io::Error::from)
+    }
+
+    async fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        glommio::io::rename(from, to).await.map_err(io::Error::from)
+    }
+
+    async fn exists(&self, path: &Path) -> io::Result<bool> {
+        path.try_exists()
+    }
+}

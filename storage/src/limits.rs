@@ -1,0 +1,47 @@
+//! Every limit and default interval of the storage engine, in one place.
+
+/// Alignment of every O_DIRECT write and of every flush boundary. A flush
+/// always starts on a fresh block, so no fsynced byte is ever rewritten.
+pub const BLOCK_BYTES: u64 = 4096;
+/// Granularity at which the simulated disk tears a write on power loss.
+pub const SECTOR_BYTES: u64 = 512;
+
+/// Default size of one shard's ingress WAL ring (`storage.wal_ring_bytes`).
+pub const WAL_RING_BYTES_DEFAULT: u64 = 256 * 1024 * 1024;
+/// Smallest ring we accept: a few records plus a checkpoint's worth of slack.
+pub const WAL_RING_BYTES_MIN: u64 = 64 * 1024;
+/// Interval of the dispatcher checkpoint (`dispatcher.checkpoint_interval_ms`).
+pub const WAL_CHECKPOINT_INTERVAL_MS_DEFAULT: u64 = 250;
+
+/// Default segment size of a partition log (`storage.segment_bytes`).
+pub const SEGMENT_BYTES_DEFAULT: u64 = 64 * 1024 * 1024;
+/// A segment grows in preallocated, written-through steps of this size.
+pub const SEGMENT_PREALLOC_STEP_BYTES_DEFAULT: u64 = 4 * 1024 * 1024;
+/// Largest number of records in one partition-log batch.
+pub const BATCH_RECORDS_MAX: u32 = 65_536;
+/// Largest encoded partition-log batch.
+pub const BATCH_BYTES_MAX: u64 = 64 * 1024 * 1024;
+
+/// Acks reach the OS within this interval (`storage.ack_flush_interval_ms`).
+pub const ACK_FLUSH_INTERVAL_MS_DEFAULT: u64 = 100;
+/// Acks reach the disk within this interval
+/// (`storage.consumer_offset_commit_interval_ms`).
+pub const CONSUMER_OFFSET_COMMIT_INTERVAL_MS_DEFAULT: u64 = 1000;
+/// The ack log is compacted into a snapshot once it holds this many bytes.
+pub const ACK_LOG_COMPACT_BYTES_DEFAULT: u64 = 1024 * 1024;
+
+/// Largest key of one message.
+pub const KEY_BYTES_MAX: usize = 64 * 1024;
+/// Largest topic name (API.md: `[A-Za-z0-9._-]{1,249}`).
+pub const TOPIC_NAME_BYTES_MAX: usize = 249;
+
+/// Chunk size used when scanning files during recovery.
+pub const RECOVERY_READ_CHUNK_BYTES: usize = 1024 * 1024;
+
+const _: () = assert!(WAL_RING_BYTES_DEFAULT % BLOCK_BYTES == 0);
+const _: () = assert!(WAL_RING_BYTES_MIN % BLOCK_BYTES == 0);
+const _: () = assert!(SEGMENT_BYTES_DEFAULT % BLOCK_BYTES == 0);
+const _: () = assert!(SEGMENT_PREALLOC_STEP_BYTES_DEFAULT % BLOCK_BYTES == 0);
+const _: () = assert!(SEGMENT_PREALLOC_STEP_BYTES_DEFAULT <= SEGMENT_BYTES_DEFAULT);
+const _: () = assert!(BLOCK_BYTES % SECTOR_BYTES == 0);
+const _: () = assert!(ACK_FLUSH_INTERVAL_MS_DEFAULT <= CONSUMER_OFFSET_COMMIT_INTERVAL_MS_DEFAULT);

@@ -1,0 +1,619 @@
+//! The ingress WAL ring: one per shard. A produce is answered 202 only after
+//! the group-commit fdatasync that covers its record returns.
+//!
+//! Layout of the ring directory:
+//! - `ring.wal`: block 0 is a header (magic, version, capacity); the ring's
+//!   `capacity` bytes follow. Created once, zero-filled and written through,
+//!   so later O_DIRECT writes overwrite allocated blocks and never extend the
+//!   file.
+//! - `checkpoint.wal`: two one-block slots written alternately, each with a
+//!   sequence number and a checksum; recovery takes the valid slot with the
+//!   highest sequence. A torn checkpoint write damages only the slot it wrote.
+//!
+//! Positions are logical (they grow forever); the physical place of `pos` is
+//! `pos % capacity`. Each record is a [`crate::frame`] that names its own
+//! position, and never spans the physical end of the ring.
+//!
+//! Invariants:
+//! - Every flush starts at a block boundary and pads to one, so bytes that an
+//!   earlier fdatasync made durable are never rewritten.
+//! - Space is reclaimed only behind the *durable checkpoint's* tail: every
+//!   record at or above that tail stays intact until a later checkpoint moves
+//!   the tail past it, so recovery from any checkpoint finds every record
+//!   that was not committed.
+//! - A failed write or fdatasync fails the WAL for good.
+
+pub mod record;
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context, Poll, Waker};
+
+use crate::codec::{crc_of, get_u32, get_u64, put_u32, put_u64, round_up, round_up_usize, set_u32};
+use crate::error::{Result, StorageError};
+use crate::frame::{encode_frame, scan};
+use crate::io::{FileSystem, OpenMode, StorageFile};
+use crate::limits::{BLOCK_BYTES, RECOVERY_READ_CHUNK_BYTES, WAL_RING_BYTES_DEFAULT, WAL_RING_BYTES_MIN};
+use crate::util_fs::{create_file_through, read_exact_or_short};
+pub use record::{WalRecord, WalRecordRef};
+
+const RING_MAGIC: u32 = 0x4E52_4E47;
+const RECORD_MAGIC: u32 = 0x4E57_414C;
+const CHECKPOINT_MAGIC: u32 = 0x4E43_4B50;
+const FORMAT_VERSION: u32 = 1;
+pub const RING_FILE_NAME: &str = "ring.wal";
+pub const CHECKPOINT_FILE_NAME: &str = "checkpoint.wal";
+const HEADER_FIELDS_BYTES: usize = 32;
+
+/// A record's logical position in the ring; unique for the life of the ring.
+pub type WalPos = u64;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WalConfig {
+    /// Bytes of ring (`storage.wal_ring_bytes`); a multiple of 4096.
+    pub ring_bytes: u64,
+}
+
+impl Default for WalConfig {
+    fn default() -> Self {
+        Self { ring_bytes: WAL_RING_BYTES_DEFAULT }
+    }
+}
+
+/// A recovered record that lies above the checkpoint: the dispatcher must
+/// commit it again (it may already have been committed: duplicates allowed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecoveredRecord {
+    pub pos: WalPos,
+    pub record: WalRecord,
+}
+
+/// What recovery found.
+#[derive(Debug, Default, Clone)]
+pub struct WalRecovery {
+    pub records: Vec<RecoveredRecord>,
+    /// Damaged records or regions with valid records after them.
+    pub corrupt_records: u64,
+    /// A damaged record at the end: the torn tail of a write that never completed.
+    pub torn_tail: bool,
+    /// The checkpoint tail recovery started from.
+    pub checkpoint_tail: WalPos,
+}
+
+/// Size and fill of the ring.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct WalStats {
+    pub capacity_bytes: u64,
+    /// Bytes between the durable checkpoint tail and the next append position.
+    pub used_bytes: u64,
+    pub durable_end: WalPos,
+    pub tail: WalPos,
+    pub checkpoint_tail: WalPos,
+    pub uncommitted_records: usize,
+}
+
+/// What one group commit wrote.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct FlushOutcome {
+    pub records: usize,
+    pub bytes: u64,
+}
+
+#[derive(Debug)]
+struct LiveRecord {
+    pos: WalPos,
+    committed: bool,
+}
+
+#[derive(Debug)]
+struct WalState {
+    capacity: u64,
+    /// Encoded records not yet handed to the disk; starts at `pending_start`.
+    pending: Vec<u8>,
+    pending_start: WalPos,
+    pending_records: usize,
+    durable_end: WalPos,
+    /// Records from the tail on, in position order.
+    live: VecDeque<LiveRecord>,
+    checkpoint_tail: WalPos,
+    checkpoint_seq: u64,
+    failed: Option<String>,
+    flushing: bool,
+    closed: bool,
+    durable_waiters: Vec<Waker>,
+    committer_waker: Option<Waker>,
+}
+
+impl WalState {
+    fn next_pos(&self) -> WalPos {
+        self.pending_start + self.pending.len() as u64
+    }
+    fn tail(&self) -> WalPos {
+        self.live.front().map_or_else(|| self.next_pos(), |r| r.pos)
+    }
+    fn used_bytes(&self) -> u64 {
+        round_up(self.next_pos(), BLOCK_BYTES) - self.checkpoint_tail
+    }
+    fn wake_all(&mut self) {
+        for waker in self.durable_waiters.drain(..) {
+            waker.wake();
+        }
+        if let Some(waker) = self.committer_waker.take() {
+            waker.wake();
+        }
+    }
+    fn fail(&mut self, reason: String) {
+        if self.failed.is_none() {
+            tracing::error!(%reason, "ingress WAL failed; produces fail until restart");
+            self.failed = Some(reason);
+        }
+        self.wake_all();
+    }
+    fn check_usable(&self) -> Result<()> {
+        if let Some(reason) = &self.failed {
+            return Err(StorageError::WalFailed { reason: reason.clone() });
+        }
+        if self.closed {
+            return Err(StorageError::Closed("ingress WAL"));
+        }
+        Ok(())
+    }
+}
+
+/// One shard's ingress WAL ring.
+pub struct Wal<F: FileSystem> {
+    state: Rc<RefCell<WalState>>,
+    ring: F::File,
+    checkpoint: F::File,
+    ring_path: PathBuf,
+    checkpoint_path: PathBuf,
+}
+
+/// Returned by [`Wal::append`]: the record's position, and a future that
+/// completes once the fdatasync covering it returned.
+pub struct Appended {
+    pub pos: WalPos,
+    pub durable: Durable,
+}
+
+/// Completes with `Ok` once the record is durable, or with the WAL's failure.
+pub struct Durable {
+    state: Rc<RefCell<WalState>>,
+    end: WalPos,
+}
+
+impl Future for Durable {
+    type Output = Result<()>;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        let mut state = self.state.borrow_mut();
+        if state.durable_end >= self.end {
+            return Poll::Ready(Ok(()));
+        }
+        if let Some(reason) = &state.failed {
+            return Poll::Ready(Err(StorageError::WalFailed { reason: reason.clone() }));
+        }
+        state.durable_waiters.push(cx.waker().clone());
+        Poll::Pending
+    }
+}
+
+impl Durable {
+    /// True once the record is durable (for callers that poll by hand).
+    pub fn is_durable(&self) -> bool {
+        self.state.borrow().durable_end >= self.end
+    }
+}
+
+fn encode_ring_header(capacity: u64) -> Vec<u8> {
+    let mut buf = Vec::with_capacity(HEADER_FIELDS_BYTES);
+    put_u32(&mut buf, RING_MAGIC);
+    put_u32(&mut buf, 0);
+    put_u32(&mut buf, FORMAT_VERSION);
+    put_u32(&mut buf, 0);
+    put_u64(&mut buf, capacity);
+    put_u64(&mut buf, 0);
+    let crc = crc_of(&buf, 8, HEADER_FIELDS_BYTES).unwrap_or(0);
+    set_u32(&mut buf, 4, crc);
+    buf
+}
+
+fn decode_ring_header(block: &[u8]) -> Option<u64> {
+    (get_u32(block, 0)? == RING_MAGIC).then_some(())?;
+    (crc_of(block, 8, HEADER_FIELDS_BYTES)? == get_u32(block, 4)?).then_some(())?;
+    (get_u32(block, 8)? == FORMAT_VERSION).then_some(())?;
+    get_u64(block, 16)
+}
+
+fn encode_checkpoint(seq: u64, tail: WalPos) -> Vec<u8> {
+    let mut buf = Vec::with_capacity(usize::try_from(BLOCK_BYTES).unwrap_or(4096));
+    put_u32(&mut buf, CHECKPOINT_MAGIC);
+    put_u32(&mut buf, 0);
+    put_u32(&mut buf, FORMAT_VERSION);
+    put_u32(&mut buf, 0);
+    put_u64(&mut buf, seq);
+    put_u64(&mut buf, tail);
+    let crc = crc_of(&buf, 8, HEADER_FIELDS_BYTES).unwrap_or(0);
+    set_u32(&mut buf, 4, crc);
+    buf.resize(usize::try_from(BLOCK_BYTES).unwrap_or(4096), 0);
+    buf
+}
+
+/// (seq, tail) of a valid checkpoint slot.
+fn decode_checkpoint(slot: &[u8]) -> Option<(u64, WalPos)> {
+    (get_u32(slot, 0)? == CHECKPOINT_MAGIC).then_some(())?;
+    (crc_of(slot, 8, HEADER_FIELDS_BYTES)? == get_u32(slot, 4)?).then_some(())?;
+    (get_u32(slot, 8)? == FORMAT_VERSION).then_some(())?;
+    Some((get_u64(slot, 16)?, get_u64(slot, 24)?))
+}
+
+/// True if the logical range `[from, to)` of the ring holds any non-zero byte.
+fn ring_range_nonzero(ring: &[u8], capacity: u64, from: WalPos, to: WalPos) -> bool {
+    (from..to).any(|pos| {
+        let at = usize::try_from(pos % capacity).unwrap_or(usize::MAX);
+        ring.get(at).is_some_and(|b| *b != 0)
+    })
+}
+
+impl<F: FileSystem> Wal<F> {
+    /// Opens the ring in `dir`, creating it if needed, and recovers every
+    /// record above the checkpoint.
+    pub async fn open(fs: &F, dir: &Path, config: WalConfig) -> Result<(Rc<Self>, WalRecovery)> {
+        if config.ring_bytes % BLOCK_BYTES != 0 || config.ring_bytes < WAL_RING_BYTES_MIN {
+            return Err(StorageError::InvalidConfig(format!(
+                "storage.wal_ring_bytes must be a multiple of {BLOCK_BYTES} and at least {WAL_RING_BYTES_MIN}, got {}",
+                config.ring_bytes
+            )));
+        }
+        fs.create_dir_all(dir).await.map_err(|e| StorageError::io("create dir", dir, e))?;
+        let ring_path = dir.join(RING_FILE_NAME);
+        let checkpoint_path = dir.join(CHECKPOINT_FILE_NAME);
+        if !fs.exists(&checkpoint_path).await.map_err(|e| StorageError::io("stat", &checkpoint_path, e))? {
+            let mut slots = vec![0u8; usize::try_from(BLOCK_BYTES).unwrap_or(4096)];
+            slots.extend_from_slice(&encode_checkpoint(1, 0));
+            create_file_through(fs, dir, CHECKPOINT_FILE_NAME, &slots, 0).await?;
+        }
+        if !fs.exists(&ring_path).await.map_err(|e| StorageError::io("stat", &ring_path, e))? {
+            let mut header = encode_ring_header(config.ring_bytes);
+            header.resize(usize::try_from(BLOCK_BYTES).unwrap_or(4096), 0);
+            create_file_through(fs, dir, RING_FILE_NAME, &header, config.ring_bytes).await?;
+        }
+        let ring = fs.open(&ring_path, OpenMode::EXISTING_DIRECT).await.map_err(|e| StorageError::io("open", &ring_path, e))?;
+        let checkpoint =
+            fs.open(&checkpoint_path, OpenMode::EXISTING_DIRECT).await.map_err(|e| StorageError::io("open", &checkpoint_path, e))?;
+
+        let block = usize::try_from(BLOCK_BYTES).unwrap_or(4096);
+        let header = ring.read_at(0, block).await.map_err(|e| StorageError::io("read header", &ring_path, e))?;
+        let capacity = match decode_ring_header(&header) {
+            Some(capacity) if capacity % BLOCK_BYTES == 0 && capacity >= WAL_RING_BYTES_MIN => {
+                if capacity != config.ring_bytes {
+                    tracing::warn!(
+                        path = %ring_path.display(), existing = capacity, configured = config.ring_bytes,
+                        "existing WAL ring keeps its size; drain and remove it to resize"
+                    );
+                }
+                capacity
+            }
+            _ => {
+                tracing::error!(path = %ring_path.display(), "WAL ring header is damaged; assuming the configured size");
+                config.ring_bytes
+            }
+        };
+
+        let slots =
+            checkpoint.read_at(0, 2 * block).await.map_err(|e| StorageError::io("read checkpoint", &checkpoint_path, e))?;
+        let best = [slots.get(..block), slots.get(block..)]
+            .into_iter()
+            .flatten()
+            .filter_map(decode_checkpoint)
+            .max_by_key(|(seq, _)| *seq);
+        if best.is_none() {
+            tracing::error!(path = %checkpoint_path.display(), "both WAL checkpoint slots are damaged; replaying the whole ring");
+        }
+
+        let ring_bytes = read_exact_or_short(&ring, &ring_path, BLOCK_BYTES, capacity, RECOVERY_READ_CHUNK_BYTES).await?;
+        let (recovery, live, head) = Self::recover(&ring_bytes, capacity, best.map(|(_, tail)| tail));
+        drop(ring_bytes);
+        if recovery.corrupt_records > 0 {
+            metrics::counter!("narad_storage_corrupt_records_total").increment(recovery.corrupt_records);
+            tracing::error!(
+                path = %ring_path.display(), corrupt = recovery.corrupt_records,
+                "ingress WAL holds damaged records; they are skipped and every valid record after them is recovered"
+            );
+        }
+        if recovery.torn_tail {
+            tracing::warn!(path = %ring_path.display(), "ingress WAL had a torn tail (a write that never completed); truncated");
+        }
+        let pending_start = round_up(head, BLOCK_BYTES);
+        let state = WalState {
+            capacity,
+            pending: Vec::new(),
+            pending_start,
+            pending_records: 0,
+            durable_end: pending_start,
+            live,
+            checkpoint_tail: recovery.checkpoint_tail,
+            checkpoint_seq: best.map_or(1, |(seq, _)| seq),
+            failed: None,
+            flushing: false,
+            closed: false,
+            durable_waiters: Vec::new(),
+            committer_waker: None,
+        };
+        let wal = Self { state: Rc::new(RefCell::new(state)), ring, checkpoint, ring_path, checkpoint_path };
+        Ok((Rc::new(wal), recovery))
+    }
+
+    /// Pure recovery over the ring's bytes: the records, the live list and the head.
+    fn recover(ring: &[u8], capacity: u64, checkpoint_tail: Option<WalPos>) -> (WalRecovery, VecDeque<LiveRecord>, WalPos) {
+        let result = scan(ring, RECORD_MAGIC, |at, pos| {
+            pos % capacity == at as u64 && checkpoint_tail.is_none_or(|tail| pos >= tail)
+        });
+        let mut frames = result.frames;
+        frames.sort_by_key(|f| f.pos);
+        if checkpoint_tail.is_none() {
+            // Without a checkpoint keep the newest lap's worth of records.
+            if let Some(max) = frames.last().map(|f| f.pos) {
+                frames.retain(|f| f.pos + capacity > max);
+            }
+        }
+        let tail = checkpoint_tail.unwrap_or_else(|| frames.first().map_or(0, |f| f.pos));
+        let last_valid = frames.last().map(|f| f.pos);
+        let mut recovery = WalRecovery { checkpoint_tail: tail, ..WalRecovery::default() };
+        for (pos, _) in &result.bad_bodies {
+            if last_valid.is_some_and(|last| *pos < last) {
+                recovery.corrupt_records += 1;
+            } else {
+                recovery.torn_tail = true;
+            }
+        }
+        let bad_positions: Vec<u64> = result.bad_bodies.iter().map(|(pos, _)| *pos).collect();
+        let mut live = VecDeque::with_capacity(frames.len());
+        let mut head = tail;
+        let mut previous_end: Option<WalPos> = None;
+        for frame in &frames {
+            if let Some(end) = previous_end {
+                let gap_has_bad_body = bad_positions.iter().any(|p| *p >= end && *p < frame.pos);
+                if !gap_has_bad_body && ring_range_nonzero(ring, capacity, end, frame.pos) {
+                    recovery.corrupt_records += 1;
+                }
+            }
+            previous_end = Some(frame.pos + frame.len as u64);
+            match ring.get(frame.body.clone()).and_then(record::decode_body) {
+                Some(record) => {
+                    live.push_back(LiveRecord { pos: frame.pos, committed: false });
+                    recovery.records.push(RecoveredRecord { pos: frame.pos, record });
+                }
+                None => recovery.corrupt_records += 1,
+            }
+            head = frame.pos + frame.len as u64;
+        }
+        (recovery, live, head)
+    }
+
+    /// Adds a record to the next group commit. Fails at once when the WAL has
+    /// failed, is closed, or the ring is full (nothing is written then).
+    pub fn append(&self, record: &WalRecordRef<'_>) -> Result<Appended> {
+        let mut guard = self.state.borrow_mut();
+        let state = &mut *guard;
+        state.check_usable()?;
+        let len = record.frame_len() as u64;
+        if len > state.capacity / 4 {
+            return Err(StorageError::TooLarge { what: "WAL record", len, max: state.capacity / 4 });
+        }
+        let next = state.next_pos();
+        let physical = next % state.capacity;
+        let skip = if physical + len > state.capacity { state.capacity - physical } else { 0 };
+        let pos = next + skip;
+        let end = pos + len;
+        if round_up(end, BLOCK_BYTES) - state.checkpoint_tail > state.capacity {
+            return Err(StorageError::WalFull {
+                needed_bytes: len + skip,
+                free_bytes: state.capacity.saturating_sub(state.used_bytes()),
+            });
+        }
+        let padded_len = state.pending.len() + usize::try_from(skip).unwrap_or(0);
+        state.pending.resize(padded_len, 0);
+        encode_frame(&mut state.pending, RECORD_MAGIC, pos, |buf| record.encode_body(buf));
+        debug_assert_eq!(state.next_pos(), end);
+        state.live.push_back(LiveRecord { pos, committed: false });
+        state.pending_records += 1;
+        if let Some(waker) = state.committer_waker.take() {
+            waker.wake();
+        }
+        Ok(Appended { pos, durable: Durable { state: self.state.clone(), end } })
+    }
+
+    /// Writes everything appended so far with one write and one fdatasync,
+    /// then completes the durability futures it covers. Only one task may
+    /// flush (the committer, or a simulation driving the WAL by hand).
+    pub async fn flush(&self) -> Result<FlushOutcome> {
+        let (start, buf, records) = {
+            let mut state = self.state.borrow_mut();
+            if let Some(reason) = &state.failed {
+                return Err(StorageError::WalFailed { reason: reason.clone() });
+            }
+            if state.pending.is_empty() {
+                return Ok(FlushOutcome::default());
+            }
+            assert!(!state.flushing, "only one task flushes the ingress WAL");
+            state.flushing = true;
+            let mut buf = std::mem::take(&mut state.pending);
+            buf.resize(round_up_usize(buf.len(), usize::try_from(BLOCK_BYTES).unwrap_or(4096)), 0);
+            let start = state.pending_start;
+            state.pending_start = start + buf.len() as u64;
+            (start, buf, std::mem::take(&mut state.pending_records))
+        };
+        let capacity = self.state.borrow().capacity;
+        let result = self.write_and_sync(start, &buf, capacity).await;
+        let mut state = self.state.borrow_mut();
+        state.flushing = false;
+        match result {
+            Ok(()) => {
+                state.durable_end = start + buf.len() as u64;
+                state.wake_all();
+                Ok(FlushOutcome { records, bytes: buf.len() as u64 })
+            }
+            Err(error) => {
+                state.fail(error.to_string());
+                Err(error)
+            }
+        }
+    }
+
+    async fn write_and_sync(&self, start: WalPos, buf: &[u8], capacity: u64) -> Result<()> {
+        let physical = start % capacity;
+        let first_len = usize::try_from(capacity - physical).unwrap_or(usize::MAX).min(buf.len());
+        let (first, rest) = buf.split_at(first_len);
+        let io = |e| StorageError::io("write", &self.ring_path, e);
+        self.ring.write_at(first, BLOCK_BYTES + physical).await.map_err(io)?;
+        if !rest.is_empty() {
+            self.ring.write_at(rest, BLOCK_BYTES).await.map_err(io)?;
+        }
+        self.ring.sync_data().await.map_err(|e| StorageError::io("fdatasync", &self.ring_path, e))
+    }
+
+    /// Marks a record committed to its partition owner. Returns false for a
+    /// position that is not an uncommitted record of this ring.
+    pub fn mark_committed(&self, pos: WalPos) -> bool {
+        let mut state = self.state.borrow_mut();
+        let Ok(index) = state.live.binary_search_by_key(&pos, |r| r.pos) else { return false };
+        let Some(record) = state.live.get_mut(index) else { return false };
+        let newly = !record.committed;
+        record.committed = true;
+        while state.live.front().is_some_and(|r| r.committed) {
+            state.live.pop_front();
+        }
+        newly
+    }
+
+    /// Syncs a checkpoint of the current tail (when it moved), which lets the
+    /// ring reuse the space behind it. Returns whether a checkpoint was written.
+    pub async fn checkpoint(&self) -> Result<bool> {
+        let (tail, seq) = {
+            let state = self.state.borrow();
+            if let Some(reason) = &state.failed {
+                return Err(StorageError::WalFailed { reason: reason.clone() });
+            }
+            let tail = state.tail().min(state.durable_end.max(state.checkpoint_tail));
+            if tail <= state.checkpoint_tail {
+                return Ok(false);
+            }
+            (tail, state.checkpoint_seq + 1)
+        };
+        let slot = encode_checkpoint(seq, tail);
+        let result = async {
+            self.checkpoint
+                .write_at(&slot, (seq % 2) * BLOCK_BYTES)
+                .await
+                .map_err(|e| StorageError::io("write", &self.checkpoint_path, e))?;
+            self.checkpoint.sync_data().await.map_err(|e| StorageError::io("fdatasync", &self.checkpoint_path, e))
+        }
+        .await;
+        let mut state = self.state.borrow_mut();
+        match result {
+            Ok(()) => {
+                state.checkpoint_tail = tail;
+                state.checkpoint_seq = seq;
+                Ok(true)
+            }
+            Err(error) => {
+                state.fail(error.to_string());
+                Err(error)
+            }
+        }
+    }
+
+    /// Why the WAL failed, if it did.
+    pub fn failure(&self) -> Option<String> {
+        self.state.borrow().failed.clone()
+    }
+
+    pub fn has_pending(&self) -> bool {
+        !self.state.borrow().pending.is_empty()
+    }
+
+    pub fn stats(&self) -> WalStats {
+        let state = self.state.borrow();
+        WalStats {
+            capacity_bytes: state.capacity,
+            used_bytes: state.used_bytes(),
+            durable_end: state.durable_end,
+            tail: state.tail(),
+            checkpoint_tail: state.checkpoint_tail,
+            uncommitted_records: state.live.iter().filter(|r| !r.committed).count(),
+        }
+    }
+
+    /// Refuses new appends; the committer flushes what is pending and stops.
+    pub fn close(&self) {
+        let mut state = self.state.borrow_mut();
+        state.closed = true;
+        state.wake_all();
+    }
+
+    /// The group-commit loop: waits for appended records, flushes them, and
+    /// repeats until the WAL is closed (after a last flush) or fails.
+    /// `on_flush` sees each group commit and how long it took.
+    pub async fn run_committer(self: Rc<Self>, mut on_flush: impl FnMut(FlushOutcome, std::time::Duration)) {
+        loop {
+            WaitForWork { state: &self.state }.await;
+            let stop = {
+                let state = self.state.borrow();
+                state.failed.is_some() || (state.closed && state.pending.is_empty())
+            };
+            if stop {
+                return;
+            }
+            let started = std::time::Instant::now();
+            match self.flush().await {
+                Ok(outcome) => on_flush(outcome, started.elapsed()),
+                Err(_) => return,
+            }
+        }
+    }
+}
+
+struct WaitForWork<'a> {
+    state: &'a Rc<RefCell<WalState>>,
+}
+
+impl Future for WaitForWork<'_> {
+    type Output = ();
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let mut state = self.state.borrow_mut();
+        if !state.pending.is_empty() || state.closed || state.failed.is_some() {
+            return Poll::Ready(());
+        }
+        state.committer_waker = Some(cx.waker().clone());
+        Poll::Pending
+    }
+}
+
+impl<F: FileSystem> std::fmt::Debug for Wal<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Wal").field("ring", &self.ring_path).field("stats", &self.stats()).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checkpoint_slot_round_trips_and_rejects_damage() {
+        let mut slot = encode_checkpoint(9, 123_456);
+        assert_eq!(decode_checkpoint(&slot), Some((9, 123_456)));
+        slot[20] ^= 4;
+        assert_eq!(decode_checkpoint(&slot), None);
+    }
+
+    #[test]
+    fn ring_header_round_trips() {
+        let header = encode_ring_header(1 << 20);
+        assert_eq!(decode_ring_header(&header), Some(1 << 20));
+    }
+}
