@@ -31,7 +31,9 @@ pub struct ManualClock {
 
 impl ManualClock {
     pub fn new(start_ms: u64) -> Self {
-        Self { now_ms: Rc::new(Cell::new(start_ms)) }
+        Self {
+            now_ms: Rc::new(Cell::new(start_ms)),
+        }
     }
     pub fn advance_ms(&self, delta_ms: u64) {
         self.now_ms.set(self.now_ms.get().saturating_add(delta_ms));

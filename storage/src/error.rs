@@ -25,10 +25,18 @@ pub enum StorageError {
     WalFull { needed_bytes: u64, free_bytes: u64 },
     /// A record, key, topic or batch is larger than the engine allows.
     #[error("{what} of {len} bytes exceeds the limit of {max}")]
-    TooLarge { what: &'static str, len: u64, max: u64 },
+    TooLarge {
+        what: &'static str,
+        len: u64,
+        max: u64,
+    },
     /// A batch read back after its fsync did not verify.
     #[error("read-back of {path} at {pos} failed verification: {detail}")]
-    VerifyFailed { path: PathBuf, pos: u64, detail: String },
+    VerifyFailed {
+        path: PathBuf,
+        pos: u64,
+        detail: String,
+    },
     /// Configuration that cannot work.
     #[error("invalid storage config: {0}")]
     InvalidConfig(String),
@@ -42,7 +50,11 @@ pub enum StorageError {
 
 impl StorageError {
     pub fn io(op: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Self {
-        Self::Io { op, path: path.into(), source: Rc::new(source) }
+        Self::Io {
+            op,
+            path: path.into(),
+            source: Rc::new(source),
+        }
     }
 
     /// The raw OS error of an I/O failure, if there is one.

@@ -27,7 +27,12 @@ pub fn frame_len(body_len: usize) -> usize {
 }
 
 /// Appends one frame to `buf`; `write_body` appends the body bytes.
-pub fn encode_frame(buf: &mut Vec<u8>, magic: u32, pos: u64, write_body: impl FnOnce(&mut Vec<u8>)) {
+pub fn encode_frame(
+    buf: &mut Vec<u8>,
+    magic: u32,
+    pos: u64,
+    write_body: impl FnOnce(&mut Vec<u8>),
+) {
     let start = buf.len();
     put_u32(buf, magic);
     put_u32(buf, 0);
@@ -50,7 +55,11 @@ pub fn encode_frame(buf: &mut Vec<u8>, magic: u32, pos: u64, write_body: impl Fn
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Probe {
     /// A whole, valid frame; `body` indexes the scanned slice.
-    Valid { pos: u64, body: Range<usize>, len: usize },
+    Valid {
+        pos: u64,
+        body: Range<usize>,
+        len: usize,
+    },
     /// A valid header whose body fails its checksum (or runs off the end).
     BadBody { pos: u64, len: usize },
     /// Nothing that looks like a frame of this kind.
@@ -62,15 +71,20 @@ pub fn probe(bytes: &[u8], at: usize, magic: u32) -> Probe {
     if get_u32(bytes, at) != Some(magic) {
         return Probe::NoFrame;
     }
-    let (Some(header_crc), Some(pos), Some(body_len), Some(body_crc)) =
-        (get_u32(bytes, at + 4), get_u64(bytes, at + 8), get_u32(bytes, at + 16), get_u32(bytes, at + 20))
-    else {
+    let (Some(header_crc), Some(pos), Some(body_len), Some(body_crc)) = (
+        get_u32(bytes, at + 4),
+        get_u64(bytes, at + 8),
+        get_u32(bytes, at + 16),
+        get_u32(bytes, at + 20),
+    ) else {
         return Probe::NoFrame;
     };
     if crc_of(bytes, at + 8, at + FRAME_HEADER_BYTES) != Some(header_crc) {
         return Probe::NoFrame;
     }
-    let Ok(body_len) = usize::try_from(body_len) else { return Probe::NoFrame };
+    let Ok(body_len) = usize::try_from(body_len) else {
+        return Probe::NoFrame;
+    };
     let len = frame_len(body_len);
     let body = at + FRAME_HEADER_BYTES..at + FRAME_HEADER_BYTES + body_len;
     match crc_of(bytes, body.start, body.end) {
@@ -134,7 +148,9 @@ mod tests {
         let mut buf = Vec::new();
         encode_frame(&mut buf, 0xABCD, 0, |b| b.extend_from_slice(b"hello"));
         let second = buf.len();
-        encode_frame(&mut buf, 0xABCD, second as u64, |b| b.extend_from_slice(b"world!"));
+        encode_frame(&mut buf, 0xABCD, second as u64, |b| {
+            b.extend_from_slice(b"world!")
+        });
         let found = scan(&buf, 0xABCD, |at, pos| at as u64 == pos);
         assert_eq!(found.frames.len(), 2);
         assert_eq!(buf.get(found.frames[1].body.clone()), Some(&b"world!"[..]));

@@ -19,13 +19,24 @@ pub async fn create_file_through<F: FileSystem>(
 ) -> Result<()> {
     let tmp = dir.join(format!("{name}.tmp"));
     let path = dir.join(name);
-    let file = fs.open(&tmp, OpenMode::CREATE_DIRECT).await.map_err(|e| StorageError::io("create", &tmp, e))?;
-    file.write_at(head, 0).await.map_err(|e| StorageError::io("write", &tmp, e))?;
+    let file = fs
+        .open(&tmp, OpenMode::CREATE_DIRECT)
+        .await
+        .map_err(|e| StorageError::io("create", &tmp, e))?;
+    file.write_at(head, 0)
+        .await
+        .map_err(|e| StorageError::io("write", &tmp, e))?;
     zero_fill(&file, &tmp, head.len() as u64, zero_bytes).await?;
-    file.sync_data().await.map_err(|e| StorageError::io("fdatasync", &tmp, e))?;
+    file.sync_data()
+        .await
+        .map_err(|e| StorageError::io("fdatasync", &tmp, e))?;
     drop(file);
-    fs.rename(&tmp, &path).await.map_err(|e| StorageError::io("rename", &tmp, e))?;
-    fs.sync_dir(dir).await.map_err(|e| StorageError::io("fsync dir", dir, e))
+    fs.rename(&tmp, &path)
+        .await
+        .map_err(|e| StorageError::io("rename", &tmp, e))?;
+    fs.sync_dir(dir)
+        .await
+        .map_err(|e| StorageError::io("fsync dir", dir, e))
 }
 
 /// Writes `len` zero bytes at `pos` in large aligned chunks (no sync).
@@ -35,8 +46,12 @@ pub async fn zero_fill<Fl: StorageFile>(file: &Fl, path: &Path, pos: u64, len: u
     let mut written = 0u64;
     while written < len {
         let n = (len - written).min(chunk.len() as u64);
-        let slice = chunk.get(..usize::try_from(n).unwrap_or(0)).unwrap_or_default();
-        file.write_at(slice, pos + written).await.map_err(|e| StorageError::io("write", path, e))?;
+        let slice = chunk
+            .get(..usize::try_from(n).unwrap_or(0))
+            .unwrap_or_default();
+        file.write_at(slice, pos + written)
+            .await
+            .map_err(|e| StorageError::io("write", path, e))?;
         written += n;
     }
     Ok(())
@@ -51,11 +66,18 @@ pub async fn read_exact_or_short<Fl: StorageFile>(
     len: u64,
     chunk_bytes: usize,
 ) -> Result<Vec<u8>> {
-    let total = usize::try_from(len).map_err(|_| StorageError::TooLarge { what: "file read", len, max: usize::MAX as u64 })?;
+    let total = usize::try_from(len).map_err(|_| StorageError::TooLarge {
+        what: "file read",
+        len,
+        max: usize::MAX as u64,
+    })?;
     let mut out = Vec::with_capacity(total);
     while out.len() < total {
         let want = (total - out.len()).min(chunk_bytes);
-        let got = file.read_at(pos + out.len() as u64, want).await.map_err(|e| StorageError::io("read", path, e))?;
+        let got = file
+            .read_at(pos + out.len() as u64, want)
+            .await
+            .map_err(|e| StorageError::io("read", path, e))?;
         let short = got.len() < want;
         out.extend_from_slice(&got);
         if short {

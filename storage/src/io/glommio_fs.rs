@@ -35,8 +35,15 @@ impl GlommioFs {
         let block = vec![0x4e_u8; usize::try_from(BLOCK_BYTES).unwrap_or(4096)];
         std::fs::write(&probe_path, &block)?;
         std::fs::File::open(&probe_path)?.sync_all()?;
-        let probe = OpenOptions::new().read(true).dma_open(&probe_path).await.map_err(io::Error::from)?;
-        let read = probe.read_at_aligned(0, block.len()).await.map_err(io::Error::from)?;
+        let probe = OpenOptions::new()
+            .read(true)
+            .dma_open(&probe_path)
+            .await
+            .map_err(io::Error::from)?;
+        let read = probe
+            .read_at_aligned(0, block.len())
+            .await
+            .map_err(io::Error::from)?;
         probe.close().await.map_err(io::Error::from)?;
         if read.len() != block.len() {
             return Err(io::Error::other("O_DIRECT probe read came back short"));
@@ -47,8 +54,14 @@ impl GlommioFs {
 
 /// An open file: O_DIRECT or buffered.
 pub enum GlommioFile {
-    Direct { file: Rc<DmaFile>, path: PathBuf },
-    Buffered { file: Rc<BufferedFile>, path: PathBuf },
+    Direct {
+        file: Rc<DmaFile>,
+        path: PathBuf,
+    },
+    Buffered {
+        file: Rc<BufferedFile>,
+        path: PathBuf,
+    },
 }
 
 impl StorageFile for GlommioFile {
@@ -59,7 +72,10 @@ impl StorageFile for GlommioFile {
                 buf.as_bytes_mut().copy_from_slice(data);
                 file.write_at(buf, pos).await.map_err(io::Error::from)?
             }
-            Self::Buffered { file, .. } => file.write_at(data.to_vec(), pos).await.map_err(io::Error::from)?,
+            Self::Buffered { file, .. } => file
+                .write_at(data.to_vec(), pos)
+                .await
+                .map_err(io::Error::from)?,
         };
         if written != data.len() {
             return Err(io::Error::new(
@@ -110,10 +126,16 @@ impl FileSystem for GlommioFs {
         options.read(true).write(true).create(mode.create);
         if mode.direct {
             let file = options.dma_open(path).await.map_err(io::Error::from)?;
-            Ok(GlommioFile::Direct { file: Rc::new(file), path: path.to_path_buf() })
+            Ok(GlommioFile::Direct {
+                file: Rc::new(file),
+                path: path.to_path_buf(),
+            })
         } else {
             let file = options.buffered_open(path).await.map_err(io::Error::from)?;
-            Ok(GlommioFile::Buffered { file: Rc::new(file), path: path.to_path_buf() })
+            Ok(GlommioFile::Buffered {
+                file: Rc::new(file),
+                path: path.to_path_buf(),
+            })
         }
     }
 
@@ -122,7 +144,9 @@ impl FileSystem for GlommioFs {
     }
 
     async fn sync_dir(&self, path: &Path) -> io::Result<()> {
-        let dir = glommio::io::Directory::open(path).await.map_err(io::Error::from)?;
+        let dir = glommio::io::Directory::open(path)
+            .await
+            .map_err(io::Error::from)?;
         dir.sync().await.map_err(io::Error::from)?;
         dir.close().await.map_err(io::Error::from)
     }

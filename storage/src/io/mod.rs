@@ -23,10 +23,22 @@ pub struct OpenMode {
 }
 
 impl OpenMode {
-    pub const CREATE_DIRECT: Self = Self { create: true, direct: true };
-    pub const EXISTING_DIRECT: Self = Self { create: false, direct: true };
-    pub const CREATE_BUFFERED: Self = Self { create: true, direct: false };
-    pub const EXISTING_BUFFERED: Self = Self { create: false, direct: false };
+    pub const CREATE_DIRECT: Self = Self {
+        create: true,
+        direct: true,
+    };
+    pub const EXISTING_DIRECT: Self = Self {
+        create: false,
+        direct: true,
+    };
+    pub const CREATE_BUFFERED: Self = Self {
+        create: true,
+        direct: false,
+    };
+    pub const EXISTING_BUFFERED: Self = Self {
+        create: false,
+        direct: false,
+    };
 }
 
 pub trait StorageFile {

@@ -69,11 +69,23 @@ pub struct FaultRule {
 impl FaultRule {
     /// Fails the next `op` on a path containing `path_contains`, once.
     pub fn once(op: FaultOp, path_contains: &str, error: FaultError) -> Self {
-        Self { op, path_contains: path_contains.to_string(), error, skip: 0, times: 1 }
+        Self {
+            op,
+            path_contains: path_contains.to_string(),
+            error,
+            skip: 0,
+            times: 1,
+        }
     }
     /// Fails every matching `op` from now on.
     pub fn always(op: FaultOp, path_contains: &str, error: FaultError) -> Self {
-        Self { op, path_contains: path_contains.to_string(), error, skip: 0, times: u32::MAX }
+        Self {
+            op,
+            path_contains: path_contains.to_string(),
+            error,
+            skip: 0,
+            times: u32::MAX,
+        }
     }
 }
 
@@ -153,8 +165,15 @@ impl SimDisk {
             return Some(rule.error.to_io());
         }
         let random_op = matches!(op, FaultOp::Write | FaultOp::Sync | FaultOp::Read);
-        if random_op && self.random_failure_per_million > 0 && self.rng.chance(self.random_failure_per_million, 1_000_000) {
-            let error = if self.rng.chance(1, 2) { FaultError::Eio } else { FaultError::Enospc };
+        if random_op
+            && self.random_failure_per_million > 0
+            && self.rng.chance(self.random_failure_per_million, 1_000_000)
+        {
+            let error = if self.rng.chance(1, 2) {
+                FaultError::Eio
+            } else {
+                FaultError::Enospc
+            };
             return Some(error.to_io());
         }
         None
@@ -172,7 +191,9 @@ impl SimDisk {
     }
 
     fn inode_mut(&mut self, inode: u64) -> io::Result<&mut Inode> {
-        self.inodes.get_mut(&inode).ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))
+        self.inodes
+            .get_mut(&inode)
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))
     }
 }
 
@@ -216,7 +237,10 @@ impl SimFs {
 
     /// The next `count` writes to a path containing `path_contains` land with one bit flipped.
     pub fn corrupt_next_writes(&self, path_contains: &str, count: u32) {
-        self.disk.borrow_mut().corrupt_writes.push((path_contains.to_string(), count));
+        self.disk
+            .borrow_mut()
+            .corrupt_writes
+            .push((path_contains.to_string(), count));
     }
 
     /// The process dies: handles stop working, the page cache survives.
@@ -235,7 +259,9 @@ impl SimFs {
         let mut ids: Vec<u64> = disk.inodes.keys().copied().collect();
         ids.sort_unstable();
         for id in ids {
-            let Some(inode) = disk.inodes.get_mut(&id) else { continue };
+            let Some(inode) = disk.inodes.get_mut(&id) else {
+                continue;
+            };
             for (pos, data) in std::mem::take(&mut inode.pending) {
                 let pos = usize::try_from(pos).unwrap_or(usize::MAX / 2);
                 match disk.rng.below(3) {
@@ -259,9 +285,15 @@ impl SimFs {
     pub fn flip_bit(&self, path: &Path, pos: u64, bit: u8) -> bool {
         let mut guard = self.disk.borrow_mut();
         let disk = &mut *guard;
-        let Some(&id) = disk.names.get(path) else { return false };
-        let Some(inode) = disk.inodes.get_mut(&id) else { return false };
-        let Ok(at) = usize::try_from(pos) else { return false };
+        let Some(&id) = disk.names.get(path) else {
+            return false;
+        };
+        let Some(inode) = disk.inodes.get_mut(&id) else {
+            return false;
+        };
+        let Ok(at) = usize::try_from(pos) else {
+            return false;
+        };
         let mask = 1u8 << (bit % 8);
         let mut flipped = false;
         if let Some(b) = inode.durable.get_mut(at) {
@@ -280,7 +312,10 @@ impl SimFs {
             }
         }
         if flipped {
-            disk.flips.push(Flip { path: path.to_path_buf(), pos });
+            disk.flips.push(Flip {
+                path: path.to_path_buf(),
+                pos,
+            });
         }
         flipped
     }
@@ -303,8 +338,13 @@ impl SimFs {
             let index = usize::try_from(disk.rng.below(candidates.len() as u64)).ok()?;
             let (path, id) = candidates.get(index)?.clone();
             let inode = disk.inodes.get(&id)?;
-            let non_zero: Vec<usize> =
-                inode.durable.iter().enumerate().filter(|(_, b)| **b != 0).map(|(i, _)| i).collect();
+            let non_zero: Vec<usize> = inode
+                .durable
+                .iter()
+                .enumerate()
+                .filter(|(_, b)| **b != 0)
+                .map(|(i, _)| i)
+                .collect();
             if non_zero.is_empty() {
                 return None;
             }
@@ -313,7 +353,8 @@ impl SimFs {
             let bit = u8::try_from(disk.rng.below(8)).ok()?;
             (path, pos, bit)
         };
-        self.flip_bit(&path, pos, bit).then(|| Flip { path, pos })
+        let flipped = self.flip_bit(&path, pos, bit);
+        flipped.then_some(Flip { path, pos })
     }
 
     /// Every bit flipped so far, by path at the time of the flip.
@@ -337,9 +378,15 @@ impl SimFs {
     /// that hand-craft damage, such as garbage past the end of a log).
     pub fn scribble(&self, path: &Path, pos: u64, data: &[u8]) -> bool {
         let mut disk = self.disk.borrow_mut();
-        let Some(&id) = disk.names.get(path) else { return false };
-        let Some(inode) = disk.inodes.get_mut(&id) else { return false };
-        let Ok(at) = usize::try_from(pos) else { return false };
+        let Some(&id) = disk.names.get(path) else {
+            return false;
+        };
+        let Some(inode) = disk.inodes.get_mut(&id) else {
+            return false;
+        };
+        let Ok(at) = usize::try_from(pos) else {
+            return false;
+        };
         write_into(&mut inode.durable, at, data);
         write_into(&mut inode.current, at, data);
         true
@@ -388,7 +435,10 @@ impl StorageFile for SimFile {
             if let Some(b) = data.get_mut(at) {
                 *b ^= 1 << bit;
             }
-            disk.flips.push(Flip { path: self.path.clone(), pos: pos + at as u64 });
+            disk.flips.push(Flip {
+                path: self.path.clone(),
+                pos: pos + at as u64,
+            });
         }
         let inode = disk.inode_mut(self.inode)?;
         let at = usize::try_from(pos).map_err(|_| io::Error::from_raw_os_error(libc::EFBIG))?;
@@ -409,9 +459,15 @@ impl StorageFile for SimFile {
             return Err(e);
         }
         let inode = disk.inode_mut(self.inode)?;
-        let start = usize::try_from(pos).unwrap_or(usize::MAX).min(inode.current.len());
+        let start = usize::try_from(pos)
+            .unwrap_or(usize::MAX)
+            .min(inode.current.len());
         let end = start.saturating_add(len).min(inode.current.len());
-        Ok(inode.current.get(start..end).map(<[u8]>::to_vec).unwrap_or_default())
+        Ok(inode
+            .current
+            .get(start..end)
+            .map(<[u8]>::to_vec)
+            .unwrap_or_default())
     }
 
     async fn sync_data(&self) -> io::Result<()> {
@@ -471,7 +527,13 @@ impl FileSystem for SimFs {
             }
             None => return Err(io::Error::from_raw_os_error(libc::ENOENT)),
         };
-        Ok(SimFile { disk: self.disk.clone(), inode, epoch: disk.epoch, path: path.to_path_buf(), direct: mode.direct })
+        Ok(SimFile {
+            disk: self.disk.clone(),
+            inode,
+            epoch: disk.epoch,
+            path: path.to_path_buf(),
+            direct: mode.direct,
+        })
     }
 
     async fn create_dir_all(&self, path: &Path) -> io::Result<()> {
@@ -507,7 +569,11 @@ impl FileSystem for SimFs {
             .keys()
             .chain(disk.dirs.iter())
             .filter(|name| name.parent() == Some(path))
-            .filter_map(|name| name.file_name().and_then(|n| n.to_str()).map(str::to_string))
+            .filter_map(|name| {
+                name.file_name()
+                    .and_then(|n| n.to_str())
+                    .map(str::to_string)
+            })
             .collect();
         names.sort();
         names.dedup();
@@ -519,7 +585,10 @@ impl FileSystem for SimFs {
         if let Some(e) = disk.check_fault(FaultOp::Remove, path) {
             return Err(e);
         }
-        disk.names.remove(path).map(|_| ()).ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))
+        disk.names
+            .remove(path)
+            .map(|_| ())
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))
     }
 
     async fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
@@ -527,7 +596,10 @@ impl FileSystem for SimFs {
         if let Some(e) = disk.check_fault(FaultOp::Rename, from) {
             return Err(e);
         }
-        let id = disk.names.remove(from).ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
+        let id = disk
+            .names
+            .remove(from)
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
         disk.names.insert(to.to_path_buf(), id);
         Ok(())
     }

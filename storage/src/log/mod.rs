@@ -1,1 +1,770 @@
+//! Partition logs: one directory per partition, holding segments of record
+//! batches.
+//!
+//! - Segment files are named `{seq:010}-{base_offset:020}.seg`; `seq` orders
+//!   them (a segment created after a failed append may start at the same
+//!   offset as its predecessor, and then supersedes it from that offset on).
+//! - Block 0 of a segment is its header (magic, version, base offset, seq).
+//! - A segment grows in preallocated steps, zero-filled and fdatasynced, so
+//!   appends overwrite allocated blocks instead of extending the file.
+//! - An append is: write the batch, fdatasync, read it back and verify every
+//!   checksum, and only then move the high watermark. Any failure seals the
+//!   segment (it is never written again) and reports an error; the next append
+//!   opens a new segment.
+//! - Segments close at `segment_bytes`, and also once their first batch is
+//!   older than half the retention, so that deleting whole segments removes a
+//!   message within about twice its retention.
+//! - Retention deletes whole segments whose newest batch is older than
+//!   `retention_ms`, oldest first. The active segment is replaced by an empty
+//!   one first, so the next offset survives a restart.
 
+pub mod batch;
+
+use std::cell::{Cell, RefCell};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+pub use batch::{Message, StoredMessage};
+
+use crate::clock::SharedClock;
+use crate::codec::{crc_of, get_u32, get_u64, put_u32, put_u64, round_up, set_u32};
+use crate::error::{Result, StorageError};
+use crate::io::{FileSystem, OpenMode, StorageFile};
+use crate::limits::{
+    BATCH_BYTES_MAX, BATCH_RECORDS_MAX, BLOCK_BYTES, RECOVERY_READ_CHUNK_BYTES,
+    SEGMENT_BYTES_DEFAULT, SEGMENT_PREALLOC_STEP_BYTES_DEFAULT,
+};
+use crate::util_fs::{create_file_through, read_exact_or_short, zero_fill};
+
+const SEGMENT_MAGIC: u32 = 0x4E53_4547;
+const FORMAT_VERSION: u32 = 1;
+const SEGMENT_SUFFIX: &str = ".seg";
+const SEGMENT_HEADER_FIELDS_BYTES: usize = 40;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogConfig {
+    /// Largest segment (`storage.segment_bytes`), header included.
+    pub segment_bytes: u64,
+    /// Preallocation step.
+    pub prealloc_step_bytes: u64,
+    /// The topic's retention; 0 keeps messages forever.
+    pub retention_ms: u64,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            segment_bytes: SEGMENT_BYTES_DEFAULT,
+            prealloc_step_bytes: SEGMENT_PREALLOC_STEP_BYTES_DEFAULT,
+            retention_ms: 0,
+        }
+    }
+}
+
+/// What opening a log found.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct LogRecovery {
+    pub segments: usize,
+    pub high_watermark: u64,
+    /// Damaged records (or damaged batch headers) with valid data after them.
+    pub corrupt_records: u64,
+    /// Whether a torn tail was truncated.
+    pub torn_tail: bool,
+}
+
+/// What one retention pass did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct RetentionOutcome {
+    pub deleted_segments: usize,
+    /// The oldest offset still stored (the high watermark when nothing is).
+    pub log_start_offset: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct BatchEntry {
+    base_offset: u64,
+    count: u32,
+    pos: u64,
+    len: u64,
+    appended_at_ms: u64,
+}
+
+impl BatchEntry {
+    fn end_offset(&self) -> u64 {
+        self.base_offset + u64::from(self.count)
+    }
+}
+
+struct Segment<Fl> {
+    seq: u64,
+    base_offset: u64,
+    path: PathBuf,
+    file: Rc<Fl>,
+    batches: Vec<BatchEntry>,
+    write_pos: u64,
+    allocated: u64,
+    sealed: bool,
+}
+
+impl<Fl> Segment<Fl> {
+    fn end_offset(&self) -> u64 {
+        self.batches
+            .last()
+            .map_or(self.base_offset, BatchEntry::end_offset)
+    }
+    fn first_offset(&self) -> u64 {
+        self.batches
+            .first()
+            .map_or(self.base_offset, |b| b.base_offset)
+    }
+    fn first_append_ms(&self) -> Option<u64> {
+        self.batches.first().map(|b| b.appended_at_ms)
+    }
+    fn newest_append_ms(&self) -> Option<u64> {
+        self.batches.iter().map(|b| b.appended_at_ms).max()
+    }
+}
+
+struct LogState<Fl> {
+    segments: Vec<Segment<Fl>>,
+    next_offset: u64,
+    next_seq: u64,
+    retention_ms: u64,
+}
+
+/// One partition's log. Appends must not overlap (the owner serialises
+/// them); reads may run beside an append.
+pub struct PartitionLog<F: FileSystem> {
+    fs: F,
+    dir: PathBuf,
+    config: LogConfig,
+    clock: SharedClock,
+    state: RefCell<LogState<F::File>>,
+    appending: Cell<bool>,
+    corrupt_records: Cell<u64>,
+}
+
+fn segment_name(seq: u64, base_offset: u64) -> String {
+    format!("{seq:010}-{base_offset:020}{SEGMENT_SUFFIX}")
+}
+
+fn parse_segment_name(name: &str) -> Option<(u64, u64)> {
+    let stem = name.strip_suffix(SEGMENT_SUFFIX)?;
+    let (seq, base) = stem.split_once('-')?;
+    Some((seq.parse().ok()?, base.parse().ok()?))
+}
+
+fn encode_segment_header(seq: u64, base_offset: u64, created_ms: u64) -> Vec<u8> {
+    let mut buf = Vec::new();
+    put_u32(&mut buf, SEGMENT_MAGIC);
+    put_u32(&mut buf, 0);
+    put_u32(&mut buf, FORMAT_VERSION);
+    put_u32(&mut buf, 0);
+    put_u64(&mut buf, base_offset);
+    put_u64(&mut buf, seq);
+    put_u64(&mut buf, created_ms);
+    let crc = crc_of(&buf, 8, SEGMENT_HEADER_FIELDS_BYTES).unwrap_or(0);
+    set_u32(&mut buf, 4, crc);
+    buf.resize(usize::try_from(BLOCK_BYTES).unwrap_or(4096), 0);
+    buf
+}
+
+/// The base offset of a valid segment header.
+fn decode_segment_header(block: &[u8]) -> Option<u64> {
+    (get_u32(block, 0)? == SEGMENT_MAGIC).then_some(())?;
+    (crc_of(block, 8, SEGMENT_HEADER_FIELDS_BYTES)? == get_u32(block, 4)?).then_some(())?;
+    (get_u32(block, 8)? == FORMAT_VERSION).then_some(())?;
+    get_u64(block, 16)
+}
+
+/// Result of scanning one segment's bytes.
+struct SegmentScan {
+    batches: Vec<BatchEntry>,
+    /// Bad records in batches that are kept (valid data follows them).
+    corrupt_records: u64,
+    /// Regions with no valid header between valid batches.
+    corrupt_regions: u64,
+    /// Non-zero bytes with no valid batch header after the last batch.
+    torn_tail: bool,
+    write_pos: u64,
+}
+
+fn scan_segment(bytes: &[u8], base_offset: u64) -> SegmentScan {
+    let block = usize::try_from(BLOCK_BYTES).unwrap_or(4096);
+    let mut batches = Vec::new();
+    let mut bad_in_batch: Vec<u64> = Vec::new();
+    let mut corrupt_regions = 0;
+    let mut garbage_since_last = false;
+    let mut next_offset = base_offset;
+    let mut at = block;
+    while at + block <= bytes.len() {
+        match batch::decode_batch(bytes, at) {
+            Some(decoded) if decoded.base_offset >= next_offset => {
+                if garbage_since_last {
+                    corrupt_regions += 1;
+                    garbage_since_last = false;
+                }
+                batches.push(BatchEntry {
+                    base_offset: decoded.base_offset,
+                    count: decoded.count,
+                    pos: at as u64,
+                    len: decoded.len,
+                    appended_at_ms: decoded.appended_at_ms,
+                });
+                bad_in_batch.push(decoded.bad_records());
+                next_offset = decoded.base_offset + u64::from(decoded.count);
+                at += usize::try_from(decoded.len).unwrap_or(block);
+            }
+            _ => {
+                if bytes
+                    .get(at..at + block)
+                    .is_some_and(|b| b.iter().any(|x| *x != 0))
+                {
+                    garbage_since_last = true;
+                }
+                at += block;
+            }
+        }
+    }
+    // A batch whose header verified is kept even at the tail: its valid
+    // records are never dropped, its damaged ones are never served. Only bytes
+    // with no valid header past the last batch are a torn tail.
+    let write_pos = batches.last().map_or(BLOCK_BYTES, |b| b.pos + b.len);
+    SegmentScan {
+        batches,
+        corrupt_records: bad_in_batch.iter().sum(),
+        corrupt_regions,
+        torn_tail: garbage_since_last,
+        write_pos,
+    }
+}
+
+/// Rewrites the batches of `segment` with the bytes they hold and
+/// fdatasyncs them. After a failed fdatasync the page cache can show a batch
+/// that never reached the disk, and a later fdatasync succeeds without writing
+/// it (fsyncgate); recovery after a process crash would then serve a batch a
+/// power loss can still take away. Rewriting identical bytes is safe against
+/// a torn write and makes everything recovery serves durable.
+async fn make_batches_durable<Fl: StorageFile>(segment: &Segment<Fl>) -> Result<()> {
+    let end = segment.write_pos;
+    let bytes = read_exact_or_short(
+        &*segment.file,
+        &segment.path,
+        BLOCK_BYTES,
+        end - BLOCK_BYTES,
+        RECOVERY_READ_CHUNK_BYTES,
+    )
+    .await?;
+    segment
+        .file
+        .write_at(&bytes, BLOCK_BYTES)
+        .await
+        .map_err(|e| StorageError::io("rewrite", &segment.path, e))?;
+    segment
+        .file
+        .sync_data()
+        .await
+        .map_err(|e| StorageError::io("fdatasync", &segment.path, e))
+}
+
+impl<F: FileSystem> PartitionLog<F> {
+    /// Opens (or creates) the log in `dir` and recovers it.
+    pub async fn open(
+        fs: &F,
+        dir: &Path,
+        config: LogConfig,
+        clock: SharedClock,
+    ) -> Result<(Self, LogRecovery)> {
+        if config.segment_bytes % BLOCK_BYTES != 0
+            || config.prealloc_step_bytes == 0
+            || config.prealloc_step_bytes % BLOCK_BYTES != 0
+            || config.segment_bytes < 2 * BLOCK_BYTES
+        {
+            return Err(StorageError::InvalidConfig(format!(
+                "segment_bytes ({}) and prealloc_step_bytes ({}) must be positive multiples of {BLOCK_BYTES}",
+                config.segment_bytes, config.prealloc_step_bytes
+            )));
+        }
+        fs.create_dir_all(dir)
+            .await
+            .map_err(|e| StorageError::io("create dir", dir, e))?;
+        let mut names = fs
+            .list_dir(dir)
+            .await
+            .map_err(|e| StorageError::io("list", dir, e))?;
+        let mut leftovers = false;
+        for name in names.iter().filter(|n| n.ends_with(".tmp")) {
+            let path = dir.join(name);
+            fs.remove_file(&path)
+                .await
+                .map_err(|e| StorageError::io("remove", &path, e))?;
+            leftovers = true;
+        }
+        if leftovers {
+            fs.sync_dir(dir)
+                .await
+                .map_err(|e| StorageError::io("fsync dir", dir, e))?;
+        }
+        names.retain(|n| !n.ends_with(".tmp"));
+        let mut found: Vec<(u64, u64, String)> = names
+            .into_iter()
+            .filter_map(|n| parse_segment_name(&n).map(|(seq, base)| (seq, base, n)))
+            .collect();
+        found.sort();
+
+        let mut recovery = LogRecovery::default();
+        let mut segments: Vec<Segment<F::File>> = Vec::new();
+        let last_index = found.len().saturating_sub(1);
+        for (index, (seq, name_base, name)) in found.iter().enumerate() {
+            let path = dir.join(name);
+            let file = fs
+                .open(&path, OpenMode::EXISTING_DIRECT)
+                .await
+                .map_err(|e| StorageError::io("open", &path, e))?;
+            // After a process crash a batch may sit only in the page cache;
+            // make what recovery finds durable before it is served.
+            file.sync_data()
+                .await
+                .map_err(|e| StorageError::io("fdatasync", &path, e))?;
+            let size = file
+                .size()
+                .await
+                .map_err(|e| StorageError::io("stat", &path, e))?;
+            let size = size - size % BLOCK_BYTES;
+            let bytes =
+                read_exact_or_short(&file, &path, 0, size, RECOVERY_READ_CHUNK_BYTES).await?;
+            let base_offset = match bytes
+                .get(..usize::try_from(BLOCK_BYTES).unwrap_or(4096))
+                .and_then(decode_segment_header)
+            {
+                Some(base) if base == *name_base => base,
+                _ => {
+                    tracing::error!(path = %path.display(), "segment header is damaged; using the offset in its name");
+                    *name_base
+                }
+            };
+            let scan = scan_segment(&bytes, base_offset);
+            drop(bytes);
+            recovery.corrupt_records += scan.corrupt_records + scan.corrupt_regions;
+            if scan.torn_tail && index == last_index {
+                recovery.torn_tail = true;
+            } else if scan.torn_tail {
+                // Not the last segment: damage at its end is corruption of
+                // data that was durable (or a failed append that sealed it).
+                recovery.corrupt_records += 1;
+            }
+            // A segment created after a failed append starts at the offset of
+            // that append and supersedes earlier segments from its first batch
+            // on. Only batches count: a segment left empty by a failed roll
+            // supersedes nothing.
+            if let Some(first) = scan.batches.first().map(|b| b.base_offset) {
+                for earlier in &mut segments {
+                    earlier.batches.retain(|b| b.base_offset < first);
+                }
+            }
+            segments.push(Segment {
+                seq: *seq,
+                base_offset,
+                path,
+                file: Rc::new(file),
+                batches: scan.batches,
+                write_pos: scan.write_pos,
+                allocated: size.max(BLOCK_BYTES),
+                sealed: index != last_index,
+            });
+        }
+        if recovery.corrupt_records > 0 {
+            metrics::counter!("narad_storage_corrupt_records_total")
+                .increment(recovery.corrupt_records);
+            tracing::error!(
+                dir = %dir.display(), corrupt = recovery.corrupt_records,
+                "partition log holds damaged records; they are never served, every valid record is kept"
+            );
+        }
+        if let Some(newest) = segments.iter().rev().find(|s| !s.batches.is_empty()) {
+            make_batches_durable(newest).await?;
+        }
+        let next_offset = segments.iter().map(Segment::end_offset).max().unwrap_or(0);
+        let next_seq = found.last().map_or(0, |(seq, _, _)| seq + 1);
+        recovery.segments = segments.len();
+        recovery.high_watermark = next_offset;
+        let state = LogState {
+            segments,
+            next_offset,
+            next_seq,
+            retention_ms: config.retention_ms,
+        };
+        let log = Self {
+            fs: fs.clone(),
+            dir: dir.to_path_buf(),
+            config,
+            clock,
+            state: RefCell::new(state),
+            appending: Cell::new(false),
+            corrupt_records: Cell::new(0),
+        };
+        Ok((log, recovery))
+    }
+
+    /// The next offset to be written: every offset below it is committed.
+    pub fn high_watermark(&self) -> u64 {
+        self.state.borrow().next_offset
+    }
+
+    /// The oldest offset still stored (the high watermark when the log is empty).
+    pub fn log_start_offset(&self) -> u64 {
+        let state = self.state.borrow();
+        state
+            .segments
+            .iter()
+            .find(|s| !s.batches.is_empty())
+            .map_or(state.next_offset, Segment::first_offset)
+    }
+
+    /// Damaged records met by reads since the log was opened.
+    pub fn corrupt_records_read(&self) -> u64 {
+        self.corrupt_records.get()
+    }
+
+    pub fn set_retention_ms(&self, retention_ms: u64) {
+        self.state.borrow_mut().retention_ms = retention_ms;
+    }
+
+    pub fn segment_count(&self) -> usize {
+        self.state.borrow().segments.len()
+    }
+
+    /// Appends one batch: write, fdatasync, read back, verify, then move the
+    /// high watermark. Returns the batch's first offset.
+    pub async fn append(&self, messages: &[Message]) -> Result<u64> {
+        if messages.is_empty() {
+            return Ok(self.high_watermark());
+        }
+        let count = u32::try_from(messages.len())
+            .ok()
+            .filter(|c| *c <= BATCH_RECORDS_MAX)
+            .ok_or(StorageError::TooLarge {
+                what: "batch record count",
+                len: messages.len() as u64,
+                max: u64::from(BATCH_RECORDS_MAX),
+            })?;
+        let len = batch::encoded_len(messages);
+        if len > BATCH_BYTES_MAX {
+            return Err(StorageError::TooLarge {
+                what: "batch",
+                len,
+                max: BATCH_BYTES_MAX,
+            });
+        }
+        assert!(
+            !self.appending.replace(true),
+            "partition log appends must not overlap"
+        );
+        let result = self.append_inner(messages, count, len).await;
+        self.appending.set(false);
+        result
+    }
+
+    async fn append_inner(&self, messages: &[Message], count: u32, len: u64) -> Result<u64> {
+        let now = self.clock.now_ms();
+        if self.needs_roll(len, now) {
+            self.roll(now).await?;
+        }
+        let (file, path, pos, allocated, base_offset) = {
+            let state = self.state.borrow();
+            let segment = state
+                .segments
+                .last()
+                .ok_or(StorageError::Closed("partition log segment"))?;
+            (
+                segment.file.clone(),
+                segment.path.clone(),
+                segment.write_pos,
+                segment.allocated,
+                state.next_offset,
+            )
+        };
+        let buf = batch::encode_batch(base_offset, now, messages);
+        let result = self
+            .write_verified(&file, &path, &buf, pos, allocated, base_offset, count)
+            .await;
+        let mut state = self.state.borrow_mut();
+        let segment = state
+            .segments
+            .last_mut()
+            .ok_or(StorageError::Closed("partition log segment"))?;
+        match result {
+            Ok(new_allocated) => {
+                segment.allocated = new_allocated;
+                segment.batches.push(BatchEntry {
+                    base_offset,
+                    count,
+                    pos,
+                    len,
+                    appended_at_ms: now,
+                });
+                segment.write_pos = pos + len;
+                state.next_offset = base_offset + u64::from(count);
+                Ok(base_offset)
+            }
+            Err(error) => {
+                tracing::error!(path = %path.display(), %error, "partition log append failed; segment sealed");
+                segment.sealed = true;
+                Err(error)
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn write_verified(
+        &self,
+        file: &F::File,
+        path: &Path,
+        buf: &[u8],
+        pos: u64,
+        allocated: u64,
+        base_offset: u64,
+        count: u32,
+    ) -> Result<u64> {
+        let needed = pos + buf.len() as u64;
+        let mut new_allocated = allocated;
+        if needed > allocated {
+            let target = round_up(needed, self.config.prealloc_step_bytes)
+                .min(needed.max(self.config.segment_bytes));
+            let target = round_up(target, BLOCK_BYTES);
+            zero_fill(file, path, allocated, target - allocated).await?;
+            file.sync_data()
+                .await
+                .map_err(|e| StorageError::io("fdatasync", path, e))?;
+            new_allocated = target;
+        }
+        file.write_at(buf, pos)
+            .await
+            .map_err(|e| StorageError::io("write", path, e))?;
+        file.sync_data()
+            .await
+            .map_err(|e| StorageError::io("fdatasync", path, e))?;
+        let back = file
+            .read_at(pos, buf.len())
+            .await
+            .map_err(|e| StorageError::io("read back", path, e))?;
+        let verify = |detail: &str| StorageError::VerifyFailed {
+            path: path.to_path_buf(),
+            pos,
+            detail: detail.to_string(),
+        };
+        let decoded =
+            batch::decode_batch(&back, 0).ok_or_else(|| verify("batch header checksum"))?;
+        if decoded.base_offset != base_offset || decoded.count != count {
+            return Err(verify("batch header fields"));
+        }
+        if decoded.bad_records() > 0 {
+            return Err(verify("record checksum"));
+        }
+        if back != buf {
+            return Err(verify("bytes differ from what was written"));
+        }
+        Ok(new_allocated)
+    }
+
+    fn needs_roll(&self, len: u64, now: u64) -> bool {
+        let state = self.state.borrow();
+        let Some(active) = state.segments.last() else {
+            return true;
+        };
+        if active.sealed {
+            return true;
+        }
+        if !active.batches.is_empty() && active.write_pos + len > self.config.segment_bytes {
+            return true;
+        }
+        let half_retention = state.retention_ms / 2;
+        state.retention_ms > 0
+            && active
+                .first_append_ms()
+                .is_some_and(|first| now.saturating_sub(first) >= half_retention)
+    }
+
+    /// Creates a new active segment starting at the high watermark.
+    async fn roll(&self, now: u64) -> Result<()> {
+        let (seq, base_offset) = {
+            let state = self.state.borrow();
+            (state.next_seq, state.next_offset)
+        };
+        let name = segment_name(seq, base_offset);
+        let path = self.dir.join(&name);
+        let header = encode_segment_header(seq, base_offset, now);
+        self.state.borrow_mut().next_seq = seq + 1;
+        create_file_through(&self.fs, &self.dir, &name, &header, 0).await?;
+        let file = self
+            .fs
+            .open(&path, OpenMode::EXISTING_DIRECT)
+            .await
+            .map_err(|e| StorageError::io("open", &path, e))?;
+        let mut state = self.state.borrow_mut();
+        if let Some(previous) = state.segments.last_mut() {
+            previous.sealed = true;
+        }
+        state.segments.push(Segment {
+            seq,
+            base_offset,
+            path,
+            file: Rc::new(file),
+            batches: Vec::new(),
+            write_pos: BLOCK_BYTES,
+            allocated: BLOCK_BYTES,
+            sealed: false,
+        });
+        Ok(())
+    }
+
+    /// Reads up to `max_messages` messages (and about `max_bytes` of values)
+    /// from offset `from` on. Damaged records are skipped, counted and logged;
+    /// offsets below the log start are skipped.
+    pub async fn read(
+        &self,
+        from: u64,
+        max_messages: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<StoredMessage>> {
+        let plan: Vec<(Rc<F::File>, PathBuf, BatchEntry)> = {
+            let state = self.state.borrow();
+            let mut plan = Vec::new();
+            let mut planned = 0u64;
+            let mut planned_bytes = 0u64;
+            'segments: for segment in state.segments.iter().filter(|s| s.end_offset() > from) {
+                let start = segment.batches.partition_point(|b| b.end_offset() <= from);
+                for entry in segment.batches.iter().skip(start) {
+                    plan.push((segment.file.clone(), segment.path.clone(), *entry));
+                    planned += u64::from(entry.count)
+                        - from
+                            .saturating_sub(entry.base_offset)
+                            .min(u64::from(entry.count));
+                    planned_bytes += entry.len;
+                    if planned >= max_messages as u64 || planned_bytes >= max_bytes as u64 {
+                        break 'segments;
+                    }
+                }
+            }
+            plan
+        };
+        let mut out = Vec::new();
+        let mut bytes = 0usize;
+        for (file, path, entry) in plan {
+            let len = usize::try_from(entry.len).unwrap_or(usize::MAX);
+            let raw = file
+                .read_at(entry.pos, len)
+                .await
+                .map_err(|e| StorageError::io("read", &path, e))?;
+            let decoded = batch::decode_batch(&raw, 0)
+                .filter(|d| d.base_offset == entry.base_offset && d.count == entry.count);
+            let Some(decoded) = decoded else {
+                self.report_corrupt(&path, entry.base_offset, u64::from(entry.count));
+                continue;
+            };
+            for (offset, record) in (entry.base_offset..).zip(decoded.records) {
+                if offset < from {
+                    continue;
+                }
+                let Some(message) = record else {
+                    self.report_corrupt(&path, offset, 1);
+                    continue;
+                };
+                if out.len() >= max_messages || (bytes >= max_bytes && !out.is_empty()) {
+                    return Ok(out);
+                }
+                bytes += message.value.len();
+                out.push(StoredMessage { offset, message });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Where each batch lies: (segment path, position, length, base offset,
+    /// count). For tests and tools that map damage to offsets.
+    pub fn batch_extents(&self) -> Vec<(PathBuf, u64, u64, u64, u32)> {
+        let state = self.state.borrow();
+        state
+            .segments
+            .iter()
+            .flat_map(|s| {
+                s.batches
+                    .iter()
+                    .map(|b| (s.path.clone(), b.pos, b.len, b.base_offset, b.count))
+            })
+            .collect()
+    }
+
+    fn report_corrupt(&self, path: &Path, offset: u64, count: u64) {
+        self.corrupt_records.set(self.corrupt_records.get() + count);
+        metrics::counter!("narad_storage_corrupt_records_total").increment(count);
+        tracing::error!(path = %path.display(), offset, count, "damaged record in partition log; not served");
+    }
+
+    /// Deletes whole segments whose newest batch is older than the retention,
+    /// oldest first.
+    pub async fn enforce_retention(&self) -> Result<RetentionOutcome> {
+        let now = self.clock.now_ms();
+        let mut outcome = RetentionOutcome::default();
+        loop {
+            let (expired, is_active) = {
+                let state = self.state.borrow();
+                let retention = state.retention_ms;
+                let Some(oldest) = state.segments.first() else {
+                    break;
+                };
+                let expired = retention > 0
+                    && oldest
+                        .newest_append_ms()
+                        .is_none_or(|newest| now.saturating_sub(newest) >= retention);
+                let is_active = state.segments.len() == 1;
+                (
+                    expired && (!oldest.batches.is_empty() || !is_active),
+                    is_active,
+                )
+            };
+            if !expired {
+                break;
+            }
+            if is_active {
+                // Keep an (empty) segment that remembers the next offset.
+                self.roll(now).await?;
+            }
+            let oldest = self.state.borrow_mut().segments.remove(0);
+            drop(oldest.file);
+            self.fs
+                .remove_file(&oldest.path)
+                .await
+                .map_err(|e| StorageError::io("remove", &oldest.path, e))?;
+            self.fs
+                .sync_dir(&self.dir)
+                .await
+                .map_err(|e| StorageError::io("fsync dir", &self.dir, e))?;
+            tracing::info!(path = %oldest.path.display(), seq = oldest.seq, "retention deleted segment");
+            outcome.deleted_segments += 1;
+        }
+        outcome.log_start_offset = self.log_start_offset();
+        Ok(outcome)
+    }
+}
+
+impl<F: FileSystem> std::fmt::Debug for PartitionLog<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PartitionLog")
+            .field("dir", &self.dir)
+            .field("high_watermark", &self.high_watermark())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segment_names_sort_and_parse() {
+        assert_eq!(parse_segment_name(&segment_name(3, 77)), Some((3, 77)));
+        assert!(segment_name(2, 999) < segment_name(10, 0));
+        assert_eq!(parse_segment_name("junk.seg"), None);
+    }
+}

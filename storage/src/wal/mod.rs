@@ -37,7 +37,9 @@ use crate::codec::{crc_of, get_u32, get_u64, put_u32, put_u64, round_up, round_u
 use crate::error::{Result, StorageError};
 use crate::frame::{encode_frame, scan};
 use crate::io::{FileSystem, OpenMode, StorageFile};
-use crate::limits::{BLOCK_BYTES, RECOVERY_READ_CHUNK_BYTES, WAL_RING_BYTES_DEFAULT, WAL_RING_BYTES_MIN};
+use crate::limits::{
+    BLOCK_BYTES, RECOVERY_READ_CHUNK_BYTES, WAL_RING_BYTES_DEFAULT, WAL_RING_BYTES_MIN,
+};
 use crate::util_fs::{create_file_through, read_exact_or_short};
 pub use record::{WalRecord, WalRecordRef};
 
@@ -60,7 +62,9 @@ pub struct WalConfig {
 
 impl Default for WalConfig {
     fn default() -> Self {
-        Self { ring_bytes: WAL_RING_BYTES_DEFAULT }
+        Self {
+            ring_bytes: WAL_RING_BYTES_DEFAULT,
+        }
     }
 }
 
@@ -155,7 +159,9 @@ impl WalState {
     }
     fn check_usable(&self) -> Result<()> {
         if let Some(reason) = &self.failed {
-            return Err(StorageError::WalFailed { reason: reason.clone() });
+            return Err(StorageError::WalFailed {
+                reason: reason.clone(),
+            });
         }
         if self.closed {
             return Err(StorageError::Closed("ingress WAL"));
@@ -194,7 +200,9 @@ impl Future for Durable {
             return Poll::Ready(Ok(()));
         }
         if let Some(reason) = &state.failed {
-            return Poll::Ready(Err(StorageError::WalFailed { reason: reason.clone() }));
+            return Poll::Ready(Err(StorageError::WalFailed {
+                reason: reason.clone(),
+            }));
         }
         state.durable_waiters.push(cx.waker().clone());
         Poll::Pending
@@ -268,25 +276,43 @@ impl<F: FileSystem> Wal<F> {
                 config.ring_bytes
             )));
         }
-        fs.create_dir_all(dir).await.map_err(|e| StorageError::io("create dir", dir, e))?;
+        fs.create_dir_all(dir)
+            .await
+            .map_err(|e| StorageError::io("create dir", dir, e))?;
         let ring_path = dir.join(RING_FILE_NAME);
         let checkpoint_path = dir.join(CHECKPOINT_FILE_NAME);
-        if !fs.exists(&checkpoint_path).await.map_err(|e| StorageError::io("stat", &checkpoint_path, e))? {
+        if !fs
+            .exists(&checkpoint_path)
+            .await
+            .map_err(|e| StorageError::io("stat", &checkpoint_path, e))?
+        {
             let mut slots = vec![0u8; usize::try_from(BLOCK_BYTES).unwrap_or(4096)];
             slots.extend_from_slice(&encode_checkpoint(1, 0));
             create_file_through(fs, dir, CHECKPOINT_FILE_NAME, &slots, 0).await?;
         }
-        if !fs.exists(&ring_path).await.map_err(|e| StorageError::io("stat", &ring_path, e))? {
+        if !fs
+            .exists(&ring_path)
+            .await
+            .map_err(|e| StorageError::io("stat", &ring_path, e))?
+        {
             let mut header = encode_ring_header(config.ring_bytes);
             header.resize(usize::try_from(BLOCK_BYTES).unwrap_or(4096), 0);
             create_file_through(fs, dir, RING_FILE_NAME, &header, config.ring_bytes).await?;
         }
-        let ring = fs.open(&ring_path, OpenMode::EXISTING_DIRECT).await.map_err(|e| StorageError::io("open", &ring_path, e))?;
-        let checkpoint =
-            fs.open(&checkpoint_path, OpenMode::EXISTING_DIRECT).await.map_err(|e| StorageError::io("open", &checkpoint_path, e))?;
+        let ring = fs
+            .open(&ring_path, OpenMode::EXISTING_DIRECT)
+            .await
+            .map_err(|e| StorageError::io("open", &ring_path, e))?;
+        let checkpoint = fs
+            .open(&checkpoint_path, OpenMode::EXISTING_DIRECT)
+            .await
+            .map_err(|e| StorageError::io("open", &checkpoint_path, e))?;
 
         let block = usize::try_from(BLOCK_BYTES).unwrap_or(4096);
-        let header = ring.read_at(0, block).await.map_err(|e| StorageError::io("read header", &ring_path, e))?;
+        let header = ring
+            .read_at(0, block)
+            .await
+            .map_err(|e| StorageError::io("read header", &ring_path, e))?;
         let capacity = match decode_ring_header(&header) {
             Some(capacity) if capacity % BLOCK_BYTES == 0 && capacity >= WAL_RING_BYTES_MIN => {
                 if capacity != config.ring_bytes {
@@ -303,8 +329,10 @@ impl<F: FileSystem> Wal<F> {
             }
         };
 
-        let slots =
-            checkpoint.read_at(0, 2 * block).await.map_err(|e| StorageError::io("read checkpoint", &checkpoint_path, e))?;
+        let slots = checkpoint
+            .read_at(0, 2 * block)
+            .await
+            .map_err(|e| StorageError::io("read checkpoint", &checkpoint_path, e))?;
         let best = [slots.get(..block), slots.get(block..)]
             .into_iter()
             .flatten()
@@ -314,11 +342,20 @@ impl<F: FileSystem> Wal<F> {
             tracing::error!(path = %checkpoint_path.display(), "both WAL checkpoint slots are damaged; replaying the whole ring");
         }
 
-        let ring_bytes = read_exact_or_short(&ring, &ring_path, BLOCK_BYTES, capacity, RECOVERY_READ_CHUNK_BYTES).await?;
-        let (recovery, live, head) = Self::recover(&ring_bytes, capacity, best.map(|(_, tail)| tail));
+        let ring_bytes = read_exact_or_short(
+            &ring,
+            &ring_path,
+            BLOCK_BYTES,
+            capacity,
+            RECOVERY_READ_CHUNK_BYTES,
+        )
+        .await?;
+        let (recovery, live, head) =
+            Self::recover(&ring_bytes, capacity, best.map(|(_, tail)| tail));
         drop(ring_bytes);
         if recovery.corrupt_records > 0 {
-            metrics::counter!("narad_storage_corrupt_records_total").increment(recovery.corrupt_records);
+            metrics::counter!("narad_storage_corrupt_records_total")
+                .increment(recovery.corrupt_records);
             tracing::error!(
                 path = %ring_path.display(), corrupt = recovery.corrupt_records,
                 "ingress WAL holds damaged records; they are skipped and every valid record after them is recovered"
@@ -327,6 +364,11 @@ impl<F: FileSystem> Wal<F> {
         if recovery.torn_tail {
             tracing::warn!(path = %ring_path.display(), "ingress WAL had a torn tail (a write that never completed); truncated");
         }
+        // What recovery found may sit only in the page cache (after a process
+        // crash); make it durable before anyone relies on it.
+        ring.sync_data()
+            .await
+            .map_err(|e| StorageError::io("fdatasync", &ring_path, e))?;
         let pending_start = round_up(head, BLOCK_BYTES);
         let state = WalState {
             capacity,
@@ -343,12 +385,22 @@ impl<F: FileSystem> Wal<F> {
             durable_waiters: Vec::new(),
             committer_waker: None,
         };
-        let wal = Self { state: Rc::new(RefCell::new(state)), ring, checkpoint, ring_path, checkpoint_path };
+        let wal = Self {
+            state: Rc::new(RefCell::new(state)),
+            ring,
+            checkpoint,
+            ring_path,
+            checkpoint_path,
+        };
         Ok((Rc::new(wal), recovery))
     }
 
     /// Pure recovery over the ring's bytes: the records, the live list and the head.
-    fn recover(ring: &[u8], capacity: u64, checkpoint_tail: Option<WalPos>) -> (WalRecovery, VecDeque<LiveRecord>, WalPos) {
+    fn recover(
+        ring: &[u8],
+        capacity: u64,
+        checkpoint_tail: Option<WalPos>,
+    ) -> (WalRecovery, VecDeque<LiveRecord>, WalPos) {
         let result = scan(ring, RECORD_MAGIC, |at, pos| {
             pos % capacity == at as u64 && checkpoint_tail.is_none_or(|tail| pos >= tail)
         });
@@ -362,7 +414,10 @@ impl<F: FileSystem> Wal<F> {
         }
         let tail = checkpoint_tail.unwrap_or_else(|| frames.first().map_or(0, |f| f.pos));
         let last_valid = frames.last().map(|f| f.pos);
-        let mut recovery = WalRecovery { checkpoint_tail: tail, ..WalRecovery::default() };
+        let mut recovery = WalRecovery {
+            checkpoint_tail: tail,
+            ..WalRecovery::default()
+        };
         for (pos, _) in &result.bad_bodies {
             if last_valid.is_some_and(|last| *pos < last) {
                 recovery.corrupt_records += 1;
@@ -384,8 +439,14 @@ impl<F: FileSystem> Wal<F> {
             previous_end = Some(frame.pos + frame.len as u64);
             match ring.get(frame.body.clone()).and_then(record::decode_body) {
                 Some(record) => {
-                    live.push_back(LiveRecord { pos: frame.pos, committed: false });
-                    recovery.records.push(RecoveredRecord { pos: frame.pos, record });
+                    live.push_back(LiveRecord {
+                        pos: frame.pos,
+                        committed: false,
+                    });
+                    recovery.records.push(RecoveredRecord {
+                        pos: frame.pos,
+                        record,
+                    });
                 }
                 None => recovery.corrupt_records += 1,
             }
@@ -402,11 +463,19 @@ impl<F: FileSystem> Wal<F> {
         state.check_usable()?;
         let len = record.frame_len() as u64;
         if len > state.capacity / 4 {
-            return Err(StorageError::TooLarge { what: "WAL record", len, max: state.capacity / 4 });
+            return Err(StorageError::TooLarge {
+                what: "WAL record",
+                len,
+                max: state.capacity / 4,
+            });
         }
         let next = state.next_pos();
         let physical = next % state.capacity;
-        let skip = if physical + len > state.capacity { state.capacity - physical } else { 0 };
+        let skip = if physical + len > state.capacity {
+            state.capacity - physical
+        } else {
+            0
+        };
         let pos = next + skip;
         let end = pos + len;
         if round_up(end, BLOCK_BYTES) - state.checkpoint_tail > state.capacity {
@@ -417,14 +486,25 @@ impl<F: FileSystem> Wal<F> {
         }
         let padded_len = state.pending.len() + usize::try_from(skip).unwrap_or(0);
         state.pending.resize(padded_len, 0);
-        encode_frame(&mut state.pending, RECORD_MAGIC, pos, |buf| record.encode_body(buf));
+        encode_frame(&mut state.pending, RECORD_MAGIC, pos, |buf| {
+            record.encode_body(buf)
+        });
         debug_assert_eq!(state.next_pos(), end);
-        state.live.push_back(LiveRecord { pos, committed: false });
+        state.live.push_back(LiveRecord {
+            pos,
+            committed: false,
+        });
         state.pending_records += 1;
         if let Some(waker) = state.committer_waker.take() {
             waker.wake();
         }
-        Ok(Appended { pos, durable: Durable { state: self.state.clone(), end } })
+        Ok(Appended {
+            pos,
+            durable: Durable {
+                state: self.state.clone(),
+                end,
+            },
+        })
     }
 
     /// Writes everything appended so far with one write and one fdatasync,
@@ -434,7 +514,9 @@ impl<F: FileSystem> Wal<F> {
         let (start, buf, records) = {
             let mut state = self.state.borrow_mut();
             if let Some(reason) = &state.failed {
-                return Err(StorageError::WalFailed { reason: reason.clone() });
+                return Err(StorageError::WalFailed {
+                    reason: reason.clone(),
+                });
             }
             if state.pending.is_empty() {
                 return Ok(FlushOutcome::default());
@@ -442,7 +524,10 @@ impl<F: FileSystem> Wal<F> {
             assert!(!state.flushing, "only one task flushes the ingress WAL");
             state.flushing = true;
             let mut buf = std::mem::take(&mut state.pending);
-            buf.resize(round_up_usize(buf.len(), usize::try_from(BLOCK_BYTES).unwrap_or(4096)), 0);
+            buf.resize(
+                round_up_usize(buf.len(), usize::try_from(BLOCK_BYTES).unwrap_or(4096)),
+                0,
+            );
             let start = state.pending_start;
             state.pending_start = start + buf.len() as u64;
             (start, buf, std::mem::take(&mut state.pending_records))
@@ -455,7 +540,10 @@ impl<F: FileSystem> Wal<F> {
             Ok(()) => {
                 state.durable_end = start + buf.len() as u64;
                 state.wake_all();
-                Ok(FlushOutcome { records, bytes: buf.len() as u64 })
+                Ok(FlushOutcome {
+                    records,
+                    bytes: buf.len() as u64,
+                })
             }
             Err(error) => {
                 state.fail(error.to_string());
@@ -466,22 +554,34 @@ impl<F: FileSystem> Wal<F> {
 
     async fn write_and_sync(&self, start: WalPos, buf: &[u8], capacity: u64) -> Result<()> {
         let physical = start % capacity;
-        let first_len = usize::try_from(capacity - physical).unwrap_or(usize::MAX).min(buf.len());
+        let first_len = usize::try_from(capacity - physical)
+            .unwrap_or(usize::MAX)
+            .min(buf.len());
         let (first, rest) = buf.split_at(first_len);
         let io = |e| StorageError::io("write", &self.ring_path, e);
-        self.ring.write_at(first, BLOCK_BYTES + physical).await.map_err(io)?;
+        self.ring
+            .write_at(first, BLOCK_BYTES + physical)
+            .await
+            .map_err(io)?;
         if !rest.is_empty() {
             self.ring.write_at(rest, BLOCK_BYTES).await.map_err(io)?;
         }
-        self.ring.sync_data().await.map_err(|e| StorageError::io("fdatasync", &self.ring_path, e))
+        self.ring
+            .sync_data()
+            .await
+            .map_err(|e| StorageError::io("fdatasync", &self.ring_path, e))
     }
 
     /// Marks a record committed to its partition owner. Returns false for a
     /// position that is not an uncommitted record of this ring.
     pub fn mark_committed(&self, pos: WalPos) -> bool {
         let mut state = self.state.borrow_mut();
-        let Ok(index) = state.live.binary_search_by_key(&pos, |r| r.pos) else { return false };
-        let Some(record) = state.live.get_mut(index) else { return false };
+        let Ok(index) = state.live.binary_search_by_key(&pos, |r| r.pos) else {
+            return false;
+        };
+        let Some(record) = state.live.get_mut(index) else {
+            return false;
+        };
         let newly = !record.committed;
         record.committed = true;
         while state.live.front().is_some_and(|r| r.committed) {
@@ -496,9 +596,13 @@ impl<F: FileSystem> Wal<F> {
         let (tail, seq) = {
             let state = self.state.borrow();
             if let Some(reason) = &state.failed {
-                return Err(StorageError::WalFailed { reason: reason.clone() });
+                return Err(StorageError::WalFailed {
+                    reason: reason.clone(),
+                });
             }
-            let tail = state.tail().min(state.durable_end.max(state.checkpoint_tail));
+            let tail = state
+                .tail()
+                .min(state.durable_end.max(state.checkpoint_tail));
             if tail <= state.checkpoint_tail {
                 return Ok(false);
             }
@@ -510,7 +614,10 @@ impl<F: FileSystem> Wal<F> {
                 .write_at(&slot, (seq % 2) * BLOCK_BYTES)
                 .await
                 .map_err(|e| StorageError::io("write", &self.checkpoint_path, e))?;
-            self.checkpoint.sync_data().await.map_err(|e| StorageError::io("fdatasync", &self.checkpoint_path, e))
+            self.checkpoint
+                .sync_data()
+                .await
+                .map_err(|e| StorageError::io("fdatasync", &self.checkpoint_path, e))
         }
         .await;
         let mut state = self.state.borrow_mut();
@@ -558,7 +665,10 @@ impl<F: FileSystem> Wal<F> {
     /// The group-commit loop: waits for appended records, flushes them, and
     /// repeats until the WAL is closed (after a last flush) or fails.
     /// `on_flush` sees each group commit and how long it took.
-    pub async fn run_committer(self: Rc<Self>, mut on_flush: impl FnMut(FlushOutcome, std::time::Duration)) {
+    pub async fn run_committer(
+        self: Rc<Self>,
+        mut on_flush: impl FnMut(FlushOutcome, std::time::Duration),
+    ) {
         loop {
             WaitForWork { state: &self.state }.await;
             let stop = {
@@ -595,7 +705,10 @@ impl Future for WaitForWork<'_> {
 
 impl<F: FileSystem> std::fmt::Debug for Wal<F> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Wal").field("ring", &self.ring_path).field("stats", &self.stats()).finish()
+        f.debug_struct("Wal")
+            .field("ring", &self.ring_path)
+            .field("stats", &self.stats())
+            .finish()
     }
 }
 

@@ -11,7 +11,9 @@
 //! 40  topic, key, value
 //! ```
 
-use crate::codec::{get_u128, get_u16, get_u32, get_u64, key_len_field, put_u128, put_u16, put_u32, put_u64, NO_KEY};
+use crate::codec::{
+    get_u128, get_u16, get_u32, get_u64, key_len_field, put_u128, put_u16, put_u32, put_u64, NO_KEY,
+};
 use crate::frame::frame_len;
 
 const BODY_FIXED_BYTES: usize = 40;
@@ -86,7 +88,9 @@ pub fn decode_body(body: &[u8]) -> Option<WalRecord> {
     let key_len = get_u32(body, 32)?;
     let value_len = usize::try_from(get_u32(body, 36)?).ok()?;
     let mut at = BODY_FIXED_BYTES;
-    let topic = std::str::from_utf8(body.get(at..at + topic_len)?).ok()?.to_string();
+    let topic = std::str::from_utf8(body.get(at..at + topic_len)?)
+        .ok()?
+        .to_string();
     at += topic_len;
     let key = if key_len == NO_KEY {
         None
@@ -100,7 +104,14 @@ pub fn decode_body(body: &[u8]) -> Option<WalRecord> {
     if at + value_len != body.len() {
         return None;
     }
-    Some(WalRecord { id, topic, partition, key, value, accept_ms })
+    Some(WalRecord {
+        id,
+        topic,
+        partition,
+        key,
+        value,
+        accept_ms,
+    })
 }
 
 #[cfg(test)]
@@ -121,7 +132,11 @@ mod tests {
         record.as_ref().encode_body(&mut buf);
         assert_eq!(buf.len(), record.as_ref().body_len());
         assert_eq!(decode_body(&buf), Some(record.clone()));
-        let keyless = WalRecord { key: None, value: Vec::new(), ..record };
+        let keyless = WalRecord {
+            key: None,
+            value: Vec::new(),
+            ..record
+        };
         buf.clear();
         keyless.as_ref().encode_body(&mut buf);
         assert_eq!(decode_body(&buf), Some(keyless));
