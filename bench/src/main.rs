@@ -1,0 +1,178 @@
+//! `narad-bench wal [--dir DIR] [--seconds S]`: the ingress WAL's group commit
+//! at 1, 16, 64 and 256 concurrent appenders of 1 KiB records, beside the
+//! disk's raw limits measured in the same run.
+
+use std::cell::RefCell;
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use glommio::io::{DmaFile, OpenOptions};
+use glommio::LocalExecutorBuilder;
+use hdrhistogram::Histogram;
+use narad_storage::io::glommio_fs::GlommioFs;
+use narad_storage::wal::{Wal, WalConfig, WalRecord};
+
+const RECORD_VALUE_BYTES: usize = 1024;
+const CONCURRENCY_LEVELS: [usize; 4] = [1, 16, 64, 256];
+const RING_BYTES: u64 = 256 * 1024 * 1024;
+const RAW_SMALL_WRITES: usize = 2000;
+const RAW_LARGE_WRITES: usize = 200;
+const RAW_SEQUENTIAL_BYTES: usize = 256 * 1024 * 1024;
+const IO_MEMORY_BYTES: usize = 16 * 1024 * 1024;
+
+struct Args {
+    dir: PathBuf,
+    seconds: u64,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = std::env::args().skip(1);
+    match args.next().as_deref() {
+        Some("wal") => {}
+        other => return Err(format!("usage: narad-bench wal [--dir DIR] [--seconds S] (got {other:?})")),
+    }
+    let mut parsed = Args { dir: PathBuf::from("./narad-bench-data"), seconds: 5 };
+    while let Some(flag) = args.next() {
+        let value = args.next().ok_or(format!("{flag} needs a value"))?;
+        match flag.as_str() {
+            "--dir" => parsed.dir = PathBuf::from(value),
+            "--seconds" => parsed.seconds = value.parse().map_err(|e| format!("--seconds: {e}"))?,
+            _ => return Err(format!("unknown flag {flag}")),
+        }
+    }
+    Ok(parsed)
+}
+
+fn micros(histogram: &Histogram<u64>, quantile: f64) -> f64 {
+    histogram.value_at_quantile(quantile) as f64
+}
+
+async fn timed_write_sync(file: &DmaFile, len: usize, pos: u64) -> u64 {
+    let mut buf = file.alloc_dma_buffer(len);
+    buf.as_bytes_mut().fill(0x5a);
+    let started = Instant::now();
+    file.write_at(buf, pos).await.expect("raw write");
+    file.fdatasync().await.expect("raw fdatasync");
+    started.elapsed().as_micros() as u64
+}
+
+async fn raw_limits(dir: &std::path::Path) -> Histogram<u64> {
+    let path = dir.join("raw.bin");
+    let file = OpenOptions::new().read(true).write(true).create(true).dma_open(&path).await.expect("raw file");
+    // Pre-write the file so that later writes overwrite allocated blocks.
+    let started = Instant::now();
+    let chunk = 1 << 20;
+    for i in 0..RAW_SEQUENTIAL_BYTES / chunk {
+        let mut buf = file.alloc_dma_buffer(chunk);
+        buf.as_bytes_mut().fill(0);
+        file.write_at(buf, (i * chunk) as u64).await.expect("sequential write");
+    }
+    file.fdatasync().await.expect("sync");
+    let sequential = RAW_SEQUENTIAL_BYTES as f64 / started.elapsed().as_secs_f64() / 1e6;
+    let mut small = Histogram::<u64>::new(3).expect("histogram");
+    let started = Instant::now();
+    for i in 0..RAW_SMALL_WRITES {
+        small.record(timed_write_sync(&file, 4096, (i * 4096) as u64).await).ok();
+    }
+    let small_rate = RAW_SMALL_WRITES as f64 / started.elapsed().as_secs_f64();
+    let mut large = Histogram::<u64>::new(3).expect("histogram");
+    for i in 0..RAW_LARGE_WRITES {
+        large.record(timed_write_sync(&file, 256 * 1024, (i * 256 * 1024) as u64).await).ok();
+    }
+    println!("raw disk: O_DIRECT 4 KiB write+fdatasync on a pre-written file: {small_rate:.0}/s (p50 {:.0} us)", micros(&small, 0.5));
+    println!("raw disk: sequential O_DIRECT 1 MiB writes: {sequential:.0} MB/s");
+    println!(
+        "raw disk: one 256 KiB O_DIRECT write+fdatasync: p50 {:.0} us, p99 {:.0} us",
+        micros(&large, 0.5),
+        micros(&large, 0.99)
+    );
+    file.close().await.ok();
+    std::fs::remove_file(&path).ok();
+    large
+}
+
+async fn wal_level(wal: &Rc<Wal<GlommioFs>>, appenders: usize, duration: Duration, flushes: &Rc<RefCell<(u64, u64)>>) {
+    *flushes.borrow_mut() = (0, 0);
+    let latencies = Rc::new(RefCell::new(Histogram::<u64>::new(3).expect("histogram")));
+    let deadline = Instant::now() + duration;
+    let value = vec![0xabu8; RECORD_VALUE_BYTES];
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for appender in 0..appenders {
+        let (wal, latencies, value) = (wal.clone(), latencies.clone(), value.clone());
+        tasks.push(glommio::spawn_local(async move {
+            let mut done = 0u64;
+            let mut id = appender as u128;
+            while Instant::now() < deadline {
+                let record = WalRecord { id, topic: "bench".into(), partition: 0, key: None, value: value.clone(), accept_ms: 0 };
+                let sent = Instant::now();
+                let appended = wal.append(&record.as_ref()).expect("append");
+                appended.durable.await.expect("durable");
+                latencies.borrow_mut().record(sent.elapsed().as_micros() as u64).ok();
+                // Keep the ring from filling: the record counts as dispatched.
+                wal.mark_committed(appended.pos);
+                id += appenders as u128;
+                done += 1;
+            }
+            done
+        }));
+    }
+    let mut records = 0;
+    for task in tasks {
+        records += task.await;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let (syncs, synced_records) = *flushes.borrow();
+    let latencies = latencies.borrow();
+    println!(
+        "wal: {appenders:>3} appenders: {:>8.0} records/s {:>7.1} MB/s  p50 {:>6.0} us  p99 {:>6.0} us  {:>5.1} records/fsync",
+        records as f64 / elapsed,
+        records as f64 * RECORD_VALUE_BYTES as f64 / elapsed / 1e6,
+        micros(&latencies, 0.5),
+        micros(&latencies, 0.99),
+        synced_records as f64 / syncs.max(1) as f64
+    );
+}
+
+fn main() {
+    let args = match parse_args() {
+        Ok(args) => args,
+        Err(message) => {
+            eprintln!("{message}");
+            std::process::exit(2);
+        }
+    };
+    let data_dir = args.dir.clone();
+    let executor = LocalExecutorBuilder::default().io_memory(IO_MEMORY_BYTES).make().expect("glommio executor");
+    executor.run(async move {
+        let fs = GlommioFs::new(&args.dir).await.expect("data dir");
+        raw_limits(&args.dir).await;
+        let wal_dir = args.dir.join("wal");
+        std::fs::remove_dir_all(&wal_dir).ok();
+        let (wal, _) = Wal::open(&fs, &wal_dir, WalConfig { ring_bytes: RING_BYTES }).await.expect("wal");
+        let flushes = Rc::new(RefCell::new((0u64, 0u64)));
+        let counter = flushes.clone();
+        glommio::spawn_local(wal.clone().run_committer(move |outcome, _| {
+            let mut c = counter.borrow_mut();
+            c.0 += 1;
+            c.1 += outcome.records as u64;
+        }))
+        .detach();
+        let checkpointer = wal.clone();
+        glommio::spawn_local(async move {
+            loop {
+                glommio::timer::sleep(Duration::from_millis(250)).await;
+                if checkpointer.checkpoint().await.is_err() {
+                    return;
+                }
+            }
+        })
+        .detach();
+        for appenders in CONCURRENCY_LEVELS {
+            wal_level(&wal, appenders, Duration::from_secs(args.seconds), &flushes).await;
+        }
+        wal.close();
+    });
+    std::fs::remove_dir_all(data_dir.join("wal")).ok();
+}
