@@ -30,9 +30,16 @@ fn parse_args() -> Result<Args, String> {
     let mut args = std::env::args().skip(1);
     match args.next().as_deref() {
         Some("wal") => {}
-        other => return Err(format!("usage: narad-bench wal [--dir DIR] [--seconds S] (got {other:?})")),
+        other => {
+            return Err(format!(
+                "usage: narad-bench wal [--dir DIR] [--seconds S] (got {other:?})"
+            ))
+        }
     }
-    let mut parsed = Args { dir: PathBuf::from("./narad-bench-data"), seconds: 5 };
+    let mut parsed = Args {
+        dir: PathBuf::from("./narad-bench-data"),
+        seconds: 5,
+    };
     while let Some(flag) = args.next() {
         let value = args.next().ok_or(format!("{flag} needs a value"))?;
         match flag.as_str() {
@@ -59,26 +66,38 @@ async fn timed_write_sync(file: &DmaFile, len: usize, pos: u64) -> u64 {
 
 async fn raw_limits(dir: &std::path::Path) -> Histogram<u64> {
     let path = dir.join("raw.bin");
-    let file = OpenOptions::new().read(true).write(true).create(true).dma_open(&path).await.expect("raw file");
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .dma_open(&path)
+        .await
+        .expect("raw file");
     // Pre-write the file so that later writes overwrite allocated blocks.
     let started = Instant::now();
     let chunk = 1 << 20;
     for i in 0..RAW_SEQUENTIAL_BYTES / chunk {
         let mut buf = file.alloc_dma_buffer(chunk);
         buf.as_bytes_mut().fill(0);
-        file.write_at(buf, (i * chunk) as u64).await.expect("sequential write");
+        file.write_at(buf, (i * chunk) as u64)
+            .await
+            .expect("sequential write");
     }
     file.fdatasync().await.expect("sync");
     let sequential = RAW_SEQUENTIAL_BYTES as f64 / started.elapsed().as_secs_f64() / 1e6;
     let mut small = Histogram::<u64>::new(3).expect("histogram");
     let started = Instant::now();
     for i in 0..RAW_SMALL_WRITES {
-        small.record(timed_write_sync(&file, 4096, (i * 4096) as u64).await).ok();
+        small
+            .record(timed_write_sync(&file, 4096, (i * 4096) as u64).await)
+            .ok();
     }
     let small_rate = RAW_SMALL_WRITES as f64 / started.elapsed().as_secs_f64();
     let mut large = Histogram::<u64>::new(3).expect("histogram");
     for i in 0..RAW_LARGE_WRITES {
-        large.record(timed_write_sync(&file, 256 * 1024, (i * 256 * 1024) as u64).await).ok();
+        large
+            .record(timed_write_sync(&file, 256 * 1024, (i * 256 * 1024) as u64).await)
+            .ok();
     }
     println!("raw disk: O_DIRECT 4 KiB write+fdatasync on a pre-written file: {small_rate:.0}/s (p50 {:.0} us)", micros(&small, 0.5));
     println!("raw disk: sequential O_DIRECT 1 MiB writes: {sequential:.0} MB/s");
@@ -92,7 +111,12 @@ async fn raw_limits(dir: &std::path::Path) -> Histogram<u64> {
     large
 }
 
-async fn wal_level(wal: &Rc<Wal<GlommioFs>>, appenders: usize, duration: Duration, flushes: &Rc<RefCell<(u64, u64)>>) {
+async fn wal_level(
+    wal: &Rc<Wal<GlommioFs>>,
+    appenders: usize,
+    duration: Duration,
+    flushes: &Rc<RefCell<(u64, u64)>>,
+) {
     *flushes.borrow_mut() = (0, 0);
     let latencies = Rc::new(RefCell::new(Histogram::<u64>::new(3).expect("histogram")));
     let deadline = Instant::now() + duration;
@@ -105,11 +129,21 @@ async fn wal_level(wal: &Rc<Wal<GlommioFs>>, appenders: usize, duration: Duratio
             let mut done = 0u64;
             let mut id = appender as u128;
             while Instant::now() < deadline {
-                let record = WalRecord { id, topic: "bench".into(), partition: 0, key: None, value: value.clone(), accept_ms: 0 };
+                let record = WalRecord {
+                    id,
+                    topic: "bench".into(),
+                    partition: 0,
+                    key: None,
+                    value: value.clone(),
+                    accept_ms: 0,
+                };
                 let sent = Instant::now();
                 let appended = wal.append(&record.as_ref()).expect("append");
                 appended.durable.await.expect("durable");
-                latencies.borrow_mut().record(sent.elapsed().as_micros() as u64).ok();
+                latencies
+                    .borrow_mut()
+                    .record(sent.elapsed().as_micros() as u64)
+                    .ok();
                 // Keep the ring from filling: the record counts as dispatched.
                 wal.mark_committed(appended.pos);
                 id += appenders as u128;
@@ -144,13 +178,24 @@ fn main() {
         }
     };
     let data_dir = args.dir.clone();
-    let executor = LocalExecutorBuilder::default().io_memory(IO_MEMORY_BYTES).make().expect("glommio executor");
+    let executor = LocalExecutorBuilder::default()
+        .io_memory(IO_MEMORY_BYTES)
+        .make()
+        .expect("glommio executor");
     executor.run(async move {
         let fs = GlommioFs::new(&args.dir).await.expect("data dir");
         raw_limits(&args.dir).await;
         let wal_dir = args.dir.join("wal");
         std::fs::remove_dir_all(&wal_dir).ok();
-        let (wal, _) = Wal::open(&fs, &wal_dir, WalConfig { ring_bytes: RING_BYTES }).await.expect("wal");
+        let (wal, _) = Wal::open(
+            &fs,
+            &wal_dir,
+            WalConfig {
+                ring_bytes: RING_BYTES,
+            },
+        )
+        .await
+        .expect("wal");
         let flushes = Rc::new(RefCell::new((0u64, 0u64)));
         let counter = flushes.clone();
         glommio::spawn_local(wal.clone().run_committer(move |outcome, _| {

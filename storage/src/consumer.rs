@@ -281,7 +281,12 @@ impl<F: FileSystem> ConsumerState<F> {
                 .read_at(0, usize::try_from(size).unwrap_or(0))
                 .await
                 .map_err(|e| StorageError::io("read", &path, e))?;
-            let found = scan(&bytes, ACK_FRAME_MAGIC, |at, pos| at as u64 == pos);
+            let found = scan(
+                &bytes,
+                ACK_FRAME_MAGIC,
+                crate::frame::FRAME_ALIGN,
+                |at, pos| at as u64 == pos,
+            );
             for frame in &found.frames {
                 let body = bytes.get(frame.body.clone()).unwrap_or_default();
                 for chunk in body.chunks_exact(8) {

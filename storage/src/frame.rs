@@ -115,7 +115,19 @@ pub struct ScanResult {
 /// Finds every frame of kind `magic` in `bytes` whose position `accept`
 /// approves; `accept(offset_in_slice, stored_pos)`. Damaged regions are
 /// skipped 8 bytes at a time.
-pub fn scan(bytes: &[u8], magic: u32, accept: impl Fn(usize, u64) -> bool) -> ScanResult {
+///
+/// `flush_align` is the boundary every write of the file starts on (the
+/// block size for the WAL ring, [`FRAME_ALIGN`] for a buffered log). A frame
+/// whose header is valid and whose body is not may have been torn, truncated
+/// by recovery and partly overwritten by later writes; so inside its extent
+/// each `flush_align` boundary is probed for a later write's frames before
+/// the scan goes on at the end of the damaged frame.
+pub fn scan(
+    bytes: &[u8],
+    magic: u32,
+    flush_align: usize,
+    accept: impl Fn(usize, u64) -> bool,
+) -> ScanResult {
     let mut result = ScanResult::default();
     let mut at = 0usize;
     while at + FRAME_HEADER_BYTES <= bytes.len() {
@@ -126,9 +138,7 @@ pub fn scan(bytes: &[u8], magic: u32, accept: impl Fn(usize, u64) -> bool) -> Sc
             }
             Probe::BadBody { pos, len } if accept(at, pos) => {
                 result.bad_bodies.push((pos, at));
-                // The length comes from a checksummed header at the position
-                // it names, so it is this frame's own: skip the whole frame.
-                at += len;
+                at = next_frame_inside(bytes, magic, flush_align, at, len, &accept);
             }
             // A valid frame of another position is stale (an earlier lap):
             // skip it whole, it holds nothing of this lap.
@@ -137,6 +147,30 @@ pub fn scan(bytes: &[u8], magic: u32, accept: impl Fn(usize, u64) -> bool) -> Sc
         }
     }
     result
+}
+
+/// After a damaged frame at `at` of `len` bytes: the first `flush_align`
+/// boundary inside it that holds an accepted frame header, else its end.
+fn next_frame_inside(
+    bytes: &[u8],
+    magic: u32,
+    flush_align: usize,
+    at: usize,
+    len: usize,
+    accept: &impl Fn(usize, u64) -> bool,
+) -> usize {
+    let end = at.saturating_add(len);
+    let align = flush_align.max(FRAME_ALIGN);
+    let mut candidate = (at / align + 1) * align;
+    while candidate < end && candidate + FRAME_HEADER_BYTES <= bytes.len() {
+        match probe(bytes, candidate, magic) {
+            Probe::Valid { pos, .. } | Probe::BadBody { pos, .. } if accept(candidate, pos) => {
+                return candidate
+            }
+            _ => candidate += align,
+        }
+    }
+    end
 }
 
 #[cfg(test)]
@@ -151,13 +185,13 @@ mod tests {
         encode_frame(&mut buf, 0xABCD, second as u64, |b| {
             b.extend_from_slice(b"world!")
         });
-        let found = scan(&buf, 0xABCD, |at, pos| at as u64 == pos);
+        let found = scan(&buf, 0xABCD, FRAME_ALIGN, |at, pos| at as u64 == pos);
         assert_eq!(found.frames.len(), 2);
         assert_eq!(buf.get(found.frames[1].body.clone()), Some(&b"world!"[..]));
 
         // Damage the first body: the second frame is still found.
         buf[FRAME_HEADER_BYTES] ^= 1;
-        let found = scan(&buf, 0xABCD, |at, pos| at as u64 == pos);
+        let found = scan(&buf, 0xABCD, FRAME_ALIGN, |at, pos| at as u64 == pos);
         assert_eq!(found.frames.len(), 1);
         assert_eq!(found.frames[0].pos, second as u64);
         assert_eq!(found.bad_bodies.len(), 1);
@@ -165,16 +199,33 @@ mod tests {
         // Damage the first header: the second frame is still found.
         buf[FRAME_HEADER_BYTES] ^= 1;
         buf[9] ^= 0x10;
-        let found = scan(&buf, 0xABCD, |at, pos| at as u64 == pos);
+        let found = scan(&buf, 0xABCD, FRAME_ALIGN, |at, pos| at as u64 == pos);
         assert_eq!(found.frames.len(), 1);
         assert!(found.bad_bodies.is_empty());
+    }
+
+    #[test]
+    fn a_torn_frame_overwritten_by_a_later_flush_hides_nothing() {
+        // A long frame at 0 whose body was torn; recovery truncated it and a
+        // later flush wrote a frame at the next 64-byte boundary, inside it.
+        let mut buf = Vec::new();
+        encode_frame(&mut buf, 9, 0, |b| b.extend_from_slice(&[1u8; 200]));
+        let mut later = Vec::new();
+        encode_frame(&mut later, 9, 64, |b| b.extend_from_slice(b"later"));
+        buf[64..64 + later.len()].copy_from_slice(&later);
+        let found = scan(&buf, 9, 64, |at, pos| at as u64 == pos);
+        assert_eq!(
+            found.frames.iter().map(|f| f.pos).collect::<Vec<_>>(),
+            vec![64]
+        );
+        assert_eq!(found.bad_bodies.len(), 1);
     }
 
     #[test]
     fn frames_at_the_wrong_position_are_ignored() {
         let mut buf = Vec::new();
         encode_frame(&mut buf, 7, 4096, |b| b.extend_from_slice(b"stale"));
-        let found = scan(&buf, 7, |at, pos| at as u64 == pos);
+        let found = scan(&buf, 7, FRAME_ALIGN, |at, pos| at as u64 == pos);
         assert!(found.frames.is_empty());
     }
 }

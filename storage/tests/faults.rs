@@ -13,14 +13,23 @@ use narad_storage::log::{LogConfig, Message, PartitionLog};
 use narad_storage::wal::{Wal, WalConfig, WalRecord};
 use narad_storage::StorageError;
 
-const RING: WalConfig = WalConfig { ring_bytes: 64 * 1024 };
+const RING: WalConfig = WalConfig {
+    ring_bytes: 64 * 1024,
+};
 
 fn wal_dir() -> PathBuf {
     PathBuf::from("/data/wal/shard-0")
 }
 
 fn record(id: u128, value_len: usize) -> WalRecord {
-    WalRecord { id, topic: "orders".into(), partition: 1, key: None, value: vec![b'x'; value_len], accept_ms: 42 }
+    WalRecord {
+        id,
+        topic: "orders".into(),
+        partition: 1,
+        key: None,
+        value: vec![b'x'; value_len],
+        accept_ms: 42,
+    }
 }
 
 fn append_durably(wal: &Wal<SimFs>, id: u128) -> u64 {
@@ -39,27 +48,49 @@ fn fsync_eio_fails_the_wal_for_good_and_keeps_what_was_durable() {
     let doomed = wal.append(&record(2, 100).as_ref()).expect("append");
     let error = block_on(wal.flush()).expect_err("the fsync fails");
     assert_eq!(error.raw_os_error(), Some(libc::EIO));
-    assert!(matches!(block_on(doomed.durable), Err(StorageError::WalFailed { .. })));
+    assert!(matches!(
+        block_on(doomed.durable),
+        Err(StorageError::WalFailed { .. })
+    ));
     fs.clear_faults();
-    assert!(matches!(wal.append(&record(3, 1).as_ref()), Err(StorageError::WalFailed { .. })), "failed for good");
-    assert!(block_on(wal.flush()).is_err(), "a failed WAL never flushes again");
+    assert!(
+        matches!(
+            wal.append(&record(3, 1).as_ref()),
+            Err(StorageError::WalFailed { .. })
+        ),
+        "failed for good"
+    );
+    assert!(
+        block_on(wal.flush()).is_err(),
+        "a failed WAL never flushes again"
+    );
     assert!(wal.failure().is_some());
     drop(wal);
     fs.power_loss();
     let (_, recovery) = block_on(Wal::open(&fs, &wal_dir(), RING)).expect("restart");
-    assert!(recovery.records.iter().any(|r| r.record.id == 1), "the durable record survives");
+    assert!(
+        recovery.records.iter().any(|r| r.record.id == 1),
+        "the durable record survives"
+    );
 }
 
 #[test]
 fn enospc_on_a_wal_write_fails_the_wal() {
     let fs = SimFs::new(2);
     let (wal, _) = block_on(Wal::open(&fs, &wal_dir(), RING)).expect("open");
-    fs.inject(FaultRule::once(FaultOp::Write, "ring.wal", FaultError::Enospc));
+    fs.inject(FaultRule::once(
+        FaultOp::Write,
+        "ring.wal",
+        FaultError::Enospc,
+    ));
     wal.append(&record(1, 10).as_ref()).expect("append");
     let error = block_on(wal.flush()).expect_err("write fails");
     assert_eq!(error.raw_os_error(), Some(libc::ENOSPC));
     fs.clear_faults();
-    assert!(matches!(wal.append(&record(2, 1).as_ref()), Err(StorageError::WalFailed { .. })));
+    assert!(matches!(
+        wal.append(&record(2, 1).as_ref()),
+        Err(StorageError::WalFailed { .. })
+    ));
 }
 
 #[test]
@@ -74,7 +105,9 @@ fn wal_recovery_truncates_a_torn_last_record() {
     // A record whose header reached the disk and whose body did not.
     let torn_pos = 3 * BLOCK_BYTES;
     let mut frame = Vec::new();
-    encode_frame(&mut frame, 0x4E57_414C, torn_pos, |b| b.extend_from_slice(&[7u8; 300]));
+    encode_frame(&mut frame, 0x4E57_414C, torn_pos, |b| {
+        b.extend_from_slice(&[7u8; 300])
+    });
     frame.truncate(100);
     assert!(fs.scribble(&wal_dir().join("ring.wal"), BLOCK_BYTES + torn_pos, &frame));
     let (wal, recovery) = block_on(Wal::open(&fs, &wal_dir(), RING)).expect("recover");
@@ -99,10 +132,18 @@ fn a_damaged_wal_record_never_stops_recovery_of_later_ones() {
     drop(wal);
     fs.crash_process();
     // Flip a bit in the middle record's value.
-    assert!(fs.flip_bit(&wal_dir().join("ring.wal"), BLOCK_BYTES + positions[1] + 120, 3));
+    assert!(fs.flip_bit(
+        &wal_dir().join("ring.wal"),
+        BLOCK_BYTES + positions[1] + 120,
+        3
+    ));
     let (_, recovery) = block_on(Wal::open(&fs, &wal_dir(), RING)).expect("recover");
     let ids: Vec<u128> = recovery.records.iter().map(|r| r.record.id).collect();
-    assert_eq!(ids, vec![1, 3], "the damaged record is never returned; the one after it is");
+    assert_eq!(
+        ids,
+        vec![1, 3],
+        "the damaged record is never returned; the one after it is"
+    );
     assert_eq!(recovery.corrupt_records, 1);
 }
 
@@ -124,19 +165,33 @@ fn a_full_ring_refuses_appends_until_committed_space_is_checkpointed() {
     for pos in &positions {
         assert!(wal.mark_committed(*pos));
     }
-    assert!(wal.append(&record(999, 3000).as_ref()).is_err(), "space returns only after a checkpoint");
+    assert!(
+        wal.append(&record(999, 3000).as_ref()).is_err(),
+        "space returns only after a checkpoint"
+    );
     assert!(block_on(wal.checkpoint()).expect("checkpoint"));
-    wal.append(&record(999, 3000).as_ref()).expect("room after the checkpoint");
+    wal.append(&record(999, 3000).as_ref())
+        .expect("room after the checkpoint");
     block_on(wal.flush()).expect("flush");
     drop(wal);
     fs.power_loss();
     let (_, recovery) = block_on(Wal::open(&fs, &wal_dir(), RING)).expect("recover");
     let ids: Vec<u128> = recovery.records.iter().map(|r| r.record.id).collect();
-    assert_eq!(ids, vec![999], "only the record above the checkpoint is replayed");
+    assert_eq!(
+        ids,
+        vec![999],
+        "only the record above the checkpoint is replayed"
+    );
 }
 
 fn messages(ids: std::ops::Range<u128>) -> Vec<Message> {
-    ids.map(|id| Message { id, produced_at_ms: 5, key: Some(b"k".to_vec()), value: vec![id as u8; 200] }).collect()
+    ids.map(|id| Message {
+        id,
+        produced_at_ms: 5,
+        key: Some(b"k".to_vec()),
+        value: vec![id as u8; 200],
+    })
+    .collect()
 }
 
 fn log_dir() -> PathBuf {
@@ -145,11 +200,17 @@ fn log_dir() -> PathBuf {
 
 fn open_log(fs: &SimFs, clock: &ManualClock, config: LogConfig) -> PartitionLog<SimFs> {
     let shared: SharedClock = Rc::new(clock.clone());
-    block_on(PartitionLog::open(fs, &log_dir(), config, shared)).expect("open log").0
+    block_on(PartitionLog::open(fs, &log_dir(), config, shared))
+        .expect("open log")
+        .0
 }
 
 fn small_log() -> LogConfig {
-    LogConfig { segment_bytes: 64 * 1024, prealloc_step_bytes: 16 * 1024, retention_ms: 0 }
+    LogConfig {
+        segment_bytes: 64 * 1024,
+        prealloc_step_bytes: 16 * 1024,
+        retention_ms: 0,
+    }
 }
 
 #[test]
@@ -160,9 +221,13 @@ fn a_bit_flipped_on_write_is_caught_by_the_read_back() {
     block_on(log.append(&messages(0..3))).expect("append");
     fs.corrupt_next_writes(".seg", 1);
     let error = block_on(log.append(&messages(3..6))).expect_err("read-back catches the flip");
-    assert!(matches!(error, StorageError::VerifyFailed { .. }), "{error}");
+    assert!(
+        matches!(error, StorageError::VerifyFailed { .. }),
+        "{error}"
+    );
     assert_eq!(log.high_watermark(), 3, "the watermark did not move");
-    let base = block_on(log.append(&messages(6..9))).expect("the next append goes to a new segment");
+    let base =
+        block_on(log.append(&messages(6..9))).expect("the next append goes to a new segment");
     assert_eq!(base, 3);
     assert_eq!(log.segment_count(), 2);
     drop(log);
@@ -170,7 +235,11 @@ fn a_bit_flipped_on_write_is_caught_by_the_read_back() {
     let log = open_log(&fs, &clock, small_log());
     let read = block_on(log.read(0, 100, usize::MAX)).expect("read");
     let ids: Vec<u128> = read.iter().map(|m| m.message.id).collect();
-    assert_eq!(ids, vec![0, 1, 2, 6, 7, 8], "the failed batch is superseded");
+    assert_eq!(
+        ids,
+        vec![0, 1, 2, 6, 7, 8],
+        "the failed batch is superseded"
+    );
 }
 
 #[test]
@@ -191,7 +260,8 @@ fn a_bit_flip_in_a_stored_record_is_never_served_and_is_counted() {
     drop(log);
     fs.crash_process();
     let shared: SharedClock = Rc::new(clock.clone());
-    let (log, recovery) = block_on(PartitionLog::open(&fs, &log_dir(), small_log(), shared)).expect("reopen");
+    let (log, recovery) =
+        block_on(PartitionLog::open(&fs, &log_dir(), small_log(), shared)).expect("reopen");
     assert_eq!(recovery.corrupt_records, 1, "recovery counts it too");
     assert_eq!(log.high_watermark(), 6);
 }
@@ -210,7 +280,11 @@ fn enospc_on_a_segment_append_reports_an_error_and_loses_nothing() {
     drop(log);
     fs.power_loss();
     let log = open_log(&fs, &clock, small_log());
-    let ids: Vec<u128> = block_on(log.read(0, 100, usize::MAX)).expect("read").iter().map(|m| m.message.id).collect();
+    let ids: Vec<u128> = block_on(log.read(0, 100, usize::MAX))
+        .expect("read")
+        .iter()
+        .map(|m| m.message.id)
+        .collect();
     assert_eq!(ids, vec![0, 1, 4, 5]);
 }
 
@@ -219,12 +293,19 @@ fn retention_deletes_whole_old_segments_and_segments_close_on_age() {
     let fs = SimFs::new(9);
     let clock = ManualClock::new(10_000_000);
     let hour = 3_600_000;
-    let config = LogConfig { retention_ms: hour, ..small_log() };
+    let config = LogConfig {
+        retention_ms: hour,
+        ..small_log()
+    };
     let log = open_log(&fs, &clock, config);
     block_on(log.append(&messages(0..2))).expect("append");
     clock.advance_ms(hour / 2);
     block_on(log.append(&messages(2..4))).expect("append");
-    assert_eq!(log.segment_count(), 2, "a segment closes once its first record is half a retention old");
+    assert_eq!(
+        log.segment_count(),
+        2,
+        "a segment closes once its first record is half a retention old"
+    );
     clock.advance_ms(hour / 2);
     let outcome = block_on(log.enforce_retention()).expect("retention");
     assert_eq!(outcome.deleted_segments, 1);
@@ -232,11 +313,18 @@ fn retention_deletes_whole_old_segments_and_segments_close_on_age() {
     clock.advance_ms(hour);
     let outcome = block_on(log.enforce_retention()).expect("retention");
     assert_eq!(outcome.deleted_segments, 1);
-    assert_eq!(outcome.log_start_offset, 4, "an empty log starts at its high watermark");
+    assert_eq!(
+        outcome.log_start_offset, 4,
+        "an empty log starts at its high watermark"
+    );
     drop(log);
     fs.power_loss();
     let log = open_log(&fs, &clock, config);
-    assert_eq!(log.high_watermark(), 4, "offsets are never reused after retention emptied the log");
+    assert_eq!(
+        log.high_watermark(),
+        4,
+        "offsets are never reused after retention emptied the log"
+    );
     assert_eq!(block_on(log.append(&messages(9..10))).expect("append"), 4);
 }
 
@@ -258,14 +346,20 @@ fn consumer_acks_reach_the_disk_on_their_intervals_and_on_flush_now() {
     drop(state);
     fs.crash_process();
     let state = block_on(ConsumerState::open(&fs, dir, config, shared.clone())).expect("reopen");
-    assert!(state.is_acked(5) && state.frontier() == 3, "acks written to the OS survive a process crash");
+    assert!(
+        state.is_acked(5) && state.frontier() == 3,
+        "acks written to the OS survive a process crash"
+    );
     state.ack(3);
     clock.advance_ms(100);
     block_on(state.maintain()).expect("write");
     drop(state);
     fs.power_loss();
     let state = block_on(ConsumerState::open(&fs, dir, config, shared.clone())).expect("reopen");
-    assert!((3..=4).contains(&state.frontier()), "an ack not yet synced may or may not survive a power cut");
+    assert!(
+        (3..=4).contains(&state.frontier()),
+        "an ack not yet synced may or may not survive a power cut"
+    );
     state.ack(3);
     clock.advance_ms(1000);
     block_on(state.maintain()).expect("write and sync");

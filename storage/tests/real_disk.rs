@@ -15,16 +15,29 @@ use narad_storage::log::{LogConfig, Message, PartitionLog};
 use narad_storage::wal::{Wal, WalConfig, WalRecord};
 
 const IO_MEMORY_BYTES: usize = 2 * 1024 * 1024;
-const RING: WalConfig = WalConfig { ring_bytes: 4 * 1024 * 1024 };
+const RING: WalConfig = WalConfig {
+    ring_bytes: 4 * 1024 * 1024,
+};
 const CHILD_ENV: &str = "NARAD_STORAGE_CRASH_CHILD_DIR";
 const CHILD_DEADLINE: Duration = Duration::from_secs(60);
 
 fn run<T>(future: impl std::future::Future<Output = T>) -> T {
-    LocalExecutorBuilder::default().io_memory(IO_MEMORY_BYTES).make().expect("glommio executor").run(future)
+    LocalExecutorBuilder::default()
+        .io_memory(IO_MEMORY_BYTES)
+        .make()
+        .expect("glommio executor")
+        .run(future)
 }
 
 fn record(id: u128) -> WalRecord {
-    WalRecord { id, topic: "orders".into(), partition: 3, key: Some(b"k".to_vec()), value: vec![7u8; 1024], accept_ms: 1 }
+    WalRecord {
+        id,
+        topic: "orders".into(),
+        partition: 3,
+        key: Some(b"k".to_vec()),
+        value: vec![7u8; 1024],
+        accept_ms: 1,
+    }
 }
 
 #[test]
@@ -34,27 +47,59 @@ fn real_files_work_on_a_fresh_empty_data_folder_with_read_back() {
     run(async move {
         let fs = GlommioFs::new(&data).await.expect("fs");
         let clock: SharedClock = Rc::new(SystemClock);
-        let (wal, recovery) = Wal::open(&fs, &data.join("wal/shard-0"), RING).await.expect("wal");
+        let (wal, recovery) = Wal::open(&fs, &data.join("wal/shard-0"), RING)
+            .await
+            .expect("wal");
         assert!(recovery.records.is_empty());
         let committer = glommio::spawn_local(wal.clone().run_committer(|_, _| {}));
-        let appended: Vec<_> = (0..50).map(|id| wal.append(&record(id).as_ref()).expect("append")).collect();
+        let appended: Vec<_> = (0..50)
+            .map(|id| wal.append(&record(id).as_ref()).expect("append"))
+            .collect();
         for a in appended {
             a.durable.await.expect("durable");
         }
         // The partition log on a brand-new folder: the append's O_DIRECT
         // read-back must work (glommio's disk probe pitfall).
-        let config = LogConfig { segment_bytes: 1 << 20, prealloc_step_bytes: 256 * 1024, retention_ms: 0 };
-        let (log, _) = PartitionLog::open(&fs, &data.join("partitions/orders/3"), config, clock.clone()).await.expect("log");
-        let messages: Vec<Message> =
-            (0..20).map(|id| Message { id, produced_at_ms: 1, key: None, value: vec![id as u8; 3000] }).collect();
-        assert_eq!(log.append(&messages).await.expect("append with read-back"), 0);
+        let config = LogConfig {
+            segment_bytes: 1 << 20,
+            prealloc_step_bytes: 256 * 1024,
+            retention_ms: 0,
+        };
+        let (log, _) = PartitionLog::open(
+            &fs,
+            &data.join("partitions/orders/3"),
+            config,
+            clock.clone(),
+        )
+        .await
+        .expect("log");
+        let messages: Vec<Message> = (0..20)
+            .map(|id| Message {
+                id,
+                produced_at_ms: 1,
+                key: None,
+                value: vec![id as u8; 3000],
+            })
+            .collect();
+        assert_eq!(
+            log.append(&messages).await.expect("append with read-back"),
+            0
+        );
         assert_eq!(log.append(&messages[..5]).await.expect("append"), 20);
         let read = log.read(18, 10, usize::MAX).await.expect("read");
-        assert_eq!(read.iter().map(|m| m.offset).collect::<Vec<_>>(), vec![18, 19, 20, 21, 22, 23, 24]);
+        assert_eq!(
+            read.iter().map(|m| m.offset).collect::<Vec<_>>(),
+            vec![18, 19, 20, 21, 22, 23, 24]
+        );
         assert_eq!(read[0].message, messages[18]);
-        let consumer = ConsumerState::open(&fs, &data.join("partitions/orders/3/consumer"), ConsumerConfig::default(), clock)
-            .await
-            .expect("consumer");
+        let consumer = ConsumerState::open(
+            &fs,
+            &data.join("partitions/orders/3/consumer"),
+            ConsumerConfig::default(),
+            clock,
+        )
+        .await
+        .expect("consumer");
         consumer.ack(0);
         consumer.flush_now().await.expect("flush acks");
         wal.close();
@@ -69,7 +114,13 @@ fn crash_child(dir: &Path) {
     run(async move {
         let fs = GlommioFs::new(&dir).await.expect("fs");
         let (wal, recovery) = Wal::open(&fs, &dir.join("wal"), RING).await.expect("wal");
-        let start_id = recovery.records.iter().map(|r| r.record.id).max().unwrap_or(0) + 1;
+        let start_id = recovery
+            .records
+            .iter()
+            .map(|r| r.record.id)
+            .max()
+            .unwrap_or(0)
+            + 1;
         glommio::spawn_local(wal.clone().run_committer(|_, _| {})).detach();
         let mut tasks = Vec::new();
         for writer in 0..16u128 {
@@ -77,7 +128,9 @@ fn crash_child(dir: &Path) {
             tasks.push(glommio::spawn_local(async move {
                 let mut id = start_id + writer;
                 loop {
-                    let Ok(appended) = wal.append(&record(id).as_ref()) else { return };
+                    let Ok(appended) = wal.append(&record(id).as_ref()) else {
+                        return;
+                    };
                     if appended.durable.await.is_err() {
                         return;
                     }
@@ -105,7 +158,11 @@ fn a_sigkilled_appender_loses_no_record_whose_durability_future_completed() {
     for round in 0..3u64 {
         let kill_after = 200 + (seed.wrapping_mul(2654435761).wrapping_add(round * 977)) % 1500;
         let mut child = Command::new(std::env::current_exe().expect("test binary"))
-            .args(["--exact", "a_sigkilled_appender_loses_no_record_whose_durability_future_completed", "--nocapture"])
+            .args([
+                "--exact",
+                "a_sigkilled_appender_loses_no_record_whose_durability_future_completed",
+                "--nocapture",
+            ])
             .env(CHILD_ENV, &dir)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -128,7 +185,10 @@ fn a_sigkilled_appender_loses_no_record_whose_durability_future_completed() {
         // SIGKILL at a moment when appends are in flight.
         child.kill().expect("SIGKILL");
         let _ = child.wait();
-        assert!(seen >= kill_after.min(1), "child reported durable records (round {round})");
+        assert!(
+            seen >= kill_after.min(1),
+            "child reported durable records (round {round})"
+        );
         let wal_dir: PathBuf = dir.join("wal");
         let recovered = run(async move {
             let fs = GlommioFs::new(&wal_dir).await.expect("fs");
@@ -137,7 +197,10 @@ fn a_sigkilled_appender_loses_no_record_whose_durability_future_completed() {
         });
         for (id, pos) in &reported {
             let found = recovered.iter().find(|r| r.record.id == *id);
-            assert!(found.is_some_and(|r| r.pos == *pos && r.record == record(*id)), "record {id} reported durable is recovered");
+            assert!(
+                found.is_some_and(|r| r.pos == *pos && r.record == record(*id)),
+                "record {id} reported durable is recovered"
+            );
         }
     }
 }

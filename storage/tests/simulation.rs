@@ -479,3 +479,20 @@ fn consumer_workload(seed: u64) {
 fn consumer_state_never_loses_a_synced_ack_nor_invents_one() {
     for_each_seed("consumer state", consumer_workload);
 }
+
+/// Seeds that once found a bug, kept so the bug stays fixed.
+#[test]
+fn seeds_that_found_bugs_stay_green() {
+    // Empty segment from a failed roll superseding acknowledged batches.
+    log_workload(1_592_590_343);
+    // A damaged last batch dropped whole as a torn tail.
+    log_workload(1_592_590_336);
+    // fsyncgate phantom batch served after a process crash.
+    log_workload(1_592_590_476);
+    // A phantom batch resurfacing when bit rot destroyed its superseding batch.
+    log_workload(1_592_591_598);
+    log_workload(777_654);
+    // A torn WAL record's extent hiding newer durable records.
+    wal_workload(782_911);
+    wal_workload(1_592_590_360);
+}

@@ -353,14 +353,13 @@ impl<F: FileSystem> PartitionLog<F> {
                 // data that was durable (or a failed append that sealed it).
                 recovery.corrupt_records += 1;
             }
-            // A segment created after a failed append starts at the offset of
-            // that append and supersedes earlier segments from its first batch
-            // on. Only batches count: a segment left empty by a failed roll
-            // supersedes nothing.
-            if let Some(first) = scan.batches.first().map(|b| b.base_offset) {
-                for earlier in &mut segments {
-                    earlier.batches.retain(|b| b.base_offset < first);
-                }
+            // A later segment starts at the high watermark of the moment it
+            // was created, and nothing is appended to an earlier segment after
+            // that (a roll seals the previous segment before it creates the
+            // file). So earlier batches at or above its base are failed
+            // appends that never moved the watermark: drop them.
+            for earlier in &mut segments {
+                earlier.batches.retain(|b| b.base_offset < base_offset);
             }
             segments.push(Segment {
                 seq: *seq,
@@ -594,7 +593,16 @@ impl<F: FileSystem> PartitionLog<F> {
         let name = segment_name(seq, base_offset);
         let path = self.dir.join(&name);
         let header = encode_segment_header(seq, base_offset, now);
-        self.state.borrow_mut().next_seq = seq + 1;
+        {
+            // Seal first: once a file with a later seq may exist, the previous
+            // segment must never take another append (recovery lets a later
+            // segment supersede earlier ones from its base).
+            let mut state = self.state.borrow_mut();
+            state.next_seq = seq + 1;
+            if let Some(previous) = state.segments.last_mut() {
+                previous.sealed = true;
+            }
+        }
         create_file_through(&self.fs, &self.dir, &name, &header, 0).await?;
         let file = self
             .fs
@@ -602,9 +610,6 @@ impl<F: FileSystem> PartitionLog<F> {
             .await
             .map_err(|e| StorageError::io("open", &path, e))?;
         let mut state = self.state.borrow_mut();
-        if let Some(previous) = state.segments.last_mut() {
-            previous.sealed = true;
-        }
         state.segments.push(Segment {
             seq,
             base_offset,

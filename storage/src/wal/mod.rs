@@ -401,7 +401,8 @@ impl<F: FileSystem> Wal<F> {
         capacity: u64,
         checkpoint_tail: Option<WalPos>,
     ) -> (WalRecovery, VecDeque<LiveRecord>, WalPos) {
-        let result = scan(ring, RECORD_MAGIC, |at, pos| {
+        let block = usize::try_from(BLOCK_BYTES).unwrap_or(4096);
+        let result = scan(ring, RECORD_MAGIC, block, |at, pos| {
             pos % capacity == at as u64 && checkpoint_tail.is_none_or(|tail| pos >= tail)
         });
         let mut frames = result.frames;
