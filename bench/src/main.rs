@@ -11,7 +11,7 @@ use glommio::io::{DmaFile, OpenOptions};
 use glommio::LocalExecutorBuilder;
 use hdrhistogram::Histogram;
 use narad_storage::io::glommio_fs::GlommioFs;
-use narad_storage::wal::{Wal, WalConfig, WalRecord};
+use narad_storage::wal::{Wal, WalConfig, WalRecordRef};
 
 const RECORD_VALUE_BYTES: usize = 1024;
 const CONCURRENCY_LEVELS: [usize; 4] = [1, 16, 64, 256];
@@ -129,16 +129,16 @@ async fn wal_level(
             let mut done = 0u64;
             let mut id = appender as u128;
             while Instant::now() < deadline {
-                let record = WalRecord {
+                let record = WalRecordRef {
                     id,
-                    topic: "bench".into(),
+                    topic: "bench",
                     partition: 0,
                     key: None,
-                    value: value.clone(),
+                    value: &value,
                     accept_ms: 0,
                 };
                 let sent = Instant::now();
-                let appended = wal.append(&record.as_ref()).expect("append");
+                let appended = wal.append(&record).expect("append");
                 appended.durable.await.expect("durable");
                 latencies
                     .borrow_mut()

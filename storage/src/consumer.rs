@@ -31,6 +31,8 @@ use crate::limits::{
 
 const SNAPSHOT_MAGIC: u32 = 0x4E53_4E50;
 const ACK_FRAME_MAGIC: u32 = 0x4E41_434B;
+/// The first frame of every ack log: its format version.
+const ACK_LOG_HEADER_MAGIC: u32 = 0x4E41_4C48;
 const FORMAT_VERSION: u32 = 1;
 const SNAPSHOT_FIXED_BYTES: usize = 40;
 
@@ -214,6 +216,27 @@ fn parse_generation(name: &str, prefix: &str, suffix: &str) -> Option<u64> {
         .ok()
 }
 
+/// Refuses an ack log written by a newer format; a missing or damaged header
+/// is logged (its frames check themselves).
+fn check_log_header(bytes: &[u8], path: &Path) -> Result<()> {
+    match crate::frame::probe(bytes, 0, ACK_LOG_HEADER_MAGIC) {
+        crate::frame::Probe::Valid { body, .. } => {
+            let version = get_u32(bytes, body.start).unwrap_or(0);
+            if version > FORMAT_VERSION {
+                return Err(StorageError::BadFormat {
+                    path: path.to_path_buf(),
+                    detail: format!(
+                        "ack log format {version} is newer than this build's {FORMAT_VERSION}"
+                    ),
+                });
+            }
+        }
+        _ if bytes.is_empty() => {}
+        _ => tracing::warn!(path = %path.display(), "ack log header is missing or damaged"),
+    }
+    Ok(())
+}
+
 impl<F: FileSystem> ConsumerState<F> {
     /// Opens the state in `dir` (creating it), recovers it, and starts a new
     /// generation so that the files on disk are one snapshot and one empty log.
@@ -281,6 +304,7 @@ impl<F: FileSystem> ConsumerState<F> {
                 .read_at(0, usize::try_from(size).unwrap_or(0))
                 .await
                 .map_err(|e| StorageError::io("read", &path, e))?;
+            check_log_header(&bytes, &path)?;
             let found = scan(
                 &bytes,
                 ACK_FRAME_MAGIC,
@@ -525,6 +549,16 @@ impl<F: FileSystem> ConsumerState<F> {
             .open(&log_path, OpenMode::CREATE_BUFFERED)
             .await
             .map_err(|e| StorageError::io("create", &log_path, e))?;
+        let mut header = Vec::new();
+        encode_frame(&mut header, ACK_LOG_HEADER_MAGIC, 0, |buf| {
+            put_u32(buf, FORMAT_VERSION)
+        });
+        log.write_at(&header, 0)
+            .await
+            .map_err(|e| StorageError::io("write", &log_path, e))?;
+        log.sync_data()
+            .await
+            .map_err(|e| StorageError::io("fdatasync", &log_path, e))?;
         self.fs
             .sync_dir(&self.dir)
             .await
@@ -533,7 +567,7 @@ impl<F: FileSystem> ConsumerState<F> {
             let mut state = self.state.borrow_mut();
             state.log = Rc::new(log);
             state.log_path = log_path;
-            state.log_end = 0;
+            state.log_end = header.len() as u64;
             state.generation = generation;
             state.oldest_unsynced_ms = None;
         }

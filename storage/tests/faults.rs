@@ -372,3 +372,33 @@ fn consumer_acks_reach_the_disk_on_their_intervals_and_on_flush_now() {
     assert_eq!(state.skip_to_retained(10), 4);
     assert_eq!(state.frontier(), 10);
 }
+
+#[test]
+fn a_failed_read_is_an_error_never_a_wrong_answer() {
+    let fs = SimFs::new(11);
+    let clock = ManualClock::new(1_000);
+    let log = open_log(&fs, &clock, small_log());
+    block_on(log.append(&messages(0..3))).expect("append");
+    fs.inject(FaultRule::once(FaultOp::Read, ".seg", FaultError::Eio));
+    let error = block_on(log.read(0, 10, usize::MAX)).expect_err("read fails");
+    assert_eq!(error.raw_os_error(), Some(libc::EIO));
+    assert_eq!(
+        block_on(log.read(0, 10, usize::MAX))
+            .expect("next read works")
+            .len(),
+        3
+    );
+    // A read-back that fails fails the append: the watermark stays.
+    fs.inject(FaultRule::once(FaultOp::Read, ".seg", FaultError::Eio));
+    assert!(block_on(log.append(&messages(3..4))).is_err());
+    assert_eq!(log.high_watermark(), 3);
+    // The WAL refuses to open on a failed read rather than recover part of it.
+    let (wal, _) = block_on(Wal::open(&fs, &wal_dir(), RING)).expect("open");
+    append_durably(&wal, 1);
+    drop(wal);
+    fs.crash_process();
+    fs.inject(FaultRule::once(FaultOp::Read, "ring.wal", FaultError::Eio));
+    assert!(block_on(Wal::open(&fs, &wal_dir(), RING)).is_err());
+    let (_, recovery) = block_on(Wal::open(&fs, &wal_dir(), RING)).expect("open after the fault");
+    assert_eq!(recovery.records.len(), 1);
+}

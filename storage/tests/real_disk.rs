@@ -55,7 +55,9 @@ fn real_files_work_on_a_fresh_empty_data_folder_with_read_back() {
         let appended: Vec<_> = (0..50)
             .map(|id| wal.append(&record(id).as_ref()).expect("append"))
             .collect();
+        let mut positions = Vec::new();
         for a in appended {
+            positions.push(a.pos);
             a.durable.await.expect("durable");
         }
         // The partition log on a brand-new folder: the append's O_DIRECT
@@ -102,8 +104,24 @@ fn real_files_work_on_a_fresh_empty_data_folder_with_read_back() {
         .expect("consumer");
         consumer.ack(0);
         consumer.flush_now().await.expect("flush acks");
+        // The checkpointer moves the durable tail once records are committed.
+        let checkpointer =
+            glommio::spawn_local(wal.clone().run_checkpointer(Duration::from_millis(5)));
+        let tail_before = wal.stats().checkpoint_tail;
+        for pos in &positions {
+            wal.mark_committed(*pos);
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while wal.stats().checkpoint_tail == tail_before && Instant::now() < deadline {
+            glommio::timer::sleep(Duration::from_millis(1)).await;
+        }
+        assert!(
+            wal.stats().checkpoint_tail > tail_before,
+            "the checkpointer synced a new tail"
+        );
         wal.close();
         committer.await;
+        checkpointer.await;
     });
 }
 

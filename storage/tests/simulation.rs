@@ -453,6 +453,17 @@ fn consumer_workload(seed: u64) {
         }
         state = block_on(ConsumerState::open(&fs, dir, config, shared.clone()))
             .expect("state recovers");
+        // Recovering twice gives the same state.
+        let first = state.ack_set();
+        drop(state);
+        fs.crash_process();
+        state = block_on(ConsumerState::open(&fs, dir, config, shared.clone()))
+            .expect("state recovers twice");
+        assert_eq!(
+            state.ack_set(),
+            first,
+            "consumer recovery is idempotent (seed {seed})"
+        );
         for offset in &durable {
             assert!(
                 state.is_acked(*offset),

@@ -118,6 +118,8 @@ struct WalState {
     capacity: u64,
     /// Encoded records not yet handed to the disk; starts at `pending_start`.
     pending: Vec<u8>,
+    /// The buffer of the previous flush, kept to be reused (no allocation per flush).
+    spare: Vec<u8>,
     pending_start: WalPos,
     pending_records: usize,
     durable_end: WalPos,
@@ -373,6 +375,7 @@ impl<F: FileSystem> Wal<F> {
         let state = WalState {
             capacity,
             pending: Vec::new(),
+            spare: Vec::new(),
             pending_start,
             pending_records: 0,
             durable_end: pending_start,
@@ -524,7 +527,8 @@ impl<F: FileSystem> Wal<F> {
             }
             assert!(!state.flushing, "only one task flushes the ingress WAL");
             state.flushing = true;
-            let mut buf = std::mem::take(&mut state.pending);
+            let spare = std::mem::take(&mut state.spare);
+            let mut buf = std::mem::replace(&mut state.pending, spare);
             buf.resize(
                 round_up_usize(buf.len(), usize::try_from(BLOCK_BYTES).unwrap_or(4096)),
                 0,
@@ -537,14 +541,15 @@ impl<F: FileSystem> Wal<F> {
         let result = self.write_and_sync(start, &buf, capacity).await;
         let mut state = self.state.borrow_mut();
         state.flushing = false;
+        let bytes = buf.len() as u64;
+        let mut buf = buf;
+        buf.clear();
+        state.spare = buf;
         match result {
             Ok(()) => {
-                state.durable_end = start + buf.len() as u64;
+                state.durable_end = start + bytes;
                 state.wake_all();
-                Ok(FlushOutcome {
-                    records,
-                    bytes: buf.len() as u64,
-                })
+                Ok(FlushOutcome { records, bytes })
             }
             Err(error) => {
                 state.fail(error.to_string());
@@ -683,6 +688,21 @@ impl<F: FileSystem> Wal<F> {
             match self.flush().await {
                 Ok(outcome) => on_flush(outcome, started.elapsed()),
                 Err(_) => return,
+            }
+        }
+    }
+}
+
+impl Wal<crate::io::glommio_fs::GlommioFs> {
+    /// Syncs a checkpoint every `interval` (`dispatcher.checkpoint_interval_ms`)
+    /// until the WAL is closed (one last checkpoint then) or fails. Runs on a
+    /// glommio executor.
+    pub async fn run_checkpointer(self: Rc<Self>, interval: std::time::Duration) {
+        loop {
+            glommio::timer::sleep(interval).await;
+            let closed = self.state.borrow().closed;
+            if self.checkpoint().await.is_err() || closed {
+                return;
             }
         }
     }
