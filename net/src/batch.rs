@@ -1,0 +1,181 @@
+//! `POST /v1/topics/{topic}/messages/batch`: validated whole before anything
+//! is written. One bad item rejects the batch with 400 (413 for size) naming
+//! its index; 0 or more than 1000 items is 400.
+
+use serde_json::Value;
+
+use crate::error::{ApiError, ErrorCode};
+use crate::types::Fields;
+use crate::value::decode_base64;
+
+pub const BATCH_MESSAGES_MAX: usize = 1000;
+
+/// One message of a batch, decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchItem {
+    pub key: Option<String>,
+    pub value: Vec<u8>,
+}
+
+fn invalid(message: String) -> ApiError {
+    ApiError::new(ErrorCode::InvalidRequest, message)
+}
+
+/// Parses and validates a whole batch body.
+pub fn parse_batch(body: &[u8], max_message_bytes: u64) -> Result<Vec<BatchItem>, ApiError> {
+    let mut fields = Fields::parse(body)?;
+    let messages = match fields.take("messages") {
+        Some(Value::Array(items)) => items,
+        None | Some(Value::Null) => return Err(invalid("messages is required".into())),
+        Some(other) => return Err(invalid(format!("messages must be an array, got {other}"))),
+    };
+    fields.finish()?;
+    if messages.is_empty() || messages.len() > BATCH_MESSAGES_MAX {
+        return Err(invalid(format!(
+            "a batch holds 1 to {BATCH_MESSAGES_MAX} messages, got {}",
+            messages.len()
+        )));
+    }
+    messages
+        .into_iter()
+        .enumerate()
+        .map(|(index, item)| parse_item(index, item, max_message_bytes))
+        .collect()
+}
+
+fn parse_item(index: usize, item: Value, max_message_bytes: u64) -> Result<BatchItem, ApiError> {
+    let Value::Object(mut map) = item else {
+        return Err(invalid(format!("messages[{index}] must be an object")));
+    };
+    let key = match map.remove("key") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(key)) => Some(key),
+        Some(other) => {
+            return Err(invalid(format!(
+                "messages[{index}].key must be a string, got {other}"
+            )))
+        }
+    };
+    let value = match (map.remove("value"), map.remove("value_base64")) {
+        (Some(Value::String(text)), None) => text.into_bytes(),
+        (None, Some(Value::String(encoded))) => decode_base64(&encoded).ok_or_else(|| {
+            invalid(format!(
+                "messages[{index}].value_base64 is not valid standard base64"
+            ))
+        })?,
+        (Some(_), Some(_)) => {
+            return Err(invalid(format!(
+                "messages[{index}] has both value and value_base64; give one"
+            )))
+        }
+        (None, None) => {
+            return Err(invalid(format!(
+                "messages[{index}] needs value or value_base64"
+            )))
+        }
+        (Some(other), None) | (None, Some(other)) => {
+            return Err(invalid(format!(
+                "messages[{index}] value must be a string, got {other}"
+            )))
+        }
+    };
+    if let Some(name) = map.keys().next() {
+        return Err(ApiError::new(
+            ErrorCode::UnknownField,
+            format!("messages[{index}] has an unknown field {name:?}"),
+        ));
+    }
+    if value.len() as u64 > max_message_bytes {
+        return Err(ApiError::new(
+            ErrorCode::TooLarge,
+            format!("messages[{index}] is {} bytes, over the topic's max_message_bytes of {max_message_bytes}", value.len()),
+        ));
+    }
+    Ok(BatchItem { key, value })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_valid_batch_keeps_order_and_decodes_both_value_forms() {
+        let items = parse_batch(
+            br#"{"messages":[{"key":"k1","value":"text"},{"value_base64":"AAEC"}]}"#,
+            100,
+        )
+        .expect("ok");
+        assert_eq!(
+            items[0],
+            BatchItem {
+                key: Some("k1".into()),
+                value: b"text".to_vec()
+            }
+        );
+        assert_eq!(
+            items[1],
+            BatchItem {
+                key: None,
+                value: vec![0, 1, 2]
+            }
+        );
+    }
+
+    #[test]
+    fn one_bad_item_rejects_the_batch_naming_its_index() {
+        let cases: [(&[u8], ErrorCode, &str); 7] = [
+            (
+                br#"{"messages":[{"value":"a"},{"value":"b","value_base64":"AA=="}]}"#,
+                ErrorCode::InvalidRequest,
+                "messages[1]",
+            ),
+            (
+                br#"{"messages":[{"value":"a"},{}]}"#,
+                ErrorCode::InvalidRequest,
+                "messages[1]",
+            ),
+            (
+                br#"{"messages":[{"value_base64":"!!"}]}"#,
+                ErrorCode::InvalidRequest,
+                "messages[0]",
+            ),
+            (
+                br#"{"messages":[{"value":"a","key":7}]}"#,
+                ErrorCode::InvalidRequest,
+                "messages[0].key",
+            ),
+            (
+                br#"{"messages":[{"value":"a"},{"value":"0123456789ab"}]}"#,
+                ErrorCode::TooLarge,
+                "messages[1]",
+            ),
+            (
+                br#"{"messages":[]}"#,
+                ErrorCode::InvalidRequest,
+                "1 to 1000",
+            ),
+            (
+                br#"{"msgs":[]}"#,
+                ErrorCode::InvalidRequest,
+                "messages is required",
+            ),
+        ];
+        for (body, code, needle) in cases {
+            let error = parse_batch(body, 10).expect_err("rejected");
+            assert_eq!(error.code, code, "{}", String::from_utf8_lossy(body));
+            assert!(
+                error.message.contains(needle),
+                "{} lacks {needle}",
+                error.message
+            );
+        }
+        let too_many = format!(
+            r#"{{"messages":[{}]}}"#,
+            vec![r#"{"value":"x"}"#; 1001].join(",")
+        );
+        assert_eq!(
+            parse_batch(too_many.as_bytes(), 10).expect_err("1001").code,
+            ErrorCode::InvalidRequest
+        );
+    }
+}

@@ -1,0 +1,456 @@
+//! Request parsing and response bodies of the data plane and topic admin.
+//!
+//! Requests are parsed field by field from a JSON object (whatever the
+//! `Content-Type`), so that every error names its field: a value of the wrong
+//! type or out of range is 400 `invalid_request` (never clamped), a field the
+//! endpoint does not know is 400 `unknown_field`.
+
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use crate::error::{ApiError, ErrorCode};
+use crate::value::JsonValue;
+
+/// Limits of API.md.
+pub const CONSUME_MAX_MESSAGES_MAX: u64 = 1000;
+pub const CONSUME_WAIT_MS_MAX: u64 = 20_000;
+pub const VISIBILITY_TIMEOUT_MS_MAX: u64 = 43_200_000;
+pub const RECEIPTS_PER_BATCH_MAX: usize = 1000;
+pub const TOPIC_PARTITIONS_MAX: u64 = 1024;
+pub const RETENTION_MS_MIN: u64 = 3_600_000;
+pub const NACK_DELAY_MS_MAX: u64 = VISIBILITY_TIMEOUT_MS_MAX;
+
+fn invalid(message: impl Into<String>) -> ApiError {
+    ApiError::new(ErrorCode::InvalidRequest, message)
+}
+
+/// The fields of a JSON object body, taken one by one.
+#[derive(Debug)]
+pub struct Fields {
+    map: Map<String, Value>,
+}
+
+impl Fields {
+    /// Parses a body that must be a JSON object; an empty body is `{}`.
+    pub fn parse(body: &[u8]) -> Result<Self, ApiError> {
+        if body.iter().all(u8::is_ascii_whitespace) {
+            return Ok(Self { map: Map::new() });
+        }
+        match serde_json::from_slice::<Value>(body) {
+            Ok(Value::Object(map)) => Ok(Self { map }),
+            Ok(_) => Err(invalid("the body must be a JSON object")),
+            Err(error) => Err(invalid(format!("the body is not valid JSON: {error}"))),
+        }
+    }
+
+    /// An optional unsigned integer within `min..=max`.
+    pub fn u64_in(&mut self, name: &str, min: u64, max: u64) -> Result<Option<u64>, ApiError> {
+        match self.map.remove(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::Number(n)) => match n.as_u64() {
+                Some(v) if (min..=max).contains(&v) => Ok(Some(v)),
+                _ => Err(invalid(format!(
+                    "{name} must be an integer from {min} to {max}, got {n}"
+                ))),
+            },
+            Some(other) => Err(invalid(format!(
+                "{name} must be an integer from {min} to {max}, got {other}"
+            ))),
+        }
+    }
+
+    /// An optional string; `Some(None)` when the field is an explicit null.
+    pub fn nullable_string(&mut self, name: &str) -> Result<Option<Option<String>>, ApiError> {
+        match self.map.remove(name) {
+            None => Ok(None),
+            Some(Value::Null) => Ok(Some(None)),
+            Some(Value::String(s)) => Ok(Some(Some(s))),
+            Some(other) => Err(invalid(format!(
+                "{name} must be a string or null, got {other}"
+            ))),
+        }
+    }
+
+    /// A required string.
+    pub fn required_string(&mut self, name: &str) -> Result<String, ApiError> {
+        match self.map.remove(name) {
+            Some(Value::String(s)) => Ok(s),
+            None | Some(Value::Null) => Err(invalid(format!("{name} is required"))),
+            Some(other) => Err(invalid(format!("{name} must be a string, got {other}"))),
+        }
+    }
+
+    /// A required array of 1..=`max` strings.
+    pub fn string_array(&mut self, name: &str, max: usize) -> Result<Vec<String>, ApiError> {
+        let items = match self.map.remove(name) {
+            Some(Value::Array(items)) => items,
+            None | Some(Value::Null) => return Err(invalid(format!("{name} is required"))),
+            Some(other) => {
+                return Err(invalid(format!(
+                    "{name} must be an array of strings, got {other}"
+                )))
+            }
+        };
+        if items.is_empty() || items.len() > max {
+            return Err(invalid(format!(
+                "{name} must hold 1 to {max} items, got {}",
+                items.len()
+            )));
+        }
+        items
+            .into_iter()
+            .enumerate()
+            .map(|(i, item)| match item {
+                Value::String(s) => Ok(s),
+                other => Err(invalid(format!(
+                    "{name}[{i}] must be a string, got {other}"
+                ))),
+            })
+            .collect()
+    }
+
+    /// Takes a raw field (for bodies with nested structure).
+    pub fn take(&mut self, name: &str) -> Option<Value> {
+        self.map.remove(name)
+    }
+
+    /// Refuses any field not taken: 400 `unknown_field` naming it.
+    pub fn finish(self) -> Result<(), ApiError> {
+        match self.map.keys().next() {
+            None => Ok(()),
+            Some(name) => Err(ApiError::new(
+                ErrorCode::UnknownField,
+                format!("unknown field {name:?}"),
+            )),
+        }
+    }
+}
+
+/// `POST /v1/topics/{topic}/consume`
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConsumeRequest {
+    pub max_messages: u32,
+    pub wait_ms: u64,
+    pub visibility_timeout_ms: Option<u64>,
+    pub partition: Option<u32>,
+}
+
+impl ConsumeRequest {
+    /// Parses the body; the partition's upper bound is checked by the caller,
+    /// which knows the topic.
+    pub fn parse(body: &[u8]) -> Result<Self, ApiError> {
+        let mut fields = Fields::parse(body)?;
+        let max_messages = fields
+            .u64_in("max_messages", 1, CONSUME_MAX_MESSAGES_MAX)?
+            .unwrap_or(1);
+        let wait_ms = fields
+            .u64_in("wait_ms", 0, CONSUME_WAIT_MS_MAX)?
+            .unwrap_or(0);
+        let visibility_timeout_ms =
+            fields.u64_in("visibility_timeout_ms", 1, VISIBILITY_TIMEOUT_MS_MAX)?;
+        let partition = fields.u64_in("partition", 0, TOPIC_PARTITIONS_MAX - 1)?;
+        fields.finish()?;
+        Ok(Self {
+            max_messages: u32::try_from(max_messages).unwrap_or(1),
+            wait_ms,
+            visibility_timeout_ms,
+            partition: partition.and_then(|p| u32::try_from(p).ok()),
+        })
+    }
+}
+
+/// What an ack, nack or extend carries besides its receipt(s).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SettleAction {
+    Ack,
+    Nack { delay_ms: u64 },
+    Extend { visibility_timeout_ms: u64 },
+}
+
+/// The single and batch forms of ack, nack and extend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SettleRequest {
+    pub receipts: Vec<String>,
+    pub action: SettleAction,
+}
+
+/// Which of the three settle endpoints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SettleKind {
+    Ack,
+    Nack,
+    Extend,
+}
+
+impl SettleRequest {
+    pub fn parse(body: &[u8], kind: SettleKind, batch: bool) -> Result<Self, ApiError> {
+        let mut fields = Fields::parse(body)?;
+        let receipts = if batch {
+            fields.string_array("receipts", RECEIPTS_PER_BATCH_MAX)?
+        } else {
+            vec![fields.required_string("receipt")?]
+        };
+        let action = match kind {
+            SettleKind::Ack => SettleAction::Ack,
+            SettleKind::Nack => SettleAction::Nack {
+                delay_ms: fields
+                    .u64_in("delay_ms", 0, NACK_DELAY_MS_MAX)?
+                    .unwrap_or(0),
+            },
+            SettleKind::Extend => SettleAction::Extend {
+                visibility_timeout_ms: fields
+                    .u64_in("visibility_timeout_ms", 1, VISIBILITY_TIMEOUT_MS_MAX)?
+                    .ok_or_else(|| invalid("visibility_timeout_ms is required"))?,
+            },
+        };
+        fields.finish()?;
+        Ok(Self { receipts, action })
+    }
+}
+
+/// `PUT /v1/topics/{topic}`: the fields given (others keep their values).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TopicPatch {
+    pub partitions: Option<u32>,
+    pub visibility_timeout_ms: Option<u64>,
+    pub retention_ms: Option<u64>,
+    pub max_deliveries: Option<u32>,
+    pub dead_letter_topic: Option<Option<String>>,
+    pub schema: Option<Option<String>>,
+    pub max_message_bytes: Option<u64>,
+}
+
+impl TopicPatch {
+    /// Parses a topic body. `retention_floor_ms` is API.md's one hour, which
+    /// only tests lower.
+    pub fn parse(
+        body: &[u8],
+        retention_floor_ms: u64,
+        max_message_bytes_max: u64,
+    ) -> Result<Self, ApiError> {
+        let mut fields = Fields::parse(body)?;
+        let partitions = fields.u64_in("partitions", 1, TOPIC_PARTITIONS_MAX)?;
+        let visibility_timeout_ms =
+            fields.u64_in("visibility_timeout_ms", 1, VISIBILITY_TIMEOUT_MS_MAX)?;
+        let retention_ms = fields.u64_in("retention_ms", 0, u64::MAX)?;
+        if let Some(r) = retention_ms {
+            if r != 0 && r < retention_floor_ms {
+                return Err(invalid(format!(
+                    "retention_ms must be 0 (forever) or at least {retention_floor_ms}, got {r}"
+                )));
+            }
+        }
+        let max_deliveries = fields.u64_in("max_deliveries", 0, u64::from(u32::MAX))?;
+        let dead_letter_topic = fields.nullable_string("dead_letter_topic")?;
+        let schema = fields.nullable_string("schema")?;
+        let max_message_bytes = fields.u64_in("max_message_bytes", 1, max_message_bytes_max)?;
+        fields.finish()?;
+        Ok(Self {
+            partitions: partitions.and_then(|p| u32::try_from(p).ok()),
+            visibility_timeout_ms,
+            retention_ms,
+            max_deliveries: max_deliveries.and_then(|d| u32::try_from(d).ok()),
+            dead_letter_topic,
+            schema,
+            max_message_bytes,
+        })
+    }
+}
+
+/// `202` of a single produce.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProduceResponse {
+    pub id: String,
+}
+
+/// `202` of a batch produce; `ids[i]` belongs to `messages[i]`.
+#[derive(Debug, Clone, Serialize)]
+pub struct BatchProduceResponse {
+    pub ids: Vec<String>,
+}
+
+/// One consumed message.
+#[derive(Debug, Clone, Serialize)]
+pub struct ConsumedMessage {
+    pub id: String,
+    pub topic: String,
+    pub partition: u32,
+    pub offset: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    #[serde(flatten)]
+    pub value: JsonValue,
+    pub receipt: String,
+    pub delivery_count: u32,
+    pub produced_at_ms: u64,
+    pub lease_expires_at_ms: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ConsumeResponse {
+    pub messages: Vec<ConsumedMessage>,
+}
+
+/// `200` of an extend.
+#[derive(Debug, Clone, Serialize)]
+pub struct ExtendResponse {
+    pub lease_expires_at_ms: u64,
+}
+
+/// One result of a batch ack, nack or extend.
+#[derive(Debug, Clone, Serialize)]
+pub struct SettleResult {
+    pub receipt: String,
+    pub status: u16,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lease_expires_at_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<Value>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SettleBatchResponse {
+    pub results: Vec<SettleResult>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn code(result: Result<impl std::fmt::Debug, ApiError>) -> ErrorCode {
+        result.expect_err("an error").code
+    }
+
+    #[test]
+    fn consume_defaults_and_bounds() {
+        let request = ConsumeRequest::parse(b"").expect("empty body");
+        assert_eq!(
+            request,
+            ConsumeRequest {
+                max_messages: 1,
+                wait_ms: 0,
+                visibility_timeout_ms: None,
+                partition: None
+            }
+        );
+        let request =
+            ConsumeRequest::parse(br#"{"max_messages":1000,"wait_ms":20000,"partition":3}"#)
+                .expect("ok");
+        assert_eq!(
+            (request.max_messages, request.wait_ms, request.partition),
+            (1000, 20000, Some(3))
+        );
+        for bad in [
+            &br#"{"max_messages":0}"#[..],
+            br#"{"max_messages":1001}"#,
+            br#"{"wait_ms":20001}"#,
+            br#"{"wait_ms":-1}"#,
+            br#"{"visibility_timeout_ms":0}"#,
+            br#"{"max_messages":"5"}"#,
+            br#"{"max_messages":1.5}"#,
+            br#"[1]"#,
+            br#"{"#,
+        ] {
+            assert_eq!(
+                code(ConsumeRequest::parse(bad)),
+                ErrorCode::InvalidRequest,
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        assert_eq!(
+            code(ConsumeRequest::parse(br#"{"max":5}"#)),
+            ErrorCode::UnknownField
+        );
+    }
+
+    #[test]
+    fn settle_requests_parse_single_and_batch() {
+        let ack =
+            SettleRequest::parse(br#"{"receipt":"r1"}"#, SettleKind::Ack, false).expect("ack");
+        assert_eq!(
+            ack,
+            SettleRequest {
+                receipts: vec!["r1".into()],
+                action: SettleAction::Ack
+            }
+        );
+        let nack = SettleRequest::parse(
+            br#"{"receipts":["a","b"],"delay_ms":50}"#,
+            SettleKind::Nack,
+            true,
+        )
+        .expect("nack");
+        assert_eq!(nack.action, SettleAction::Nack { delay_ms: 50 });
+        assert_eq!(nack.receipts.len(), 2);
+        assert_eq!(
+            code(SettleRequest::parse(
+                br#"{"receipt":"r"}"#,
+                SettleKind::Extend,
+                false
+            )),
+            ErrorCode::InvalidRequest
+        );
+        assert_eq!(
+            code(SettleRequest::parse(
+                br#"{"receipts":[]}"#,
+                SettleKind::Ack,
+                true
+            )),
+            ErrorCode::InvalidRequest
+        );
+        assert_eq!(
+            code(SettleRequest::parse(
+                br#"{"receipts":[1]}"#,
+                SettleKind::Ack,
+                true
+            )),
+            ErrorCode::InvalidRequest
+        );
+        assert_eq!(
+            code(SettleRequest::parse(br#"{}"#, SettleKind::Ack, false)),
+            ErrorCode::InvalidRequest
+        );
+        assert_eq!(
+            code(SettleRequest::parse(
+                br#"{"receipt":"r","x":1}"#,
+                SettleKind::Ack,
+                false
+            )),
+            ErrorCode::UnknownField
+        );
+    }
+
+    #[test]
+    fn topic_patch_validates_every_field() {
+        let patch = TopicPatch::parse(
+            br#"{"partitions":8,"retention_ms":0,"dead_letter_topic":null}"#,
+            RETENTION_MS_MIN,
+            1 << 24,
+        )
+        .expect("ok");
+        assert_eq!(patch.partitions, Some(8));
+        assert_eq!(patch.dead_letter_topic, Some(None));
+        assert_eq!(patch.visibility_timeout_ms, None);
+        assert_eq!(
+            TopicPatch::parse(b"", RETENTION_MS_MIN, 1 << 24).expect("empty"),
+            TopicPatch::default()
+        );
+        for bad in [
+            &br#"{"partitions":0}"#[..],
+            br#"{"partitions":1025}"#,
+            br#"{"retention_ms":1000}"#,
+            br#"{"visibility_timeout_ms":43200001}"#,
+            br#"{"dead_letter_topic":5}"#,
+        ] {
+            assert_eq!(
+                code(TopicPatch::parse(bad, RETENTION_MS_MIN, 1 << 24)),
+                ErrorCode::InvalidRequest
+            );
+        }
+        let unknown = TopicPatch::parse(br#"{"partitons":3}"#, RETENTION_MS_MIN, 1 << 24)
+            .expect_err("unknown");
+        assert_eq!(unknown.code, ErrorCode::UnknownField);
+        assert!(unknown.message.contains("partitons"));
+    }
+}
