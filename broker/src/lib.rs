@@ -1,6 +1,13 @@
 //! # narad-broker
 //!
-//! The Narad node: shards (one glommio executor per core), the dispatcher,
-//! leases, consume routing, the controller, HTTP handlers, configuration and
-//! the `narad` CLI. Not started yet: it arrives with the single-node issue and
-//! stands on `narad-storage`.
+//! The Narad node. Built so far, as sans-IO pieces with their tests:
+//! - [`leases`]: one partition's leases, delivery counts, nack delays and the
+//!   expiry sweep;
+//! - [`receipt`]: receipts that name topic, partition, offset, lease and owner
+//!   epoch under a MAC, so they cannot be forged.
+//!
+//! Still to come (issue 3): shards on glommio, the HTTP server, the
+//! dispatcher, the partition owner, the metastore and the `narad` CLI.
+
+pub mod leases;
+pub mod receipt;

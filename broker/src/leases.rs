@@ -1,0 +1,324 @@
+//! The leases of one partition, held only in its owner's memory.
+//!
+//! Pure logic: time comes in as `now_ms`, acks come from the partition's
+//! consumer state through `is_acked`. A lease has ended once `now_ms` passes
+//! its `expires_at_ms`, even before a sweep removes it; after an ack, a nack
+//! or an owner restart (a new table) it has ended too.
+
+use std::collections::{BTreeSet, HashMap};
+
+/// One live lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lease {
+    pub lease_id: u64,
+    pub expires_at_ms: u64,
+    /// Deliveries of this offset since the owner started (1 on the first).
+    pub delivery_count: u32,
+}
+
+/// The lease named by a receipt has ended: the message is or will be
+/// delivered again (API: 410 `lease_gone`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the lease has ended")]
+pub struct LeaseGone;
+
+/// A lease that ended without an ack, as the sweep found it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Expired {
+    pub offset: u64,
+    pub delivery_count: u32,
+}
+
+#[derive(Debug, Default)]
+pub struct LeaseTable {
+    leases: HashMap<u64, Lease>,
+    by_expiry: BTreeSet<(u64, u64)>,
+    /// Nacked with a delay: offset → when it becomes available.
+    delayed: HashMap<u64, u64>,
+    delivery_counts: HashMap<u64, u32>,
+    /// Held back from delivery (being moved to a dead-letter topic).
+    parked: BTreeSet<u64>,
+    next_lease_id: u64,
+}
+
+impl LeaseTable {
+    pub fn new() -> Self {
+        Self {
+            next_lease_id: 1,
+            ..Self::default()
+        }
+    }
+
+    /// Leases currently held (expired ones not yet swept are not counted).
+    pub fn in_flight(&self, now_ms: u64) -> usize {
+        self.by_expiry.range((now_ms, 0)..).count()
+    }
+
+    /// Whether `offset` may be delivered now (the caller checks acks).
+    pub fn is_available(&self, offset: u64, now_ms: u64) -> bool {
+        let leased = self
+            .leases
+            .get(&offset)
+            .is_some_and(|l| now_ms <= l.expires_at_ms);
+        let delayed = self.delayed.get(&offset).is_some_and(|at| now_ms < *at);
+        !leased && !delayed && !self.parked.contains(&offset)
+    }
+
+    /// Up to `max` offsets in `from..high_watermark` that may be delivered
+    /// now, lowest first.
+    pub fn available(
+        &self,
+        from: u64,
+        high_watermark: u64,
+        max: usize,
+        now_ms: u64,
+        is_acked: impl Fn(u64) -> bool,
+    ) -> Vec<u64> {
+        (from..high_watermark)
+            .filter(|offset| !is_acked(*offset) && self.is_available(*offset, now_ms))
+            .take(max)
+            .collect()
+    }
+
+    /// Leases `offset` for `visibility_ms`. The caller has checked that it is
+    /// available.
+    pub fn lease(&mut self, offset: u64, now_ms: u64, visibility_ms: u64) -> Lease {
+        debug_assert!(
+            self.is_available(offset, now_ms),
+            "offset {offset} leased twice"
+        );
+        self.remove_lease(offset);
+        self.delayed.remove(&offset);
+        let count = self.delivery_counts.entry(offset).or_insert(0);
+        *count = count.saturating_add(1);
+        let lease = Lease {
+            lease_id: self.next_lease_id,
+            expires_at_ms: now_ms.saturating_add(visibility_ms),
+            delivery_count: *count,
+        };
+        self.next_lease_id += 1;
+        self.leases.insert(offset, lease);
+        self.by_expiry.insert((lease.expires_at_ms, offset));
+        lease
+    }
+
+    /// The live lease `lease_id` on `offset`, or [`LeaseGone`].
+    pub fn check(&self, offset: u64, lease_id: u64, now_ms: u64) -> Result<Lease, LeaseGone> {
+        match self.leases.get(&offset) {
+            Some(lease) if lease.lease_id == lease_id && now_ms <= lease.expires_at_ms => {
+                Ok(*lease)
+            }
+            _ => Err(LeaseGone),
+        }
+    }
+
+    /// Ends the lease for an ack (the caller records the ack).
+    pub fn ack(&mut self, offset: u64, lease_id: u64, now_ms: u64) -> Result<(), LeaseGone> {
+        self.check(offset, lease_id, now_ms)?;
+        self.remove_lease(offset);
+        self.delivery_counts.remove(&offset);
+        Ok(())
+    }
+
+    /// Ends the lease at once; with `delay_ms` the message becomes available
+    /// again only after it.
+    pub fn nack(
+        &mut self,
+        offset: u64,
+        lease_id: u64,
+        delay_ms: u64,
+        now_ms: u64,
+    ) -> Result<Lease, LeaseGone> {
+        let lease = self.check(offset, lease_id, now_ms)?;
+        self.remove_lease(offset);
+        if delay_ms > 0 {
+            self.delayed.insert(offset, now_ms.saturating_add(delay_ms));
+        }
+        Ok(lease)
+    }
+
+    /// Moves the lease's end to `now + visibility_ms`; returns the new end.
+    pub fn extend(
+        &mut self,
+        offset: u64,
+        lease_id: u64,
+        visibility_ms: u64,
+        now_ms: u64,
+    ) -> Result<u64, LeaseGone> {
+        let lease = self.check(offset, lease_id, now_ms)?;
+        self.by_expiry.remove(&(lease.expires_at_ms, offset));
+        let expires_at_ms = now_ms.saturating_add(visibility_ms);
+        self.leases.insert(
+            offset,
+            Lease {
+                expires_at_ms,
+                ..lease
+            },
+        );
+        self.by_expiry.insert((expires_at_ms, offset));
+        Ok(expires_at_ms)
+    }
+
+    /// Removes every lease that ended before `now_ms` and returns them, so
+    /// the owner can dead-letter those that reached their delivery limit.
+    pub fn sweep(&mut self, now_ms: u64) -> Vec<Expired> {
+        let ended: Vec<(u64, u64)> = self.by_expiry.range(..(now_ms, 0)).copied().collect();
+        ended
+            .into_iter()
+            .filter_map(|(_, offset)| {
+                let lease = self.leases.remove(&offset)?;
+                self.by_expiry.remove(&(lease.expires_at_ms, offset));
+                Some(Expired {
+                    offset,
+                    delivery_count: lease.delivery_count,
+                })
+            })
+            .collect()
+    }
+
+    /// Deliveries of `offset` since the owner started.
+    pub fn delivery_count(&self, offset: u64) -> u32 {
+        self.delivery_counts.get(&offset).copied().unwrap_or(0)
+    }
+
+    /// Holds `offset` back from delivery (while it moves to a dead-letter topic).
+    pub fn park(&mut self, offset: u64) {
+        self.remove_lease(offset);
+        self.parked.insert(offset);
+    }
+
+    /// Releases a parked offset (the move failed; deliver it again).
+    pub fn unpark(&mut self, offset: u64) {
+        self.parked.remove(&offset);
+    }
+
+    /// Forgets everything below `offset` (all of it is acked or gone).
+    pub fn forget_below(&mut self, offset: u64) {
+        let stale: Vec<u64> = self
+            .leases
+            .keys()
+            .copied()
+            .filter(|o| *o < offset)
+            .collect();
+        for o in stale {
+            self.remove_lease(o);
+        }
+        self.delayed.retain(|o, _| *o >= offset);
+        self.delivery_counts.retain(|o, _| *o >= offset);
+        self.parked = self.parked.split_off(&offset);
+    }
+
+    fn remove_lease(&mut self, offset: u64) {
+        if let Some(lease) = self.leases.remove(&offset) {
+            self.by_expiry.remove(&(lease.expires_at_ms, offset));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_leased_message_is_not_delivered_again_until_its_lease_ends() {
+        let mut table = LeaseTable::new();
+        assert_eq!(table.available(0, 3, 10, 1000, |_| false), vec![0, 1, 2]);
+        let lease = table.lease(0, 1000, 500);
+        assert_eq!((lease.expires_at_ms, lease.delivery_count), (1500, 1));
+        assert_eq!(table.available(0, 3, 10, 1000, |_| false), vec![1, 2]);
+        assert_eq!(
+            table.available(0, 3, 10, 1500, |_| false),
+            vec![1, 2],
+            "still leased at its last instant"
+        );
+        assert_eq!(
+            table.available(0, 3, 10, 1501, |_| false),
+            vec![0, 1, 2],
+            "ended even before a sweep"
+        );
+        assert_eq!(
+            table.ack(0, lease.lease_id, 1501),
+            Err(LeaseGone),
+            "a late ack is 410"
+        );
+        let again = table.lease(0, 1501, 500);
+        assert_eq!(again.delivery_count, 2);
+        assert_ne!(again.lease_id, lease.lease_id);
+    }
+
+    #[test]
+    fn ack_ends_the_lease_for_good_and_a_second_ack_is_gone() {
+        let mut table = LeaseTable::new();
+        let lease = table.lease(7, 0, 100);
+        assert_eq!(table.ack(7, lease.lease_id, 50), Ok(()));
+        assert_eq!(table.ack(7, lease.lease_id, 50), Err(LeaseGone));
+        assert_eq!(table.available(7, 8, 10, 60, |o| o == 7), Vec::<u64>::new());
+        assert_eq!(table.in_flight(60), 0);
+    }
+
+    #[test]
+    fn nack_releases_at_once_or_after_its_delay() {
+        let mut table = LeaseTable::new();
+        let first = table.lease(1, 0, 1000);
+        table.nack(1, first.lease_id, 0, 10).expect("nack");
+        assert!(table.is_available(1, 10));
+        let second = table.lease(1, 10, 1000);
+        table
+            .nack(1, second.lease_id, 200, 20)
+            .expect("nack with delay");
+        assert!(!table.is_available(1, 219));
+        assert!(table.is_available(1, 220));
+        assert_eq!(
+            table.nack(1, second.lease_id, 0, 30),
+            Err(LeaseGone),
+            "the receipt died with the nack"
+        );
+    }
+
+    #[test]
+    fn extend_moves_the_end_and_keeps_the_receipt_valid() {
+        let mut table = LeaseTable::new();
+        let lease = table.lease(3, 0, 100);
+        assert_eq!(table.extend(3, lease.lease_id, 1000, 90), Ok(1090));
+        assert!(table.check(3, lease.lease_id, 500).is_ok());
+        assert_eq!(table.sweep(500), vec![]);
+        assert_eq!(
+            table.sweep(1091),
+            vec![Expired {
+                offset: 3,
+                delivery_count: 1
+            }]
+        );
+        assert_eq!(table.extend(3, lease.lease_id, 1000, 1091), Err(LeaseGone));
+    }
+
+    #[test]
+    fn sweep_returns_ended_leases_with_their_delivery_counts() {
+        let mut table = LeaseTable::new();
+        table.lease(1, 0, 10);
+        table.lease(2, 0, 20);
+        table.lease(3, 0, 30);
+        assert_eq!(table.in_flight(15), 2);
+        let ended = table.sweep(25);
+        assert_eq!(
+            ended.iter().map(|e| e.offset).collect::<Vec<_>>(),
+            vec![1, 2]
+        );
+        assert_eq!(table.in_flight(25), 1);
+    }
+
+    #[test]
+    fn parked_offsets_are_held_back_and_forget_below_drops_state() {
+        let mut table = LeaseTable::new();
+        table.park(4);
+        assert!(!table.is_available(4, 0));
+        table.unpark(4);
+        assert!(table.is_available(4, 0));
+        table.lease(2, 0, 100);
+        table.lease(9, 0, 100);
+        table.forget_below(5);
+        assert_eq!(table.delivery_count(2), 0);
+        assert_eq!(table.delivery_count(9), 1);
+        assert_eq!(table.in_flight(0), 1);
+    }
+}
