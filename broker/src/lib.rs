@@ -3,11 +3,14 @@
 //! The Narad node. Built so far, as sans-IO pieces with their tests:
 //! - [`leases`]: one partition's leases, delivery counts, nack delays and the
 //!   expiry sweep;
+//! - [`config`]: every config key with its default and the precedence of
+//!   flags, environment, file and defaults;
 //! - [`receipt`]: receipts that name topic, partition, offset, lease and owner
 //!   epoch under a MAC, so they cannot be forged.
 //!
 //! Still to come (issue 3): shards on glommio, the HTTP server, the
 //! dispatcher, the partition owner, the metastore and the `narad` CLI.
 
+pub mod config;
 pub mod leases;
 pub mod receipt;

@@ -1,0 +1,545 @@
+//! Node configuration: every key of API.md with its default, from four
+//! sources in this order of precedence: flags and `--set KEY=VALUE`, then
+//! `NARAD_` environment variables (the key upper-cased, `.` → `__`), then the
+//! TOML file, then the defaults. A key no source may set is refused, naming
+//! the key; so is a value that does not parse or is out of range.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use narad_storage::limits::{BLOCK_BYTES, WAL_RING_BYTES_MIN};
+
+/// Where a value came from, for error messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Source {
+    Default,
+    File,
+    Env,
+    Flag,
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Default => "default",
+            Self::File => "config file",
+            Self::Env => "environment",
+            Self::Flag => "command line",
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("unknown config key {key:?} (from the {from})")]
+    UnknownKey { key: String, from: Source },
+    #[error("config key {key} = {value:?} (from the {from}): {reason}")]
+    InvalidValue {
+        key: String,
+        value: String,
+        from: Source,
+        reason: String,
+    },
+    #[error("config file {path}: {reason}")]
+    File { path: String, reason: String },
+    #[error("{0}")]
+    Inconsistent(String),
+}
+
+/// The kind of value a key takes.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    /// An integer in `min..=max`.
+    U64 {
+        min: u64,
+        max: u64,
+    },
+    Bool,
+    Text,
+    Addr,
+}
+
+/// Every key, its kind and its default (`None`: unset unless given).
+const KEYS: &[(&str, Kind, Option<&str>)] = &[
+    ("data_dir", Kind::Text, Some("./narad-data")),
+    ("listen", Kind::Addr, Some("127.0.0.1:8080")),
+    (
+        "node_id",
+        Kind::U64 {
+            min: 1,
+            max: 65_535,
+        },
+        Some("1"),
+    ),
+    ("peer_listen", Kind::Addr, Some("127.0.0.1:9080")),
+    ("peers", Kind::Text, None),
+    ("shards", Kind::U64 { min: 0, max: 1024 }, Some("0")),
+    (
+        "storage.consumer_offset_commit_interval_ms",
+        Kind::U64 {
+            min: 1,
+            max: 3_600_000,
+        },
+        Some("1000"),
+    ),
+    (
+        "storage.ack_flush_interval_ms",
+        Kind::U64 {
+            min: 1,
+            max: 3_600_000,
+        },
+        Some("100"),
+    ),
+    (
+        "storage.segment_bytes",
+        Kind::U64 {
+            min: 2 * BLOCK_BYTES,
+            max: 1 << 34,
+        },
+        Some("67108864"),
+    ),
+    (
+        "storage.wal_ring_bytes",
+        Kind::U64 {
+            min: WAL_RING_BYTES_MIN,
+            max: 1 << 40,
+        },
+        Some("268435456"),
+    ),
+    (
+        "dispatcher.max_linger_ms",
+        Kind::U64 {
+            min: 0,
+            max: 10_000,
+        },
+        Some("50"),
+    ),
+    (
+        "dispatcher.checkpoint_interval_ms",
+        Kind::U64 {
+            min: 1,
+            max: 60_000,
+        },
+        Some("250"),
+    ),
+    (
+        "dispatcher.reroute_after_ms",
+        Kind::U64 {
+            min: 1,
+            max: 3_600_000,
+        },
+        Some("3000"),
+    ),
+    (
+        "leases.sweep_interval_ms",
+        Kind::U64 {
+            min: 1,
+            max: 3_600_000,
+        },
+        Some("1000"),
+    ),
+    (
+        "cluster.heartbeat_interval_ms",
+        Kind::U64 {
+            min: 1,
+            max: 3_600_000,
+        },
+        Some("1000"),
+    ),
+    (
+        "cluster.node_dead_after_ms",
+        Kind::U64 {
+            min: 1,
+            max: 86_400_000,
+        },
+        Some("30000"),
+    ),
+    (
+        "cluster.move_promote_after_ms",
+        Kind::U64 {
+            min: 1,
+            max: 86_400_000,
+        },
+        Some("120000"),
+    ),
+    ("cluster.secret", Kind::Text, None),
+    ("cluster.tls.ca_file", Kind::Text, None),
+    ("cluster.tls.cert_file", Kind::Text, None),
+    ("cluster.tls.key_file", Kind::Text, None),
+    (
+        "topics.default_retention_ms",
+        Kind::U64 {
+            min: 0,
+            max: u64::MAX,
+        },
+        Some("604800000"),
+    ),
+    (
+        "topics.default_visibility_timeout_ms",
+        Kind::U64 {
+            min: 1,
+            max: 43_200_000,
+        },
+        Some("30000"),
+    ),
+    // Only tests lower it: the smallest non-zero retention a topic may have.
+    (
+        "topics.retention_floor_ms",
+        Kind::U64 {
+            min: 1,
+            max: u64::MAX,
+        },
+        Some("3600000"),
+    ),
+    (
+        "http.max_batch_bytes",
+        Kind::U64 {
+            min: 1024,
+            max: 1 << 30,
+        },
+        Some("16777216"),
+    ),
+    ("auth.enabled", Kind::Bool, Some("false")),
+    ("auth.admin_password", Kind::Text, None),
+];
+
+/// Environment variables with the `NARAD_` prefix that are not config keys.
+const NON_CONFIG_ENV: &[&str] = &["NARAD_URL", "NARAD_LOG"];
+
+/// The resolved configuration: every key's value and where it came from.
+#[derive(Debug, Clone)]
+pub struct Config {
+    values: BTreeMap<&'static str, (Option<String>, Source)>,
+}
+
+/// The environment variable of a key: `storage.segment_bytes` → `NARAD_STORAGE__SEGMENT_BYTES`.
+pub fn env_name(key: &str) -> String {
+    format!("NARAD_{}", key.to_uppercase().replace('.', "__"))
+}
+
+fn spec(key: &str) -> Option<(&'static str, Kind)> {
+    KEYS.iter()
+        .find(|(k, _, _)| *k == key)
+        .map(|(k, kind, _)| (*k, *kind))
+}
+
+fn check(key: &str, value: &str, kind: Kind, source: Source) -> Result<(), ConfigError> {
+    let invalid = |reason: String| ConfigError::InvalidValue {
+        key: key.to_string(),
+        value: value.to_string(),
+        from: source,
+        reason,
+    };
+    match kind {
+        Kind::U64 { min, max } => match value.trim().parse::<u64>() {
+            Ok(v) if (min..=max).contains(&v) => Ok(()),
+            _ => Err(invalid(format!("must be an integer from {min} to {max}"))),
+        },
+        Kind::Bool => match value {
+            "true" | "false" => Ok(()),
+            _ => Err(invalid("must be true or false".into())),
+        },
+        Kind::Addr => value
+            .parse::<SocketAddr>()
+            .map(|_| ())
+            .map_err(|_| invalid("must be HOST:PORT with an IP address".into())),
+        Kind::Text => Ok(()),
+    }
+}
+
+/// Flattens a TOML table into dotted keys with string values.
+fn flatten(
+    prefix: &str,
+    table: &toml::Table,
+    out: &mut Vec<(String, String)>,
+) -> Result<(), ConfigError> {
+    for (name, value) in table {
+        let key = if prefix.is_empty() {
+            name.clone()
+        } else {
+            format!("{prefix}.{name}")
+        };
+        match value {
+            toml::Value::Table(inner) => flatten(&key, inner, out)?,
+            toml::Value::String(s) => out.push((key, s.clone())),
+            toml::Value::Integer(i) => out.push((key, i.to_string())),
+            toml::Value::Boolean(b) => out.push((key, b.to_string())),
+            other => {
+                return Err(ConfigError::InvalidValue {
+                    key,
+                    value: other.to_string(),
+                    from: Source::File,
+                    reason: "must be a string, an integer or a boolean".into(),
+                })
+            }
+        }
+    }
+    Ok(())
+}
+
+impl Config {
+    /// Resolves the configuration from its sources. `file` is the TOML text
+    /// (and its path, for messages); `env` the process environment; `flags`
+    /// the `KEY=VALUE` pairs of flags and `--set`, in order (later wins).
+    pub fn resolve(
+        file: Option<(&str, &str)>,
+        env: impl IntoIterator<Item = (String, String)>,
+        flags: &[(String, String)],
+    ) -> Result<Self, ConfigError> {
+        let mut values: BTreeMap<&'static str, (Option<String>, Source)> = KEYS
+            .iter()
+            .map(|(k, _, d)| (*k, (d.map(str::to_string), Source::Default)))
+            .collect();
+        let mut set = |key: &str, value: String, source: Source| -> Result<(), ConfigError> {
+            let (name, kind) = spec(key).ok_or_else(|| ConfigError::UnknownKey {
+                key: key.to_string(),
+                from: source,
+            })?;
+            check(name, &value, kind, source)?;
+            values.insert(name, (Some(value), source));
+            Ok(())
+        };
+        if let Some((path, text)) = file {
+            let table: toml::Table =
+                text.parse()
+                    .map_err(|e: toml::de::Error| ConfigError::File {
+                        path: path.to_string(),
+                        reason: e.to_string(),
+                    })?;
+            let mut pairs = Vec::new();
+            flatten("", &table, &mut pairs)?;
+            for (key, value) in pairs {
+                set(&key, value, Source::File)?;
+            }
+        }
+        let mut env: Vec<(String, String)> = env
+            .into_iter()
+            .filter(|(name, _)| name.starts_with("NARAD_"))
+            .collect();
+        env.sort();
+        for (name, value) in env {
+            if NON_CONFIG_ENV.contains(&name.as_str()) {
+                continue;
+            }
+            let key = name
+                .trim_start_matches("NARAD_")
+                .to_lowercase()
+                .replace("__", ".");
+            if spec(&key).is_some() {
+                set(&key, value, Source::Env)?;
+            }
+        }
+        for (key, value) in flags {
+            set(key, value.clone(), Source::Flag)?;
+        }
+        let config = Self { values };
+        config.check_consistency()?;
+        Ok(config)
+    }
+
+    fn check_consistency(&self) -> Result<(), ConfigError> {
+        if self.u64("storage.wal_ring_bytes") % BLOCK_BYTES != 0 {
+            return Err(ConfigError::Inconsistent(format!(
+                "storage.wal_ring_bytes must be a multiple of {BLOCK_BYTES}"
+            )));
+        }
+        if self.u64("storage.segment_bytes") % BLOCK_BYTES != 0 {
+            return Err(ConfigError::Inconsistent(format!(
+                "storage.segment_bytes must be a multiple of {BLOCK_BYTES}"
+            )));
+        }
+        if self.u64("storage.ack_flush_interval_ms")
+            > self.u64("storage.consumer_offset_commit_interval_ms")
+        {
+            return Err(ConfigError::Inconsistent(
+                "storage.ack_flush_interval_ms must not exceed storage.consumer_offset_commit_interval_ms".into(),
+            ));
+        }
+        if self.bool("auth.enabled") && self.text("auth.admin_password").is_none() {
+            return Err(ConfigError::Inconsistent(
+                "auth.enabled needs auth.admin_password".into(),
+            ));
+        }
+        let has_tls = [
+            "cluster.tls.ca_file",
+            "cluster.tls.cert_file",
+            "cluster.tls.key_file",
+        ]
+        .iter()
+        .all(|k| self.text(k).is_some());
+        if self.text("peers").is_some() && self.text("cluster.secret").is_none() && !has_tls {
+            return Err(ConfigError::Inconsistent(
+                "--peers needs --cluster-secret (development) or cluster.tls.ca_file, cert_file and key_file (production)"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// An integer key's value. Panics on a key that is not an integer key:
+    /// that is a programming error, caught by the tests.
+    pub fn u64(&self, key: &str) -> u64 {
+        self.text(key)
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("config key {key} is not a set integer"))
+    }
+
+    pub fn bool(&self, key: &str) -> bool {
+        self.text(key) == Some("true")
+    }
+
+    pub fn text(&self, key: &str) -> Option<&str> {
+        self.values.get(key).and_then(|(v, _)| v.as_deref())
+    }
+
+    pub fn addr(&self, key: &str) -> SocketAddr {
+        self.text(key)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("config key {key} is not an address"))
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        PathBuf::from(self.text("data_dir").unwrap_or("./narad-data"))
+    }
+
+    /// Where a key's value came from.
+    pub fn source(&self, key: &str) -> Option<Source> {
+        self.values.get(key).map(|(_, s)| *s)
+    }
+
+    /// Every key with its default, for the configuration reference.
+    pub fn keys() -> impl Iterator<Item = (&'static str, Option<&'static str>)> {
+        KEYS.iter().map(|(k, _, d)| (*k, *d))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flags(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn defaults_match_the_api_table() {
+        let config = Config::resolve(None, Vec::new(), &[]).expect("defaults");
+        for (key, value) in [
+            ("storage.consumer_offset_commit_interval_ms", 1000),
+            ("storage.ack_flush_interval_ms", 100),
+            ("storage.segment_bytes", 67_108_864),
+            ("dispatcher.max_linger_ms", 50),
+            ("dispatcher.checkpoint_interval_ms", 250),
+            ("dispatcher.reroute_after_ms", 3000),
+            ("leases.sweep_interval_ms", 1000),
+            ("cluster.heartbeat_interval_ms", 1000),
+            ("cluster.node_dead_after_ms", 30_000),
+            ("cluster.move_promote_after_ms", 120_000),
+            ("topics.default_retention_ms", 604_800_000),
+            ("topics.default_visibility_timeout_ms", 30_000),
+            ("http.max_batch_bytes", 16_777_216),
+        ] {
+            assert_eq!(config.u64(key), value, "{key}");
+        }
+        assert!(!config.bool("auth.enabled"));
+        assert_eq!(config.text("cluster.secret"), None);
+        assert_eq!(config.data_dir(), PathBuf::from("./narad-data"));
+        assert_eq!(config.addr("listen").to_string(), "127.0.0.1:8080");
+    }
+
+    #[test]
+    fn flags_beat_env_beat_file_beat_defaults() {
+        let file = "[storage]\nsegment_bytes = 8192\nack_flush_interval_ms = 10\n[dispatcher]\nmax_linger_ms = 7\n";
+        let env = vec![
+            (
+                "NARAD_STORAGE__SEGMENT_BYTES".to_string(),
+                "16384".to_string(),
+            ),
+            (
+                "NARAD_DISPATCHER__MAX_LINGER_MS".to_string(),
+                "8".to_string(),
+            ),
+            ("NARAD_URL".to_string(), "http://x".to_string()),
+            ("PATH".to_string(), "/bin".to_string()),
+        ];
+        let config = Config::resolve(
+            Some(("narad.toml", file)),
+            env,
+            &flags(&[("dispatcher.max_linger_ms", "9")]),
+        )
+        .expect("resolves");
+        assert_eq!(config.u64("storage.segment_bytes"), 16384);
+        assert_eq!(config.source("storage.segment_bytes"), Some(Source::Env));
+        assert_eq!(config.u64("dispatcher.max_linger_ms"), 9);
+        assert_eq!(
+            config.source("dispatcher.max_linger_ms"),
+            Some(Source::Flag)
+        );
+        assert_eq!(config.u64("storage.ack_flush_interval_ms"), 10);
+        assert_eq!(
+            config.source("storage.ack_flush_interval_ms"),
+            Some(Source::File)
+        );
+        assert_eq!(
+            env_name("storage.segment_bytes"),
+            "NARAD_STORAGE__SEGMENT_BYTES"
+        );
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_refused_naming_the_key() {
+        let unknown = Config::resolve(None, Vec::new(), &flags(&[("storage.segmnt_bytes", "1")]))
+            .expect_err("unknown");
+        assert!(unknown.to_string().contains("storage.segmnt_bytes"));
+        let in_file = Config::resolve(Some(("f.toml", "[http]\nmax_batch = 3\n")), Vec::new(), &[])
+            .expect_err("unknown");
+        assert!(in_file.to_string().contains("http.max_batch"));
+        let bad = Config::resolve(
+            None,
+            Vec::new(),
+            &flags(&[("leases.sweep_interval_ms", "soon")]),
+        )
+        .expect_err("bad");
+        assert!(bad.to_string().contains("leases.sweep_interval_ms"));
+        let bad_env = Config::resolve(
+            None,
+            vec![("NARAD_AUTH__ENABLED".into(), "yes".into())],
+            &[],
+        )
+        .expect_err("bad");
+        assert!(
+            bad_env.to_string().contains("auth.enabled")
+                && bad_env.to_string().contains("environment")
+        );
+        let toml_error =
+            Config::resolve(Some(("f.toml", "[storage\n")), Vec::new(), &[]).expect_err("syntax");
+        assert!(toml_error.to_string().contains("f.toml"));
+    }
+
+    #[test]
+    fn inconsistent_settings_are_refused() {
+        let ring = Config::resolve(
+            None,
+            Vec::new(),
+            &flags(&[("storage.wal_ring_bytes", "70000")]),
+        )
+        .expect_err("align");
+        assert!(ring.to_string().contains("storage.wal_ring_bytes"));
+        let auth = Config::resolve(None, Vec::new(), &flags(&[("auth.enabled", "true")]))
+            .expect_err("password");
+        assert!(auth.to_string().contains("auth.admin_password"));
+        let peers = Config::resolve(None, Vec::new(), &flags(&[("peers", "1=127.0.0.1:9001")]))
+            .expect_err("trust");
+        assert!(peers.to_string().contains("cluster-secret"));
+        Config::resolve(
+            None,
+            Vec::new(),
+            &flags(&[("peers", "1=127.0.0.1:9001"), ("cluster.secret", "s")]),
+        )
+        .expect("a secret is enough");
+    }
+}
