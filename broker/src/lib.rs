@@ -1,6 +1,8 @@
 //! # narad-broker
 //!
 //! The Narad node. Built so far, as sans-IO pieces with their tests:
+//! - [`dispatcher`]: the batching policy that commits durable WAL records to
+//!   partition owners (adaptive linger, retry, reroute signal);
 //! - [`leases`]: one partition's leases, delivery counts, nack delays and the
 //!   expiry sweep;
 //! - [`config`]: every config key with its default and the precedence of
@@ -12,5 +14,6 @@
 //! dispatcher, the partition owner, the metastore and the `narad` CLI.
 
 pub mod config;
+pub mod dispatcher;
 pub mod leases;
 pub mod receipt;

@@ -1,0 +1,382 @@
+//! The dispatcher's batching policy, as a sans-IO state machine.
+//!
+//! Durable WAL records go in with [`Dispatcher::push`]; commit batches come
+//! out of [`Dispatcher::poll_ready`], one destination (topic partition) each.
+//! The linger adapts to load: a destination with no commit in flight gets its
+//! records at once; while a commit is in flight, records gather into the next
+//! batch, which leaves when that commit returns, or after `max_linger_ms`
+//! even if it has not (so a slow owner pipelines two commits). A failed
+//! commit puts its records back at the front, retried with a doubling
+//! backoff; once a destination has failed for `reroute_after_ms` the caller
+//! is told a reroute is due (to a live sibling partition, in a cluster).
+//! Records leave the WAL only through [`Dispatcher::on_committed`], which
+//! returns their positions for `Wal::mark_committed`.
+
+use std::collections::{HashMap, VecDeque};
+use std::rc::Rc;
+
+use narad_storage::wal::WalPos;
+
+/// Where a record goes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Destination {
+    pub topic: Rc<str>,
+    pub partition: u32,
+}
+
+/// A durable WAL record waiting for its commit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DispatchRecord {
+    pub pos: WalPos,
+    pub id: u128,
+    pub key: Option<Vec<u8>>,
+    pub value: Vec<u8>,
+    pub accept_ms: u64,
+}
+
+impl DispatchRecord {
+    fn bytes(&self) -> u64 {
+        (self.value.len() + self.key.as_ref().map_or(0, Vec::len) + 64) as u64
+    }
+}
+
+/// One commit to send to a destination's owner.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommitBatch {
+    pub batch_id: u64,
+    pub destination: Destination,
+    pub records: Vec<DispatchRecord>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DispatcherConfig {
+    pub max_linger_ms: u64,
+    pub reroute_after_ms: u64,
+    pub batch_records_max: usize,
+    pub batch_bytes_max: u64,
+    pub retry_backoff_min_ms: u64,
+    pub retry_backoff_max_ms: u64,
+}
+
+/// What a failed commit means for its destination.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FailureOutcome {
+    /// The records wait for a retry at `retry_at_ms`.
+    Retry { retry_at_ms: u64 },
+    /// The destination has failed for `reroute_after_ms`: the caller should
+    /// move its records to a live sibling (with [`Dispatcher::take_pending`]).
+    RerouteDue { retry_at_ms: u64 },
+}
+
+#[derive(Debug, Default)]
+struct DestinationState {
+    /// Waiting records with the time each was pushed.
+    pending: VecDeque<(u64, DispatchRecord)>,
+    pending_bytes: u64,
+    in_flight: usize,
+    failing_since_ms: Option<u64>,
+    backoff_ms: u64,
+    retry_at_ms: Option<u64>,
+}
+
+#[derive(Debug)]
+pub struct Dispatcher {
+    config: DispatcherConfig,
+    destinations: HashMap<Destination, DestinationState>,
+    in_flight: HashMap<u64, CommitBatch>,
+    next_batch_id: u64,
+}
+
+/// At most this many commits in flight to one destination (pipelining).
+const IN_FLIGHT_PER_DESTINATION_MAX: usize = 2;
+
+impl Dispatcher {
+    pub fn new(config: DispatcherConfig) -> Self {
+        Self {
+            config,
+            destinations: HashMap::new(),
+            in_flight: HashMap::new(),
+            next_batch_id: 1,
+        }
+    }
+
+    /// Queues a durable record for its destination.
+    pub fn push(&mut self, destination: Destination, record: DispatchRecord, now_ms: u64) {
+        let state = self.destinations.entry(destination).or_default();
+        state.pending_bytes += record.bytes();
+        state.pending.push_back((now_ms, record));
+    }
+
+    /// Records waiting or in flight (the `narad_dispatcher_pending_records` gauge).
+    pub fn pending_records(&self) -> usize {
+        let waiting: usize = self.destinations.values().map(|s| s.pending.len()).sum();
+        waiting
+            + self
+                .in_flight
+                .values()
+                .map(|b| b.records.len())
+                .sum::<usize>()
+    }
+
+    fn is_due(config: &DispatcherConfig, state: &DestinationState, now_ms: u64) -> bool {
+        if state.pending.is_empty() || state.retry_at_ms.is_some_and(|at| now_ms < at) {
+            return false;
+        }
+        if state.in_flight == 0 {
+            return true;
+        }
+        let lingered = state
+            .pending
+            .front()
+            .is_some_and(|(t, _)| now_ms.saturating_sub(*t) >= config.max_linger_ms);
+        let full = state.pending.len() >= config.batch_records_max
+            || state.pending_bytes >= config.batch_bytes_max;
+        state.in_flight < IN_FLIGHT_PER_DESTINATION_MAX && (lingered || full)
+    }
+
+    /// The batches to send now.
+    pub fn poll_ready(&mut self, now_ms: u64) -> Vec<CommitBatch> {
+        let mut ready = Vec::new();
+        let mut due: Vec<Destination> = self
+            .destinations
+            .iter()
+            .filter(|(_, state)| Self::is_due(&self.config, state, now_ms))
+            .map(|(destination, _)| destination.clone())
+            .collect();
+        due.sort();
+        for destination in due {
+            let Some(state) = self.destinations.get_mut(&destination) else {
+                continue;
+            };
+            let mut records = Vec::new();
+            let mut bytes = 0u64;
+            while let Some((_, record)) = state.pending.front() {
+                if !records.is_empty()
+                    && (records.len() >= self.config.batch_records_max
+                        || bytes + record.bytes() > self.config.batch_bytes_max)
+                {
+                    break;
+                }
+                bytes += record.bytes();
+                if let Some((_, record)) = state.pending.pop_front() {
+                    records.push(record);
+                }
+            }
+            state.pending_bytes -= bytes;
+            state.in_flight += 1;
+            let batch = CommitBatch {
+                batch_id: self.next_batch_id,
+                destination,
+                records,
+            };
+            self.next_batch_id += 1;
+            self.in_flight.insert(batch.batch_id, batch.clone());
+            ready.push(batch);
+        }
+        ready
+    }
+
+    /// The owner confirmed a batch: returns the WAL positions it covered.
+    pub fn on_committed(&mut self, batch_id: u64) -> Vec<WalPos> {
+        let Some(batch) = self.in_flight.remove(&batch_id) else {
+            return Vec::new();
+        };
+        if let Some(state) = self.destinations.get_mut(&batch.destination) {
+            state.in_flight -= 1;
+            state.failing_since_ms = None;
+            state.backoff_ms = 0;
+            state.retry_at_ms = None;
+        }
+        self.forget_idle(&batch.destination);
+        batch.records.iter().map(|r| r.pos).collect()
+    }
+
+    /// A batch failed (or its outcome is unknown): its records go back to the
+    /// front of their destination, to be committed again after a backoff.
+    pub fn on_failed(&mut self, batch_id: u64, now_ms: u64) -> Option<FailureOutcome> {
+        let batch = self.in_flight.remove(&batch_id)?;
+        let config = self.config;
+        let state = self.destinations.entry(batch.destination).or_default();
+        state.in_flight -= 1;
+        for record in batch.records.into_iter().rev() {
+            state.pending_bytes += record.bytes();
+            state.pending.push_front((now_ms, record));
+        }
+        let since = *state.failing_since_ms.get_or_insert(now_ms);
+        state.backoff_ms = if state.backoff_ms == 0 {
+            config.retry_backoff_min_ms
+        } else {
+            (state.backoff_ms * 2).min(config.retry_backoff_max_ms)
+        };
+        let retry_at_ms = now_ms + state.backoff_ms;
+        state.retry_at_ms = Some(retry_at_ms);
+        Some(if now_ms.saturating_sub(since) >= config.reroute_after_ms {
+            FailureOutcome::RerouteDue { retry_at_ms }
+        } else {
+            FailureOutcome::Retry { retry_at_ms }
+        })
+    }
+
+    /// Takes every waiting record of a destination (to reroute them).
+    pub fn take_pending(&mut self, destination: &Destination) -> Vec<DispatchRecord> {
+        let Some(state) = self.destinations.get_mut(destination) else {
+            return Vec::new();
+        };
+        state.pending_bytes = 0;
+        let records = state.pending.drain(..).map(|(_, record)| record).collect();
+        self.forget_idle(destination);
+        records
+    }
+
+    /// When `poll_ready` may next have something to send, if anything waits.
+    pub fn next_deadline_ms(&self) -> Option<u64> {
+        self.destinations
+            .values()
+            .filter(|s| !s.pending.is_empty())
+            .filter_map(|s| match (s.retry_at_ms, s.pending.front()) {
+                (Some(retry), _) => Some(retry),
+                (None, Some((pushed, _))) => Some(pushed + self.config.max_linger_ms),
+                (None, None) => None,
+            })
+            .min()
+    }
+
+    fn forget_idle(&mut self, destination: &Destination) {
+        if self.destinations.get(destination).is_some_and(|s| {
+            s.pending.is_empty() && s.in_flight == 0 && s.failing_since_ms.is_none()
+        }) {
+            self.destinations.remove(destination);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CONFIG: DispatcherConfig = DispatcherConfig {
+        max_linger_ms: 50,
+        reroute_after_ms: 3000,
+        batch_records_max: 4,
+        batch_bytes_max: 1 << 20,
+        retry_backoff_min_ms: 100,
+        retry_backoff_max_ms: 1000,
+    };
+
+    fn dest(partition: u32) -> Destination {
+        Destination {
+            topic: Rc::from("orders"),
+            partition,
+        }
+    }
+
+    fn record(pos: u64) -> DispatchRecord {
+        DispatchRecord {
+            pos,
+            id: u128::from(pos),
+            key: None,
+            value: vec![1; 10],
+            accept_ms: 0,
+        }
+    }
+
+    fn positions(batch: &CommitBatch) -> Vec<u64> {
+        batch.records.iter().map(|r| r.pos).collect()
+    }
+
+    #[test]
+    fn an_idle_destination_gets_its_records_at_once() {
+        let mut d = Dispatcher::new(CONFIG);
+        d.push(dest(0), record(1), 0);
+        let ready = d.poll_ready(0);
+        assert_eq!(ready.len(), 1);
+        assert_eq!(positions(&ready[0]), vec![1]);
+        assert_eq!(d.on_committed(ready[0].batch_id), vec![1]);
+        assert_eq!(d.pending_records(), 0);
+        assert_eq!(d.next_deadline_ms(), None);
+    }
+
+    #[test]
+    fn records_gather_while_a_commit_is_in_flight_and_leave_when_it_returns() {
+        let mut d = Dispatcher::new(CONFIG);
+        d.push(dest(0), record(1), 0);
+        let first = d.poll_ready(0);
+        for pos in 2..=4 {
+            d.push(dest(0), record(pos), 1);
+        }
+        assert!(
+            d.poll_ready(10).is_empty(),
+            "lingers while the first commit is in flight"
+        );
+        assert_eq!(d.next_deadline_ms(), Some(51));
+        d.on_committed(first[0].batch_id);
+        let second = d.poll_ready(11);
+        assert_eq!(positions(&second[0]), vec![2, 3, 4]);
+    }
+
+    #[test]
+    fn a_slow_owner_gets_a_second_commit_after_max_linger() {
+        let mut d = Dispatcher::new(CONFIG);
+        d.push(dest(0), record(1), 0);
+        d.poll_ready(0);
+        d.push(dest(0), record(2), 5);
+        assert!(d.poll_ready(54).is_empty());
+        assert_eq!(d.poll_ready(55).len(), 1, "lingered 50 ms");
+        d.push(dest(0), record(3), 60);
+        assert!(
+            d.poll_ready(200).is_empty(),
+            "at most two commits in flight"
+        );
+    }
+
+    #[test]
+    fn batches_are_capped_and_destinations_independent() {
+        let mut d = Dispatcher::new(CONFIG);
+        for pos in 1..=6 {
+            d.push(dest(0), record(pos), 0);
+        }
+        d.push(dest(1), record(7), 0);
+        let ready = d.poll_ready(0);
+        assert_eq!(ready.len(), 2);
+        assert_eq!(positions(&ready[0]), vec![1, 2, 3, 4]);
+        assert_eq!(positions(&ready[1]), vec![7]);
+        assert!(
+            d.poll_ready(49).is_empty(),
+            "the rest waits for the commit in flight"
+        );
+        let rest = d.poll_ready(50);
+        assert_eq!(
+            positions(&rest[0]),
+            vec![5, 6],
+            "or for the linger bound, counted from its push"
+        );
+    }
+
+    #[test]
+    fn a_failed_commit_is_retried_in_order_with_backoff_then_reroute_is_due() {
+        let mut d = Dispatcher::new(CONFIG);
+        d.push(dest(0), record(1), 0);
+        d.push(dest(0), record(2), 0);
+        let batch = d.poll_ready(0).remove(0);
+        d.push(dest(0), record(3), 1);
+        assert_eq!(
+            d.on_failed(batch.batch_id, 10),
+            Some(FailureOutcome::Retry { retry_at_ms: 110 })
+        );
+        assert!(d.poll_ready(109).is_empty(), "backs off");
+        let retry = d.poll_ready(110).remove(0);
+        assert_eq!(positions(&retry), vec![1, 2, 3], "nothing lost, order kept");
+        assert_eq!(
+            d.on_failed(retry.batch_id, 200),
+            Some(FailureOutcome::Retry { retry_at_ms: 400 })
+        );
+        let again = d.poll_ready(400).remove(0);
+        assert_eq!(
+            d.on_failed(again.batch_id, 3010),
+            Some(FailureOutcome::RerouteDue { retry_at_ms: 3410 })
+        );
+        let moved: Vec<u64> = d.take_pending(&dest(0)).iter().map(|r| r.pos).collect();
+        assert_eq!(moved, vec![1, 2, 3]);
+        assert_eq!(d.pending_records(), 0);
+    }
+}
