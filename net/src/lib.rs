@@ -6,13 +6,16 @@
 //! - [`names`]: topic name validation;
 //! - [`value`]: message bytes as `value` (UTF-8) or `value_base64`;
 //! - [`types`]: request and response bodies of the data plane and topic admin;
-//! - [`batch`]: whole-batch validation of a batch produce.
+//! - [`batch`]: whole-batch validation of a batch produce;
+//! - [`http_server`]: hyper 1.x on glommio, with our own header, body and
+//!   idle timeouts and body size limit.
 //!
-//! Still to come here: the hyper-on-glommio server glue, the inter-node QUIC
-//! transport and the Rust client library.
+//! Still to come here: the inter-node QUIC transport and the Rust client
+//! library.
 
 pub mod batch;
 pub mod error;
+pub mod http_server;
 pub mod names;
 pub mod types;
 pub mod value;

@@ -1,0 +1,283 @@
+//! hyper 1.x HTTP/1.1 on glommio, with the timeouts and size limits enforced
+//! by us (hyper's own header timer needs a `Send` timer, which a glommio
+//! shard does not have).
+//!
+//! - **Idle**: a connection with no request under way for `idle_timeout` is
+//!   closed (this covers a client that stops reading a response too).
+//! - **Header**: once the first byte of a request arrived, the whole header
+//!   must arrive within `header_timeout`, else the client gets 408
+//!   `request_timeout` and the connection closes.
+//! - **Body**: the body must arrive within `body_timeout` (408) and hold at
+//!   most `body_bytes_max` bytes (413 `too_large`); it is read whole before
+//!   the handler runs.
+//!
+//! Every answer the adapter writes itself uses the API's JSON error shape.
+
+use std::cell::{Cell, RefCell};
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures_lite::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use glommio::net::{TcpListener, TcpStream};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+
+use crate::error::{ApiError, ErrorCode};
+
+/// A request with its whole body.
+pub type HttpRequest = hyper::Request<Bytes>;
+/// A response with its whole body.
+pub type HttpResponse = hyper::Response<Full<Bytes>>;
+/// What the server calls for each request.
+pub type Handler = Rc<dyn Fn(HttpRequest) -> Pin<Box<dyn Future<Output = HttpResponse>>>>;
+
+/// Bytes read from the socket at a time.
+const READ_CHUNK_BYTES: usize = 16 * 1024;
+/// How often the watchdog looks at a connection whose handler is running.
+const WATCHDOG_IDLE_CHECK: Duration = Duration::from_millis(500);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerLimits {
+    pub header_timeout: Duration,
+    pub body_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub body_bytes_max: usize,
+}
+
+/// A JSON error response.
+pub fn error_response(error: &ApiError) -> HttpResponse {
+    let mut response = hyper::Response::new(Full::new(Bytes::from(error.to_json())));
+    *response.status_mut() = hyper::StatusCode::from_u16(error.status())
+        .unwrap_or(hyper::StatusCode::INTERNAL_SERVER_ERROR);
+    response.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Between requests: the idle deadline applies.
+    Idle,
+    /// A request's header is arriving: the header deadline applies.
+    Header,
+    /// The handler (and body read) runs; its own timeouts apply.
+    Handling,
+}
+
+/// What the IO wrapper, the service and the watchdog share about one connection.
+struct ConnectionClock {
+    phase: Cell<Phase>,
+    deadline: Cell<Instant>,
+    limits: ServerLimits,
+}
+
+impl ConnectionClock {
+    fn enter(&self, phase: Phase) {
+        self.phase.set(phase);
+        let timeout = match phase {
+            Phase::Idle => self.limits.idle_timeout,
+            Phase::Header => self.limits.header_timeout,
+            Phase::Handling => Duration::MAX,
+        };
+        self.deadline.set(
+            Instant::now()
+                .checked_add(timeout)
+                .unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400)),
+        );
+    }
+}
+
+/// glommio's socket as hyper's IO.
+struct Io {
+    stream: Rc<RefCell<TcpStream>>,
+    clock: Rc<ConnectionClock>,
+    buffer: Vec<u8>,
+}
+
+impl hyper::rt::Read for Io {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        mut buf: hyper::rt::ReadBufCursor<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let want = buf.remaining().min(READ_CHUNK_BYTES);
+        this.buffer.resize(want, 0);
+        let mut stream = this.stream.borrow_mut();
+        match Pin::new(&mut *stream).poll_read(cx, &mut this.buffer[..want]) {
+            Poll::Ready(Ok(n)) => {
+                if n > 0 && this.clock.phase.get() == Phase::Idle {
+                    this.clock.enter(Phase::Header);
+                }
+                buf.put_slice(this.buffer.get(..n).unwrap_or_default());
+                Poll::Ready(Ok(()))
+            }
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl hyper::rt::Write for Io {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let mut stream = self.stream.borrow_mut();
+        Pin::new(&mut *stream).poll_write(cx, buf)
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let mut stream = self.stream.borrow_mut();
+        Pin::new(&mut *stream).poll_flush(cx)
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let mut stream = self.stream.borrow_mut();
+        Pin::new(&mut *stream).poll_close(cx)
+    }
+}
+
+/// Reads a body whole, within the limits.
+async fn read_body(body: Incoming, limits: ServerLimits) -> Result<Bytes, ApiError> {
+    let limited = Limited::new(body, limits.body_bytes_max);
+    match glommio::timer::timeout(limits.body_timeout, async { Ok(limited.collect().await) }).await
+    {
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(error))
+            if error
+                .downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some() =>
+        {
+            Err(ApiError::new(
+                ErrorCode::TooLarge,
+                format!(
+                    "the request body is over the limit of {} bytes",
+                    limits.body_bytes_max
+                ),
+            ))
+        }
+        Ok(Err(error)) => Err(ApiError::new(
+            ErrorCode::InvalidRequest,
+            format!("the request body could not be read: {error}"),
+        )),
+        Err(_) => Err(ApiError::new(
+            ErrorCode::RequestTimeout,
+            format!(
+                "the request body did not arrive within {} ms",
+                limits.body_timeout.as_millis()
+            ),
+        )),
+    }
+}
+
+/// Watches one connection's deadlines; returns when the connection must go,
+/// with whether a request header was under way (so it gets a 408).
+async fn watchdog(clock: Rc<ConnectionClock>) -> bool {
+    loop {
+        let now = Instant::now();
+        let deadline = clock.deadline.get();
+        if clock.phase.get() != Phase::Handling && now >= deadline {
+            return clock.phase.get() == Phase::Header;
+        }
+        let wait = deadline
+            .saturating_duration_since(now)
+            .min(WATCHDOG_IDLE_CHECK);
+        glommio::timer::sleep(wait.max(Duration::from_millis(1))).await;
+    }
+}
+
+/// Serves one connection until the client closes it or a deadline passes.
+pub async fn serve_connection(stream: TcpStream, limits: ServerLimits, handler: Handler) {
+    let stream = Rc::new(RefCell::new(stream));
+    let clock = Rc::new(ConnectionClock {
+        phase: Cell::new(Phase::Idle),
+        deadline: Cell::new(Instant::now()),
+        limits,
+    });
+    clock.enter(Phase::Idle);
+    let io = Io {
+        stream: stream.clone(),
+        clock: clock.clone(),
+        buffer: Vec::with_capacity(READ_CHUNK_BYTES),
+    };
+    let service_clock = clock.clone();
+    let service = service_fn(move |request: hyper::Request<Incoming>| {
+        let clock = service_clock.clone();
+        let handler = handler.clone();
+        async move {
+            clock.enter(Phase::Handling);
+            let (parts, body) = request.into_parts();
+            let response = match read_body(body, limits).await {
+                Ok(bytes) => handler(hyper::Request::from_parts(parts, bytes)).await,
+                Err(error) => {
+                    let mut response = error_response(&error);
+                    response.headers_mut().insert(
+                        hyper::header::CONNECTION,
+                        hyper::header::HeaderValue::from_static("close"),
+                    );
+                    response
+                }
+            };
+            clock.enter(Phase::Idle);
+            Ok::<_, std::convert::Infallible>(response)
+        }
+    });
+    let connection = async {
+        if let Err(error) = http1::Builder::new()
+            .keep_alive(true)
+            .serve_connection(io, service)
+            .await
+        {
+            tracing::debug!(%error, "HTTP connection ended with an error");
+        }
+        false
+    };
+    let header_timed_out = futures_lite::future::or(connection, watchdog(clock.clone())).await;
+    if header_timed_out {
+        let error = ApiError::new(
+            ErrorCode::RequestTimeout,
+            format!(
+                "the request header did not arrive within {} ms",
+                limits.header_timeout.as_millis()
+            ),
+        );
+        let body = error.to_json();
+        let response = format!(
+            "HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        // The connection future is gone, so this is the last handle.
+        if let Ok(cell) = Rc::try_unwrap(stream) {
+            let mut stream = cell.into_inner();
+            let _ = stream.write_all(response.as_bytes()).await;
+            let _ = stream.close().await;
+        }
+    }
+}
+
+/// Accepts connections until `stop` is set, serving each on its own task.
+pub async fn serve(
+    listener: TcpListener,
+    limits: ServerLimits,
+    handler: Handler,
+    stop: Rc<Cell<bool>>,
+) {
+    while !stop.get() {
+        match listener.accept().await {
+            Ok(stream) => {
+                let _ = stream.set_nodelay(true);
+                glommio::spawn_local(serve_connection(stream, limits, handler.clone())).detach();
+            }
+            Err(error) => tracing::warn!(%error, "accept failed"),
+        }
+    }
+}
