@@ -7,6 +7,8 @@
 //!   expiry sweep;
 //! - [`config`]: every config key with its default and the precedence of
 //!   flags, environment, file and defaults;
+//! - [`owner`]: one partition's owner: commit, consume under leases, ack,
+//!   nack, extend, sweep and dead-letter selection, long-poll wake-ups, stats;
 //! - [`receipt`]: receipts that name topic, partition, offset, lease and owner
 //!   epoch under a MAC, so they cannot be forged.
 //!
@@ -16,4 +18,5 @@
 pub mod config;
 pub mod dispatcher;
 pub mod leases;
+pub mod owner;
 pub mod receipt;

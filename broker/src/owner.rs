@@ -1,0 +1,591 @@
+//! The owner of one partition: its log, its consumer state, its leases, a
+//! cache of recent messages, and the signal that wakes long polls.
+//!
+//! Generic over the file seam, so it runs on real files in a shard and on
+//! the simulated disk in tests. One task per partition commits; consumes,
+//! acks and sweeps may interleave with it (no `RefCell` borrow is held across
+//! an await).
+//!
+//! - `commit`: append the batch (write, fdatasync, verified read-back), then
+//!   move the high watermark, cache the messages and wake long polls.
+//! - `consume`: leases the lowest available offsets first (synchronously, so
+//!   two consumes never lease one offset), then reads them from the cache or
+//!   the log. An offset the log can no longer return (a damaged record) is
+//!   settled so that it cannot hold the frontier back forever, and logged.
+//! - `ack`, `nack`, `extend`: check the lease (ended → `LeaseGone`), then
+//!   record the ack in the consumer state.
+//! - `sweep`: ends expired leases; a message that reached `max_deliveries`
+//!   is parked and handed back for dead-lettering instead of redelivery.
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
+
+use narad_storage::consumer::ConsumerState;
+use narad_storage::io::FileSystem;
+use narad_storage::log::{Message, PartitionLog, StoredMessage};
+use narad_storage::StorageError;
+
+use crate::leases::{Lease, LeaseGone, LeaseTable};
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum OwnerError {
+    #[error(transparent)]
+    LeaseGone(#[from] LeaseGone),
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OwnerConfig {
+    pub max_deliveries: u32,
+    /// Bytes of recent messages kept in memory for consumers at the tail.
+    pub tail_cache_bytes: usize,
+}
+
+/// A message handed to a consumer under a lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivery {
+    pub offset: u64,
+    pub message: Message,
+    pub lease: Lease,
+}
+
+/// A message whose deliveries ran out: move it to the dead-letter topic, then
+/// call [`PartitionOwner::dead_lettered`] (or [`PartitionOwner::dead_letter_failed`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetter {
+    pub offset: u64,
+    pub message: Message,
+}
+
+/// Per-partition figures for `GET /v1/topics/{t}` and the metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartitionStats {
+    pub high_watermark: u64,
+    pub frontier: u64,
+    pub available: u64,
+    pub in_flight: u64,
+    pub oldest_unacked_age_ms: u64,
+}
+
+/// Wakes long polls when something may have become available.
+#[derive(Debug, Default)]
+struct Signal {
+    version: Cell<u64>,
+    wakers: RefCell<Vec<Waker>>,
+}
+
+impl Signal {
+    fn notify(&self) {
+        self.version.set(self.version.get() + 1);
+        for waker in self.wakers.borrow_mut().drain(..) {
+            waker.wake();
+        }
+    }
+}
+
+/// Completes once the owner's availability changed after `seen`.
+pub struct Changed<'a> {
+    signal: &'a Signal,
+    seen: u64,
+}
+
+impl Future for Changed<'_> {
+    type Output = ();
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.signal.version.get() != self.seen {
+            return Poll::Ready(());
+        }
+        self.signal.wakers.borrow_mut().push(cx.waker().clone());
+        Poll::Pending
+    }
+}
+
+/// Recent messages, newest last, bounded by bytes.
+#[derive(Debug, Default)]
+struct TailCache {
+    messages: VecDeque<StoredMessage>,
+    bytes: usize,
+    capacity_bytes: usize,
+}
+
+impl TailCache {
+    fn push(&mut self, stored: StoredMessage) {
+        self.bytes += stored.message.value.len();
+        self.messages.push_back(stored);
+        while self.bytes > self.capacity_bytes {
+            match self.messages.pop_front() {
+                Some(old) => self.bytes -= old.message.value.len(),
+                None => break,
+            }
+        }
+    }
+
+    fn get(&self, offset: u64) -> Option<&StoredMessage> {
+        let first = self.messages.front()?.offset;
+        let index = usize::try_from(offset.checked_sub(first)?).ok()?;
+        self.messages.get(index).filter(|m| m.offset == offset)
+    }
+}
+
+pub struct PartitionOwner<F: FileSystem> {
+    log: PartitionLog<F>,
+    acks: ConsumerState<F>,
+    leases: RefCell<LeaseTable>,
+    cache: RefCell<TailCache>,
+    signal: Signal,
+    config: OwnerConfig,
+    /// Produce time of each unacked offset is in the log; this remembers the
+    /// append time of the oldest batches for the age figure.
+    commit_times: RefCell<VecDeque<(u64, u64)>>,
+}
+
+impl<F: FileSystem> PartitionOwner<F> {
+    pub fn new(log: PartitionLog<F>, acks: ConsumerState<F>, config: OwnerConfig) -> Self {
+        Self {
+            log,
+            acks,
+            leases: RefCell::new(LeaseTable::new()),
+            cache: RefCell::new(TailCache {
+                capacity_bytes: config.tail_cache_bytes,
+                ..TailCache::default()
+            }),
+            signal: Signal::default(),
+            config,
+            commit_times: RefCell::new(VecDeque::new()),
+        }
+    }
+
+    pub fn high_watermark(&self) -> u64 {
+        self.log.high_watermark()
+    }
+
+    pub fn frontier(&self) -> u64 {
+        self.acks.frontier()
+    }
+
+    /// Appends a batch and makes it visible; returns its first offset.
+    pub async fn commit(&self, messages: &[Message], now_ms: u64) -> Result<u64, OwnerError> {
+        let base = self.log.append(messages).await?;
+        {
+            let mut cache = self.cache.borrow_mut();
+            for (offset, message) in (base..).zip(messages) {
+                cache.push(StoredMessage {
+                    offset,
+                    message: message.clone(),
+                });
+            }
+        }
+        self.commit_times.borrow_mut().push_back((base, now_ms));
+        self.signal.notify();
+        Ok(base)
+    }
+
+    /// The current availability version, to wait on with [`Self::changed`].
+    pub fn version(&self) -> u64 {
+        self.signal.version.get()
+    }
+
+    /// Completes once something may have become available after `seen`.
+    pub fn changed(&self, seen: u64) -> Changed<'_> {
+        Changed {
+            signal: &self.signal,
+            seen,
+        }
+    }
+
+    /// Leases up to `max` messages for `visibility_ms`, lowest offsets first.
+    pub async fn consume(
+        &self,
+        max: usize,
+        visibility_ms: u64,
+        now_ms: u64,
+    ) -> Result<Vec<Delivery>, OwnerError> {
+        let leased: Vec<(u64, Lease)> = {
+            let mut leases = self.leases.borrow_mut();
+            let offsets = leases.available(
+                self.acks.frontier(),
+                self.log.high_watermark(),
+                max,
+                now_ms,
+                |o| self.acks.is_acked(o),
+            );
+            offsets
+                .into_iter()
+                .map(|offset| (offset, leases.lease(offset, now_ms, visibility_ms)))
+                .collect()
+        };
+        let mut deliveries = Vec::with_capacity(leased.len());
+        let mut missing = Vec::new();
+        for (offset, lease) in &leased {
+            let cached = self.cache.borrow().get(*offset).map(|m| m.message.clone());
+            let message = match cached {
+                Some(message) => Some(message),
+                None => match self.log.read(*offset, 1, usize::MAX).await {
+                    Ok(read) => read
+                        .into_iter()
+                        .find(|m| m.offset == *offset)
+                        .map(|m| m.message),
+                    Err(error) => {
+                        self.release(&leased, now_ms);
+                        return Err(error.into());
+                    }
+                },
+            };
+            match message {
+                Some(message) => deliveries.push(Delivery {
+                    offset: *offset,
+                    message,
+                    lease: *lease,
+                }),
+                None => missing.push((*offset, lease.lease_id)),
+            }
+        }
+        for (offset, lease_id) in missing {
+            tracing::error!(
+                offset,
+                "record is damaged or gone from the log; settling it so the frontier can move"
+            );
+            if self
+                .leases
+                .borrow_mut()
+                .ack(offset, lease_id, now_ms)
+                .is_ok()
+            {
+                self.acks.ack(offset);
+            }
+        }
+        Ok(deliveries)
+    }
+
+    fn release(&self, leased: &[(u64, Lease)], now_ms: u64) {
+        let mut leases = self.leases.borrow_mut();
+        for (offset, lease) in leased {
+            let _ = leases.nack(*offset, lease.lease_id, 0, now_ms);
+        }
+    }
+
+    pub fn ack(&self, offset: u64, lease_id: u64, now_ms: u64) -> Result<(), OwnerError> {
+        self.leases.borrow_mut().ack(offset, lease_id, now_ms)?;
+        self.acks.ack(offset);
+        Ok(())
+    }
+
+    pub fn nack(
+        &self,
+        offset: u64,
+        lease_id: u64,
+        delay_ms: u64,
+        now_ms: u64,
+    ) -> Result<(), OwnerError> {
+        self.leases
+            .borrow_mut()
+            .nack(offset, lease_id, delay_ms, now_ms)?;
+        if delay_ms == 0 {
+            self.signal.notify();
+        }
+        Ok(())
+    }
+
+    pub fn extend(
+        &self,
+        offset: u64,
+        lease_id: u64,
+        visibility_ms: u64,
+        now_ms: u64,
+    ) -> Result<u64, OwnerError> {
+        Ok(self
+            .leases
+            .borrow_mut()
+            .extend(offset, lease_id, visibility_ms, now_ms)?)
+    }
+
+    /// Ends expired leases. Messages that reached `max_deliveries` are parked
+    /// and returned for dead-lettering; the others become available again.
+    pub async fn sweep(&self, now_ms: u64) -> Result<Vec<DeadLetter>, OwnerError> {
+        let expired = self.leases.borrow_mut().sweep(now_ms);
+        if expired.is_empty() {
+            return Ok(Vec::new());
+        }
+        let limit = self.config.max_deliveries;
+        let mut dead = Vec::new();
+        for ended in expired
+            .iter()
+            .filter(|e| limit > 0 && e.delivery_count >= limit)
+        {
+            self.leases.borrow_mut().park(ended.offset);
+            let read = self.log.read(ended.offset, 1, usize::MAX).await?;
+            if let Some(stored) = read.into_iter().find(|m| m.offset == ended.offset) {
+                dead.push(DeadLetter {
+                    offset: ended.offset,
+                    message: stored.message,
+                });
+            }
+        }
+        self.signal.notify();
+        Ok(dead)
+    }
+
+    /// The dead-letter topic durably holds the message: settle it here.
+    pub fn dead_lettered(&self, offset: u64) {
+        self.leases.borrow_mut().unpark(offset);
+        self.acks.ack(offset);
+    }
+
+    /// Moving it failed: deliver it again.
+    pub fn dead_letter_failed(&self, offset: u64) {
+        self.leases.borrow_mut().unpark(offset);
+        self.signal.notify();
+    }
+
+    /// Persists acks on their intervals and applies retention. Returns how
+    /// many unacked offsets retention made the frontier skip.
+    pub async fn maintain(&self) -> Result<u64, OwnerError> {
+        self.acks.maintain().await?;
+        let outcome = self.log.enforce_retention().await?;
+        let skipped = self.acks.skip_to_retained(outcome.log_start_offset);
+        if skipped > 0 {
+            tracing::warn!(
+                skipped,
+                oldest_retained = outcome.log_start_offset,
+                "consumer frontier fell behind retention; skipped to oldest retained offset"
+            );
+            self.leases
+                .borrow_mut()
+                .forget_below(outcome.log_start_offset);
+        }
+        Ok(skipped)
+    }
+
+    /// Writes every ack to disk now (graceful stop).
+    pub async fn flush_acks(&self) -> Result<(), OwnerError> {
+        Ok(self.acks.flush_now().await?)
+    }
+
+    pub fn stats(&self, now_ms: u64) -> PartitionStats {
+        let high_watermark = self.log.high_watermark();
+        let frontier = self.acks.frontier();
+        let leases = self.leases.borrow();
+        let acked_above = self.acks.ack_set().acked_above_frontier();
+        let in_flight = leases.in_flight(now_ms) as u64;
+        let unsettled = high_watermark
+            .saturating_sub(frontier)
+            .saturating_sub(acked_above);
+        let mut times = self.commit_times.borrow_mut();
+        while times.len() > 1 && times.get(1).is_some_and(|(base, _)| *base <= frontier) {
+            times.pop_front();
+        }
+        let oldest_unacked_age_ms = if unsettled == 0 {
+            0
+        } else {
+            times
+                .front()
+                .map_or(0, |(_, at)| now_ms.saturating_sub(*at))
+        };
+        PartitionStats {
+            high_watermark,
+            frontier,
+            available: unsettled.saturating_sub(in_flight),
+            in_flight,
+            oldest_unacked_age_ms,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::rc::Rc;
+
+    use futures_lite::future::block_on;
+    use narad_storage::clock::{ManualClock, SharedClock};
+    use narad_storage::consumer::ConsumerConfig;
+    use narad_storage::io::sim::SimFs;
+    use narad_storage::log::LogConfig;
+
+    use super::*;
+
+    const CONFIG: OwnerConfig = OwnerConfig {
+        max_deliveries: 0,
+        tail_cache_bytes: 1 << 20,
+    };
+
+    fn open(fs: &SimFs, clock: &ManualClock, config: OwnerConfig) -> PartitionOwner<SimFs> {
+        let shared: SharedClock = Rc::new(clock.clone());
+        let dir = Path::new("/data/partitions/orders/0");
+        let log_config = LogConfig {
+            segment_bytes: 1 << 20,
+            prealloc_step_bytes: 1 << 16,
+            retention_ms: 0,
+        };
+        let (log, _) =
+            block_on(PartitionLog::open(fs, dir, log_config, shared.clone())).expect("log");
+        let acks = block_on(ConsumerState::open(
+            fs,
+            &dir.join("consumer"),
+            ConsumerConfig::default(),
+            shared,
+        ))
+        .expect("acks");
+        PartitionOwner::new(log, acks, config)
+    }
+
+    fn messages(n: u128) -> Vec<Message> {
+        (0..n)
+            .map(|id| Message {
+                id,
+                produced_at_ms: 1,
+                key: None,
+                value: format!("m{id}").into_bytes(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn committed_messages_are_leased_once_and_acked_for_good() {
+        let fs = SimFs::new(1);
+        let clock = ManualClock::new(1000);
+        let owner = open(&fs, &clock, CONFIG);
+        let version = owner.version();
+        block_on(owner.commit(&messages(5), 1000)).expect("commit");
+        assert_ne!(owner.version(), version, "a commit wakes long polls");
+        let first = block_on(owner.consume(3, 30_000, 1000)).expect("consume");
+        assert_eq!(
+            first.iter().map(|d| d.offset).collect::<Vec<_>>(),
+            vec![0, 1, 2]
+        );
+        let second = block_on(owner.consume(10, 30_000, 1000)).expect("consume");
+        assert_eq!(
+            second.iter().map(|d| d.offset).collect::<Vec<_>>(),
+            vec![3, 4],
+            "no offset leased twice"
+        );
+        for d in first.iter().chain(&second) {
+            owner.ack(d.offset, d.lease.lease_id, 1001).expect("ack");
+        }
+        assert!(matches!(
+            owner.ack(0, first[0].lease.lease_id, 1002),
+            Err(OwnerError::LeaseGone(_))
+        ));
+        assert_eq!(owner.frontier(), 5);
+        assert!(block_on(owner.consume(10, 30_000, 1003))
+            .expect("consume")
+            .is_empty());
+        let stats = owner.stats(1003);
+        assert_eq!(
+            (
+                stats.high_watermark,
+                stats.frontier,
+                stats.available,
+                stats.in_flight
+            ),
+            (5, 5, 0, 0)
+        );
+    }
+
+    #[test]
+    fn an_expired_lease_delivers_again_with_a_higher_count() {
+        let fs = SimFs::new(2);
+        let clock = ManualClock::new(0);
+        let owner = open(&fs, &clock, CONFIG);
+        block_on(owner.commit(&messages(1), 0)).expect("commit");
+        let first = block_on(owner.consume(1, 100, 0)).expect("consume");
+        assert!(block_on(owner.consume(1, 100, 100))
+            .expect("consume")
+            .is_empty());
+        let again = block_on(owner.consume(1, 100, 101)).expect("consume");
+        assert_eq!(again[0].lease.delivery_count, 2);
+        assert!(matches!(
+            owner.ack(0, first[0].lease.lease_id, 102),
+            Err(OwnerError::LeaseGone(_))
+        ));
+        owner
+            .ack(0, again[0].lease.lease_id, 102)
+            .expect("current ack");
+    }
+
+    #[test]
+    fn messages_out_of_deliveries_are_parked_for_the_dead_letter_topic() {
+        let fs = SimFs::new(3);
+        let clock = ManualClock::new(0);
+        let owner = open(
+            &fs,
+            &clock,
+            OwnerConfig {
+                max_deliveries: 2,
+                ..CONFIG
+            },
+        );
+        block_on(owner.commit(&messages(1), 0)).expect("commit");
+        block_on(owner.consume(1, 10, 0)).expect("first");
+        assert!(
+            block_on(owner.sweep(11)).expect("sweep").is_empty(),
+            "one delivery: redelivered"
+        );
+        block_on(owner.consume(1, 10, 11)).expect("second");
+        let dead = block_on(owner.sweep(22)).expect("sweep");
+        assert_eq!(dead.len(), 1);
+        assert_eq!(dead[0].message.value, b"m0".to_vec());
+        assert!(
+            block_on(owner.consume(1, 10, 23))
+                .expect("consume")
+                .is_empty(),
+            "parked"
+        );
+        owner.dead_lettered(0);
+        assert_eq!(owner.frontier(), 1);
+    }
+
+    #[test]
+    fn nack_with_delay_and_cold_reads_from_the_log() {
+        let fs = SimFs::new(4);
+        let clock = ManualClock::new(0);
+        let owner = open(
+            &fs,
+            &clock,
+            OwnerConfig {
+                tail_cache_bytes: 4,
+                ..CONFIG
+            },
+        );
+        block_on(owner.commit(&messages(3), 0)).expect("commit");
+        let got = block_on(owner.consume(3, 1000, 0)).expect("consume from the log");
+        assert_eq!(got.len(), 3);
+        owner.nack(1, got[1].lease.lease_id, 500, 10).expect("nack");
+        assert!(block_on(owner.consume(3, 1000, 20))
+            .expect("consume")
+            .is_empty());
+        let later = block_on(owner.consume(3, 1000, 510)).expect("consume");
+        assert_eq!(later.iter().map(|d| d.offset).collect::<Vec<_>>(), vec![1]);
+        assert_eq!(
+            owner.extend(1, later[0].lease.lease_id, 5000, 600).ok(),
+            Some(5600)
+        );
+    }
+
+    #[test]
+    fn after_a_restart_leased_messages_are_available_at_once_and_synced_acks_hold() {
+        let fs = SimFs::new(5);
+        let clock = ManualClock::new(0);
+        let owner = open(&fs, &clock, CONFIG);
+        block_on(owner.commit(&messages(3), 0)).expect("commit");
+        let got = block_on(owner.consume(3, 60_000, 0)).expect("consume");
+        owner.ack(0, got[0].lease.lease_id, 1).expect("ack");
+        block_on(owner.flush_acks()).expect("flush");
+        drop(owner);
+        fs.power_loss();
+        let owner = open(&fs, &clock, CONFIG);
+        let again = block_on(owner.consume(3, 60_000, 2)).expect("consume");
+        assert_eq!(
+            again.iter().map(|d| d.offset).collect::<Vec<_>>(),
+            vec![1, 2]
+        );
+        assert!(
+            again.iter().all(|d| d.lease.delivery_count == 1),
+            "counts restart with the owner"
+        );
+    }
+}
