@@ -6,7 +6,14 @@
 //!   to (topics and their partition assignments), with every rule a topic
 //!   change must keep.
 //!
-//! Still to come: openraft 0.9 on its own thread with durable log storage and
-//! snapshots, and the commands for users, grants, schemas, children and moves.
+//! - [`store`]: durable openraft storage: the log (checksummed frames,
+//!   fdatasynced per append, torn tail cut), the vote and snapshots;
+//! - [`node`]: openraft 0.9 on its own thread, bootstrap of a single-member
+//!   cluster, proposals, the published applied state.
+//!
+//! Still to come: the QUIC network between nodes, and the commands for
+//! users, grants, schemas, children and moves.
 
+pub mod node;
 pub mod state;
+pub mod store;

@@ -57,6 +57,8 @@ pub enum Applied {
     TopicUpdated(Topic),
     TopicUnchanged(Topic),
     TopicDeleted,
+    /// A Raft entry with no command (a leader's blank entry, a membership change).
+    Nothing,
 }
 
 /// A command the state refuses; it changes nothing.
