@@ -192,6 +192,39 @@ const KEYS: &[(&str, Kind, Option<&str>)] = &[
         },
         Some("3600000"),
     ),
+    // Entries between two snapshots of the metastore (which purge its log).
+    (
+        "raft.snapshot_after_entries",
+        Kind::U64 {
+            min: 1,
+            max: u64::MAX,
+        },
+        Some("1000"),
+    ),
+    (
+        "http.header_timeout_ms",
+        Kind::U64 {
+            min: 1,
+            max: 3_600_000,
+        },
+        Some("10000"),
+    ),
+    (
+        "http.body_timeout_ms",
+        Kind::U64 {
+            min: 1,
+            max: 3_600_000,
+        },
+        Some("30000"),
+    ),
+    (
+        "http.idle_timeout_ms",
+        Kind::U64 {
+            min: 1,
+            max: 86_400_000,
+        },
+        Some("120000"),
+    ),
     (
         "http.max_batch_bytes",
         Kind::U64 {

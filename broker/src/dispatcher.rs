@@ -56,6 +56,9 @@ pub struct DispatcherConfig {
     pub batch_bytes_max: u64,
     pub retry_backoff_min_ms: u64,
     pub retry_backoff_max_ms: u64,
+    /// Commits in flight to one destination at once: 1 for a local partition
+    /// log (its appends must not overlap), more to pipeline to a remote owner.
+    pub in_flight_per_destination_max: usize,
 }
 
 /// What a failed commit means for its destination.
@@ -86,9 +89,6 @@ pub struct Dispatcher {
     in_flight: HashMap<u64, CommitBatch>,
     next_batch_id: u64,
 }
-
-/// At most this many commits in flight to one destination (pipelining).
-const IN_FLIGHT_PER_DESTINATION_MAX: usize = 2;
 
 impl Dispatcher {
     pub fn new(config: DispatcherConfig) -> Self {
@@ -131,7 +131,7 @@ impl Dispatcher {
             .is_some_and(|(t, _)| now_ms.saturating_sub(*t) >= config.max_linger_ms);
         let full = state.pending.len() >= config.batch_records_max
             || state.pending_bytes >= config.batch_bytes_max;
-        state.in_flight < IN_FLIGHT_PER_DESTINATION_MAX && (lingered || full)
+        state.in_flight < config.in_flight_per_destination_max && (lingered || full)
     }
 
     /// The batches to send now.
@@ -261,6 +261,7 @@ mod tests {
         batch_bytes_max: 1 << 20,
         retry_backoff_min_ms: 100,
         retry_backoff_max_ms: 1000,
+        in_flight_per_destination_max: 2,
     };
 
     fn dest(partition: u32) -> Destination {

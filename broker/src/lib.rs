@@ -15,8 +15,14 @@
 //! Still to come (issue 3): shards on glommio, the HTTP server, the
 //! dispatcher, the partition owner, the metastore and the `narad` CLI.
 
+pub mod api;
 pub mod config;
 pub mod dispatcher;
+pub mod errors;
 pub mod leases;
+pub mod node;
 pub mod owner;
+pub mod partitioner;
 pub mod receipt;
+pub mod shard;
+pub mod signal;

@@ -17,11 +17,8 @@
 //! - `sweep`: ends expired leases; a message that reached `max_deliveries`
 //!   is parked and handed back for dead-lettering instead of redelivery.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::collections::VecDeque;
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll, Waker};
 
 use narad_storage::consumer::ConsumerState;
 use narad_storage::io::FileSystem;
@@ -29,6 +26,7 @@ use narad_storage::log::{Message, PartitionLog, StoredMessage};
 use narad_storage::StorageError;
 
 use crate::leases::{Lease, LeaseGone, LeaseTable};
+use crate::signal::{Changed, Signal};
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum OwnerError {
@@ -61,6 +59,15 @@ pub struct DeadLetter {
     pub message: Message,
 }
 
+/// What a sweep did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Sweep {
+    /// Leases that ended (their messages are available again, or dead).
+    pub ended: usize,
+    /// Messages out of deliveries, for the dead-letter topic.
+    pub dead: Vec<DeadLetter>,
+}
+
 /// Per-partition figures for `GET /v1/topics/{t}` and the metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PartitionStats {
@@ -69,39 +76,6 @@ pub struct PartitionStats {
     pub available: u64,
     pub in_flight: u64,
     pub oldest_unacked_age_ms: u64,
-}
-
-/// Wakes long polls when something may have become available.
-#[derive(Debug, Default)]
-struct Signal {
-    version: Cell<u64>,
-    wakers: RefCell<Vec<Waker>>,
-}
-
-impl Signal {
-    fn notify(&self) {
-        self.version.set(self.version.get() + 1);
-        for waker in self.wakers.borrow_mut().drain(..) {
-            waker.wake();
-        }
-    }
-}
-
-/// Completes once the owner's availability changed after `seen`.
-pub struct Changed<'a> {
-    signal: &'a Signal,
-    seen: u64,
-}
-
-impl Future for Changed<'_> {
-    type Output = ();
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if self.signal.version.get() != self.seen {
-            return Poll::Ready(());
-        }
-        self.signal.wakers.borrow_mut().push(cx.waker().clone());
-        Poll::Pending
-    }
 }
 
 /// Recent messages, newest last, bounded by bytes.
@@ -186,15 +160,17 @@ impl<F: FileSystem> PartitionOwner<F> {
 
     /// The current availability version, to wait on with [`Self::changed`].
     pub fn version(&self) -> u64 {
-        self.signal.version.get()
+        self.signal.version()
     }
 
     /// Completes once something may have become available after `seen`.
     pub fn changed(&self, seen: u64) -> Changed<'_> {
-        Changed {
-            signal: &self.signal,
-            seen,
-        }
+        self.signal.changed(seen)
+    }
+
+    /// Changes the retention of the partition's log (a topic update).
+    pub fn set_retention_ms(&self, retention_ms: u64) {
+        self.log.set_retention_ms(retention_ms);
     }
 
     /// Leases up to `max` messages for `visibility_ms`, lowest offsets first.
@@ -305,10 +281,10 @@ impl<F: FileSystem> PartitionOwner<F> {
 
     /// Ends expired leases. Messages that reached `max_deliveries` are parked
     /// and returned for dead-lettering; the others become available again.
-    pub async fn sweep(&self, now_ms: u64) -> Result<Vec<DeadLetter>, OwnerError> {
+    pub async fn sweep(&self, now_ms: u64) -> Result<Sweep, OwnerError> {
         let expired = self.leases.borrow_mut().sweep(now_ms);
         if expired.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Sweep::default());
         }
         let limit = self.config.max_deliveries;
         let mut dead = Vec::new();
@@ -326,7 +302,10 @@ impl<F: FileSystem> PartitionOwner<F> {
             }
         }
         self.signal.notify();
-        Ok(dead)
+        Ok(Sweep {
+            ended: expired.len(),
+            dead,
+        })
     }
 
     /// The dead-letter topic durably holds the message: settle it here.
@@ -522,11 +501,11 @@ mod tests {
         block_on(owner.commit(&messages(1), 0)).expect("commit");
         block_on(owner.consume(1, 10, 0)).expect("first");
         assert!(
-            block_on(owner.sweep(11)).expect("sweep").is_empty(),
+            block_on(owner.sweep(11)).expect("sweep").dead.is_empty(),
             "one delivery: redelivered"
         );
         block_on(owner.consume(1, 10, 11)).expect("second");
-        let dead = block_on(owner.sweep(22)).expect("sweep");
+        let dead = block_on(owner.sweep(22)).expect("sweep").dead;
         assert_eq!(dead.len(), 1);
         assert_eq!(dead[0].message.value, b"m0".to_vec());
         assert!(

@@ -247,6 +247,23 @@ impl MetaNode {
             .ok_or_else(|| MetaError::NoQuorum("no leader".into()))
     }
 
+    /// Waits until every entry of the log is applied (at start, before the
+    /// state is trusted), for at most `timeout`.
+    pub async fn wait_caught_up(&self, timeout: Duration) -> Result<(), MetaError> {
+        self.raft
+            .wait(Some(timeout))
+            .metrics(
+                |m| {
+                    m.current_leader.is_some()
+                        && m.last_applied.map(|l| l.index) >= m.last_log_index
+                },
+                "applied the whole log",
+            )
+            .await
+            .map(|_| ())
+            .map_err(|e| MetaError::NoQuorum(e.to_string()))
+    }
+
     /// Stops the node and waits for its thread.
     pub fn shutdown(mut self) {
         self.stop_thread();

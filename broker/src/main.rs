@@ -1,0 +1,125 @@
+//! `narad`: the Narad broker and its command line.
+
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use narad_broker::config::Config;
+
+#[derive(Parser)]
+#[command(
+    name = "narad",
+    version,
+    about = "Narad: a clustered message queue broker"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a node (with no flags: a single-node cluster, data in ./narad-data, HTTP on 127.0.0.1:8080).
+    Serve(ServeArgs),
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    /// TOML config file.
+    #[arg(long, value_name = "FILE")]
+    config: Option<String>,
+    /// Data folder (config key `data_dir`).
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<String>,
+    /// Client HTTP address; port 0 picks a free one (`listen`).
+    #[arg(long, value_name = "HOST:PORT")]
+    listen: Option<String>,
+    /// This node's id (`node_id`).
+    #[arg(long, value_name = "N")]
+    node_id: Option<String>,
+    /// Inter-node QUIC address (`peer_listen`).
+    #[arg(long, value_name = "HOST:PORT")]
+    peer_listen: Option<String>,
+    /// The initial members, itself included: 1=HOST:PORT,2=HOST:PORT (`peers`).
+    #[arg(long, value_name = "LIST")]
+    peers: Option<String>,
+    /// Shared secret that lets development nodes trust each other (`cluster.secret`).
+    #[arg(long, value_name = "SECRET")]
+    cluster_secret: Option<String>,
+    /// Shards (cores) to run; 0 = every core (`shards`).
+    #[arg(long, value_name = "N")]
+    shards: Option<String>,
+    /// Any config key: --set storage.segment_bytes=8388608 (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
+}
+
+impl ServeArgs {
+    fn flag_pairs(&self) -> Result<Vec<(String, String)>, String> {
+        let mut pairs = Vec::new();
+        let named = [
+            ("data_dir", &self.data_dir),
+            ("listen", &self.listen),
+            ("node_id", &self.node_id),
+            ("peer_listen", &self.peer_listen),
+            ("peers", &self.peers),
+            ("cluster.secret", &self.cluster_secret),
+            ("shards", &self.shards),
+        ];
+        for (key, value) in named {
+            if let Some(value) = value {
+                pairs.push((key.to_string(), value.clone()));
+            }
+        }
+        for item in &self.set {
+            let (key, value) = item
+                .split_once('=')
+                .ok_or_else(|| format!("--set {item:?} must be KEY=VALUE"))?;
+            pairs.push((key.trim().to_string(), value.to_string()));
+        }
+        Ok(pairs)
+    }
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("NARAD_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(ansi)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn serve(args: &ServeArgs) -> Result<(), String> {
+    let file = match &args.config {
+        Some(path) => Some((
+            path.clone(),
+            std::fs::read_to_string(path).map_err(|e| format!("reading {path}: {e}"))?,
+        )),
+        None => None,
+    };
+    let pairs = args.flag_pairs()?;
+    let config = Config::resolve(
+        file.as_ref().map(|(p, t)| (p.as_str(), t.as_str())),
+        std::env::vars(),
+        &pairs,
+    )
+    .map_err(|e| e.to_string())?;
+    narad_broker::node::run(config)
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging();
+    let result = match &cli.command {
+        Command::Serve(args) => serve(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("narad: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}

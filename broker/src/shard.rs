@@ -1,0 +1,908 @@
+//! One shard: a glommio executor that owns an ingress WAL ring, a
+//! dispatcher and the partition owners of this node, and serves the API.
+//!
+//! This build runs one shard per node; requests never cross cores. The
+//! owner seam (`commit_batch`) is where commits to another shard or node
+//! will go.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use narad_net::types::{ConsumeRequest, ConsumedMessage, SettleAction, TopicPatch};
+use narad_net::value::JsonValue;
+use narad_net::{ApiError, ErrorCode};
+use narad_raft::node::MetaNode;
+use narad_raft::state::{Applied, Command, Topic, TopicConfig};
+use narad_storage::clock::SharedClock;
+use narad_storage::consumer::{ConsumerConfig, ConsumerState};
+use narad_storage::io::glommio_fs::GlommioFs;
+use narad_storage::limits::SEGMENT_PREALLOC_STEP_BYTES_DEFAULT;
+use narad_storage::log::{LogConfig, Message, PartitionLog};
+use narad_storage::wal::{Wal, WalRecord, WalRecordRef};
+
+use crate::config::Config;
+use crate::dispatcher::{CommitBatch, Destination, DispatchRecord, Dispatcher, DispatcherConfig};
+use crate::errors::{from_meta, from_owner, from_storage};
+use crate::owner::{OwnerConfig, PartitionOwner, PartitionStats};
+use crate::partitioner::partition_for_key;
+use crate::receipt::{Receipt, ReceiptKey};
+use crate::signal::Signal;
+
+/// Bytes of recent messages each partition keeps in memory.
+const TAIL_CACHE_BYTES: usize = 4 * 1024 * 1024;
+/// Largest commit batch the dispatcher sends.
+const COMMIT_BATCH_RECORDS_MAX: usize = 4096;
+const COMMIT_BATCH_BYTES_MAX: u64 = 8 * 1024 * 1024;
+const COMMIT_RETRY_BACKOFF_MIN_MS: u64 = 50;
+const COMMIT_RETRY_BACKOFF_MAX_MS: u64 = 2000;
+/// How long a graceful stop waits for the dispatcher to drain.
+const STOP_DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
+/// Default `max_message_bytes` of a topic.
+pub const MAX_MESSAGE_BYTES_DEFAULT: u64 = 1024 * 1024;
+
+type OwnerKey = (String, u64, u32);
+type Owner = Rc<PartitionOwner<GlommioFs>>;
+
+enum OwnerSlot {
+    Opening,
+    Ready(Owner),
+}
+
+/// Identity of this shard's process, for message ids and receipts.
+#[derive(Debug, Clone, Copy)]
+pub struct ShardIdentity {
+    pub node_id: u16,
+    pub shard_id: u16,
+    /// Increases on every start of the node: receipts of an earlier start end.
+    pub epoch: u32,
+}
+
+pub struct Shard {
+    identity: ShardIdentity,
+    config: Rc<Config>,
+    data_dir: PathBuf,
+    fs: GlommioFs,
+    clock: SharedClock,
+    wal: Rc<Wal<GlommioFs>>,
+    meta: Arc<MetaNode>,
+    receipt_key: ReceiptKey,
+    owners: RefCell<HashMap<OwnerKey, OwnerSlot>>,
+    owners_changed: Signal,
+    dispatcher: RefCell<Dispatcher>,
+    dispatch_signal: Signal,
+    availability: Signal,
+    next_seq: Cell<u64>,
+    round_robin: Cell<u32>,
+    stopping: Cell<bool>,
+}
+
+fn now_ms(clock: &SharedClock) -> u64 {
+    clock.now_ms()
+}
+
+impl Shard {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        identity: ShardIdentity,
+        config: Rc<Config>,
+        data_dir: PathBuf,
+        fs: GlommioFs,
+        clock: SharedClock,
+        wal: Rc<Wal<GlommioFs>>,
+        meta: Arc<MetaNode>,
+        receipt_key: ReceiptKey,
+    ) -> Rc<Self> {
+        let dispatcher = Dispatcher::new(DispatcherConfig {
+            max_linger_ms: config.u64("dispatcher.max_linger_ms"),
+            reroute_after_ms: config.u64("dispatcher.reroute_after_ms"),
+            batch_records_max: COMMIT_BATCH_RECORDS_MAX,
+            batch_bytes_max: COMMIT_BATCH_BYTES_MAX,
+            retry_backoff_min_ms: COMMIT_RETRY_BACKOFF_MIN_MS,
+            retry_backoff_max_ms: COMMIT_RETRY_BACKOFF_MAX_MS,
+            in_flight_per_destination_max: 1,
+        });
+        Rc::new(Self {
+            identity,
+            config,
+            data_dir,
+            fs,
+            clock,
+            wal,
+            meta,
+            receipt_key,
+            owners: RefCell::new(HashMap::new()),
+            owners_changed: Signal::default(),
+            dispatcher: RefCell::new(dispatcher),
+            dispatch_signal: Signal::default(),
+            availability: Signal::default(),
+            next_seq: Cell::new(0),
+            round_robin: Cell::new(0),
+            stopping: Cell::new(false),
+        })
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    pub fn meta(&self) -> &MetaNode {
+        &self.meta
+    }
+
+    pub fn wal(&self) -> &Wal<GlommioFs> {
+        &self.wal
+    }
+
+    pub fn is_stopping(&self) -> bool {
+        self.stopping.get()
+    }
+
+    fn now(&self) -> u64 {
+        now_ms(&self.clock)
+    }
+
+    // ------------------------------------------------------------ topics
+
+    /// The topic, or 404 `topic_not_found` at once.
+    pub fn topic(&self, name: &str) -> Result<Topic, ApiError> {
+        self.meta
+            .view()
+            .state
+            .topics
+            .get(name)
+            .cloned()
+            .ok_or_else(|| {
+                ApiError::new(
+                    ErrorCode::TopicNotFound,
+                    format!("topic {name:?} does not exist"),
+                )
+            })
+    }
+
+    pub fn topics(&self) -> Vec<Topic> {
+        self.meta.view().state.topics.values().cloned().collect()
+    }
+
+    /// Creates or updates a topic through the metastore. Returns whether it
+    /// was created, and the topic.
+    pub async fn put_topic(
+        &self,
+        name: &str,
+        patch: TopicPatch,
+    ) -> Result<(bool, Topic), ApiError> {
+        let existing = self.meta.view().state.topics.get(name).cloned();
+        let base = existing
+            .as_ref()
+            .map(|t| t.config.clone())
+            .unwrap_or_else(|| TopicConfig {
+                partitions: 8,
+                visibility_timeout_ms: self.config.u64("topics.default_visibility_timeout_ms"),
+                retention_ms: self.config.u64("topics.default_retention_ms"),
+                max_deliveries: 0,
+                dead_letter_topic: None,
+                schema: None,
+                max_message_bytes: MAX_MESSAGE_BYTES_DEFAULT,
+            });
+        let config = TopicConfig {
+            partitions: patch.partitions.unwrap_or(base.partitions),
+            visibility_timeout_ms: patch
+                .visibility_timeout_ms
+                .unwrap_or(base.visibility_timeout_ms),
+            retention_ms: patch.retention_ms.unwrap_or(base.retention_ms),
+            max_deliveries: patch.max_deliveries.unwrap_or(base.max_deliveries),
+            dead_letter_topic: patch.dead_letter_topic.unwrap_or(base.dead_letter_topic),
+            schema: patch.schema.unwrap_or(base.schema),
+            max_message_bytes: patch.max_message_bytes.unwrap_or(base.max_message_bytes),
+        };
+        if let Some(dlq) = &config.dead_letter_topic {
+            narad_net::names::validate_topic_name(dlq).map_err(|e| {
+                ApiError::new(
+                    ErrorCode::InvalidRequest,
+                    format!("dead_letter_topic: {}", e.message),
+                )
+            })?;
+        }
+        if let Some(schema) = &config.schema {
+            return Err(ApiError::new(
+                ErrorCode::InvalidRequest,
+                format!("schema {schema:?} does not exist"),
+            ));
+        }
+        let existing_partitions = existing.as_ref().map_or(0, |t| t.config.partitions);
+        let added = config.partitions.saturating_sub(existing_partitions);
+        let new_owners = vec![u64::from(self.identity.node_id); added as usize];
+        let command = Command::PutTopic {
+            name: name.to_string(),
+            config,
+            new_owners,
+            now_ms: self.now(),
+        };
+        let applied = self
+            .meta
+            .propose(command)
+            .await
+            .map_err(|e| from_meta(&e))?;
+        let (created, topic) = match applied {
+            Applied::TopicCreated(topic) => (true, topic),
+            Applied::TopicUpdated(topic) | Applied::TopicUnchanged(topic) => (false, topic),
+            Applied::TopicDeleted | Applied::Nothing => {
+                return Err(ApiError::new(
+                    ErrorCode::Internal,
+                    "the metastore answered a topic change oddly",
+                ))
+            }
+        };
+        for ((owner_topic, incarnation, _), slot) in self.owners.borrow().iter() {
+            if owner_topic == name && *incarnation == topic.incarnation {
+                if let OwnerSlot::Ready(owner) = slot {
+                    owner.set_retention_ms(topic.config.retention_ms);
+                }
+            }
+        }
+        Ok((created, topic))
+    }
+
+    pub async fn delete_topic(&self, name: &str) -> Result<(), ApiError> {
+        let topic = self.topic(name)?;
+        self.meta
+            .propose(Command::DeleteTopic {
+                name: name.to_string(),
+            })
+            .await
+            .map_err(|e| from_meta(&e))?;
+        self.owners
+            .borrow_mut()
+            .retain(|(t, incarnation, _), _| !(t == name && *incarnation == topic.incarnation));
+        let dir = self.topic_dir(name, topic.incarnation);
+        if let Err(error) = std::fs::remove_dir_all(&dir) {
+            if error.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(dir = %dir.display(), %error, "could not remove a deleted topic's data");
+            }
+        }
+        Ok(())
+    }
+
+    fn topic_dir(&self, name: &str, incarnation: u64) -> PathBuf {
+        self.data_dir
+            .join("partitions")
+            .join(format!("{name}-{incarnation}"))
+    }
+
+    /// Per-partition figures of a topic (opening its partitions if needed).
+    pub async fn partition_stats(&self, topic: &Topic) -> Result<Vec<PartitionStats>, ApiError> {
+        let mut stats = Vec::new();
+        for partition in 0..topic.config.partitions {
+            let owner = self.owner(topic, partition).await?;
+            stats.push(owner.stats(self.now()));
+        }
+        Ok(stats)
+    }
+
+    // ------------------------------------------------------------ owners
+
+    /// The owner of a partition of this node, opened on first use.
+    async fn owner(&self, topic: &Topic, partition: u32) -> Result<Owner, ApiError> {
+        let key = (topic.name.clone(), topic.incarnation, partition);
+        loop {
+            let seen = self.owners_changed.version();
+            match self.owners.borrow().get(&key) {
+                Some(OwnerSlot::Ready(owner)) => return Ok(owner.clone()),
+                Some(OwnerSlot::Opening) => {}
+                None => break,
+            }
+            self.owners_changed.changed(seen).await;
+        }
+        self.owners
+            .borrow_mut()
+            .insert(key.clone(), OwnerSlot::Opening);
+        let opened = self.open_owner(topic, partition).await;
+        let mut owners = self.owners.borrow_mut();
+        let result = match opened {
+            Ok(owner) => {
+                let owner = Rc::new(owner);
+                owners.insert(key, OwnerSlot::Ready(owner.clone()));
+                Ok(owner)
+            }
+            Err(error) => {
+                owners.remove(&key);
+                Err(error)
+            }
+        };
+        drop(owners);
+        self.owners_changed.notify();
+        result
+    }
+
+    async fn open_owner(
+        &self,
+        topic: &Topic,
+        partition: u32,
+    ) -> Result<PartitionOwner<GlommioFs>, ApiError> {
+        let dir = self
+            .topic_dir(&topic.name, topic.incarnation)
+            .join(partition.to_string());
+        let log_config = LogConfig {
+            segment_bytes: self.config.u64("storage.segment_bytes"),
+            prealloc_step_bytes: SEGMENT_PREALLOC_STEP_BYTES_DEFAULT
+                .min(self.config.u64("storage.segment_bytes")),
+            retention_ms: topic.config.retention_ms,
+        };
+        let (log, recovery) = PartitionLog::open(&self.fs, &dir, log_config, self.clock.clone())
+            .await
+            .map_err(|e| from_storage(&e))?;
+        if recovery.torn_tail || recovery.corrupt_records > 0 {
+            tracing::warn!(topic = %topic.name, partition, ?recovery, "partition log recovered");
+        }
+        let consumer_config = ConsumerConfig {
+            ack_flush_interval_ms: self.config.u64("storage.ack_flush_interval_ms"),
+            commit_interval_ms: self
+                .config
+                .u64("storage.consumer_offset_commit_interval_ms"),
+            ..ConsumerConfig::default()
+        };
+        let acks = ConsumerState::open(
+            &self.fs,
+            &dir.join("consumer"),
+            consumer_config,
+            self.clock.clone(),
+        )
+        .await
+        .map_err(|e| from_storage(&e))?;
+        let owner_config = OwnerConfig {
+            max_deliveries: topic.config.max_deliveries,
+            tail_cache_bytes: TAIL_CACHE_BYTES,
+        };
+        Ok(PartitionOwner::new(log, acks, owner_config))
+    }
+
+    fn open_owners(&self) -> Vec<Owner> {
+        self.owners
+            .borrow()
+            .values()
+            .filter_map(|slot| match slot {
+                OwnerSlot::Ready(owner) => Some(owner.clone()),
+                OwnerSlot::Opening => None,
+            })
+            .collect()
+    }
+
+    // ------------------------------------------------------------ produce
+
+    fn next_id(&self) -> u128 {
+        let seq = self.next_seq.get();
+        self.next_seq.set(seq + 1);
+        (u128::from(self.identity.node_id) << 112)
+            | (u128::from(self.identity.shard_id) << 96)
+            | (u128::from(self.identity.epoch) << 64)
+            | u128::from(seq)
+    }
+
+    fn pick_partition(&self, topic: &Topic, key: Option<&[u8]>) -> u32 {
+        match key {
+            Some(key) => partition_for_key(key, topic.config.partitions),
+            None => {
+                let next = self.round_robin.get().wrapping_add(1);
+                self.round_robin.set(next);
+                next % topic.config.partitions.max(1)
+            }
+        }
+    }
+
+    fn refuse_if_stopping(&self) -> Result<(), ApiError> {
+        if self.stopping.get() {
+            return Err(ApiError::new(
+                ErrorCode::Stopping,
+                "the node is stopping; send to another node",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Accepts messages: one WAL record each, answered once the group commit
+    /// covering all of them is durable. Returns their ids in order.
+    pub async fn produce(
+        &self,
+        topic: &Topic,
+        messages: Vec<(Option<Vec<u8>>, Vec<u8>)>,
+    ) -> Result<Vec<String>, ApiError> {
+        self.refuse_if_stopping()?;
+        for (index, (_, value)) in messages.iter().enumerate() {
+            if value.len() as u64 > topic.config.max_message_bytes {
+                return Err(ApiError::new(
+                    ErrorCode::TooLarge,
+                    format!(
+                        "message {index} is {} bytes, over the topic's max_message_bytes of {}",
+                        value.len(),
+                        topic.config.max_message_bytes
+                    ),
+                ));
+            }
+        }
+        let accept_ms = self.now();
+        let mut pending = Vec::with_capacity(messages.len());
+        for (key, value) in messages {
+            let partition = self.pick_partition(topic, key.as_deref());
+            let id = self.next_id();
+            let record = WalRecordRef {
+                id,
+                topic: &topic.name,
+                partition,
+                key: key.as_deref(),
+                value: &value,
+                accept_ms,
+            };
+            let appended = self.wal.append(&record).map_err(|e| from_storage(&e))?;
+            pending.push((appended, partition, id, key, value));
+        }
+        let mut ids = Vec::with_capacity(pending.len());
+        for (appended, partition, id, key, value) in pending {
+            let pos = appended.pos;
+            appended.durable.await.map_err(|e| from_storage(&e))?;
+            let destination = Destination {
+                topic: Rc::from(topic.name.as_str()),
+                partition,
+            };
+            self.dispatcher.borrow_mut().push(
+                destination,
+                DispatchRecord {
+                    pos,
+                    id,
+                    key,
+                    value,
+                    accept_ms,
+                },
+                self.now(),
+            );
+            ids.push(format!("{id:032x}"));
+        }
+        self.dispatch_signal.notify();
+        Ok(ids)
+    }
+
+    /// Hands records recovered from the WAL to the dispatcher again.
+    pub fn redispatch(&self, records: Vec<(u64, WalRecord)>) {
+        let now = self.now();
+        let mut dispatcher = self.dispatcher.borrow_mut();
+        for (pos, record) in records {
+            let destination = Destination {
+                topic: Rc::from(record.topic.as_str()),
+                partition: record.partition,
+            };
+            dispatcher.push(
+                destination,
+                DispatchRecord {
+                    pos,
+                    id: record.id,
+                    key: record.key,
+                    value: record.value,
+                    accept_ms: record.accept_ms,
+                },
+                now,
+            );
+        }
+        drop(dispatcher);
+        self.dispatch_signal.notify();
+    }
+
+    // ------------------------------------------------------------ dispatch
+
+    /// The dispatcher loop: sends ready batches, sleeps until the next
+    /// deadline or a push.
+    pub async fn run_dispatcher(self: Rc<Self>) {
+        loop {
+            let seen = self.dispatch_signal.version();
+            let batches = self.dispatcher.borrow_mut().poll_ready(self.now());
+            for batch in batches {
+                let shard = self.clone();
+                glommio::spawn_local(async move { shard.commit_batch(batch).await }).detach();
+            }
+            if self.stopping.get() && self.dispatcher.borrow().pending_records() == 0 {
+                return;
+            }
+            let deadline = self.dispatcher.borrow().next_deadline_ms();
+            let wait = deadline.map(|d| Duration::from_millis(d.saturating_sub(self.now()).max(1)));
+            match wait {
+                Some(wait) => {
+                    futures_lite::future::or(
+                        self.dispatch_signal.changed(seen),
+                        glommio::timer::sleep(wait),
+                    )
+                    .await;
+                }
+                None => self.dispatch_signal.changed(seen).await,
+            }
+        }
+    }
+
+    /// Commits one batch to its partition's owner (here: a local one).
+    async fn commit_batch(&self, batch: CommitBatch) {
+        let now = self.now();
+        let topic = self
+            .meta
+            .view()
+            .state
+            .topics
+            .get(batch.destination.topic.as_ref())
+            .cloned();
+        let result = match topic {
+            // The topic was deleted after the produce: nothing to deliver to.
+            None => {
+                tracing::debug!(topic = %batch.destination.topic, "commit: topic gone");
+                Ok(())
+            }
+            Some(topic) if batch.destination.partition >= topic.config.partitions => {
+                tracing::debug!("commit: partition gone");
+                Ok(())
+            }
+            Some(topic) => {
+                let messages: Vec<Message> = batch
+                    .records
+                    .iter()
+                    .map(|r| Message {
+                        id: r.id,
+                        produced_at_ms: r.accept_ms,
+                        key: r.key.clone(),
+                        value: r.value.clone(),
+                    })
+                    .collect();
+                match self.owner(&topic, batch.destination.partition).await {
+                    Ok(owner) => owner
+                        .commit(&messages, now)
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| from_owner(&e)),
+                    Err(error) => Err(error),
+                }
+            }
+        };
+        match result {
+            Ok(()) => {
+                let positions = self.dispatcher.borrow_mut().on_committed(batch.batch_id);
+                for pos in positions {
+                    self.wal.mark_committed(pos);
+                }
+                self.availability.notify();
+            }
+            Err(error) => {
+                tracing::warn!(topic = %batch.destination.topic, partition = batch.destination.partition, %error, "commit failed; will retry");
+                self.dispatcher
+                    .borrow_mut()
+                    .on_failed(batch.batch_id, self.now());
+            }
+        }
+        self.dispatch_signal.notify();
+    }
+
+    pub fn dispatcher_pending(&self) -> usize {
+        self.dispatcher.borrow().pending_records()
+    }
+
+    // ------------------------------------------------------------ consume
+
+    /// Long-polls for up to `max_messages` messages of a topic.
+    pub async fn consume(
+        &self,
+        topic: &Topic,
+        request: ConsumeRequest,
+    ) -> Result<Vec<ConsumedMessage>, ApiError> {
+        if let Some(partition) = request.partition {
+            if partition >= topic.config.partitions {
+                return Err(ApiError::new(
+                    ErrorCode::InvalidRequest,
+                    format!(
+                        "partition must be from 0 to {}, got {partition}",
+                        topic.config.partitions - 1
+                    ),
+                ));
+            }
+        }
+        let visibility = request
+            .visibility_timeout_ms
+            .unwrap_or(topic.config.visibility_timeout_ms);
+        let deadline = self.now() + request.wait_ms;
+        loop {
+            let seen = self.availability.version();
+            let got = self.collect(topic, request, visibility).await?;
+            let now = self.now();
+            if !got.is_empty() || now >= deadline || self.stopping.get() {
+                return Ok(got);
+            }
+            let wait = Duration::from_millis(deadline - now);
+            futures_lite::future::or(self.availability.changed(seen), glommio::timer::sleep(wait))
+                .await;
+        }
+    }
+
+    async fn collect(
+        &self,
+        topic: &Topic,
+        request: ConsumeRequest,
+        visibility: u64,
+    ) -> Result<Vec<ConsumedMessage>, ApiError> {
+        let partitions: Vec<u32> = match request.partition {
+            Some(p) => vec![p],
+            None => {
+                let start = self.round_robin.get().wrapping_add(1);
+                self.round_robin.set(start);
+                let n = topic.config.partitions.max(1);
+                (0..n).map(|i| (start.wrapping_add(i)) % n).collect()
+            }
+        };
+        let mut out = Vec::new();
+        let max = request.max_messages as usize;
+        for partition in partitions {
+            if out.len() >= max {
+                break;
+            }
+            let owner = self.owner(topic, partition).await?;
+            self.sweep_owner(topic, &owner).await;
+            let deliveries = owner
+                .consume(max - out.len(), visibility, self.now())
+                .await
+                .map_err(|e| from_owner(&e))?;
+            for delivery in deliveries {
+                let receipt = Receipt {
+                    topic: topic.name.clone(),
+                    partition,
+                    offset: delivery.offset,
+                    lease_id: delivery.lease.lease_id,
+                    owner_epoch: u64::from(self.identity.epoch),
+                }
+                .encode(&self.receipt_key);
+                out.push(ConsumedMessage {
+                    id: format!("{:032x}", delivery.message.id),
+                    topic: topic.name.clone(),
+                    partition,
+                    offset: delivery.offset,
+                    key: delivery
+                        .message
+                        .key
+                        .as_ref()
+                        .map(|k| String::from_utf8_lossy(k).into_owned()),
+                    value: JsonValue::from_bytes(&delivery.message.value),
+                    receipt,
+                    delivery_count: delivery.lease.delivery_count,
+                    produced_at_ms: delivery.message.produced_at_ms,
+                    lease_expires_at_ms: delivery.lease.expires_at_ms,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Ends expired leases of one partition and moves messages out of
+    /// deliveries to the dead-letter topic.
+    async fn sweep_owner(&self, topic: &Topic, owner: &Owner) {
+        let sweep = match owner.sweep(self.now()).await {
+            Ok(sweep) => sweep,
+            Err(error) => {
+                tracing::warn!(topic = %topic.name, %error, "lease sweep failed");
+                return;
+            }
+        };
+        // Only a sweep that ended leases changes availability; notifying on
+        // every sweep would wake a long poll with its own sweep, and the
+        // poll would spin without yielding the shard.
+        if sweep.ended > 0 {
+            self.availability.notify();
+        }
+        let dead = sweep.dead;
+        for letter in dead {
+            match self.dead_letter(topic, &letter.message).await {
+                Ok(()) => owner.dead_lettered(letter.offset),
+                Err(error) => {
+                    tracing::warn!(topic = %topic.name, offset = letter.offset, %error, "dead-lettering failed; delivering again");
+                    owner.dead_letter_failed(letter.offset);
+                }
+            }
+        }
+    }
+
+    /// Writes a message durably to the topic's dead-letter topic (same id,
+    /// key and value) through this shard's WAL.
+    async fn dead_letter(&self, topic: &Topic, message: &Message) -> Result<(), ApiError> {
+        let dlq_name = topic
+            .config
+            .dead_letter_topic
+            .as_deref()
+            .ok_or_else(|| ApiError::new(ErrorCode::Internal, "no dead-letter topic"))?;
+        let dlq = self.topic(dlq_name)?;
+        let partition = self.pick_partition(&dlq, message.key.as_deref());
+        let accept_ms = self.now();
+        let record = WalRecordRef {
+            id: message.id,
+            topic: &dlq.name,
+            partition,
+            key: message.key.as_deref(),
+            value: &message.value,
+            accept_ms,
+        };
+        let appended = self.wal.append(&record).map_err(|e| from_storage(&e))?;
+        let pos = appended.pos;
+        appended.durable.await.map_err(|e| from_storage(&e))?;
+        let destination = Destination {
+            topic: Rc::from(dlq.name.as_str()),
+            partition,
+        };
+        let record = DispatchRecord {
+            pos,
+            id: message.id,
+            key: message.key.clone(),
+            value: message.value.clone(),
+            accept_ms,
+        };
+        self.dispatcher
+            .borrow_mut()
+            .push(destination, record, accept_ms);
+        self.dispatch_signal.notify();
+        Ok(())
+    }
+
+    /// Sweeps every open partition (the periodic lease sweep).
+    pub async fn sweep_all(&self) {
+        for topic in self.topics() {
+            for (key, slot) in self.owners_snapshot() {
+                if key.0 == topic.name && key.1 == topic.incarnation {
+                    if let OwnerSlot::Ready(owner) = slot {
+                        self.sweep_owner(&topic, &owner).await;
+                    }
+                }
+            }
+        }
+    }
+
+    fn owners_snapshot(&self) -> Vec<(OwnerKey, OwnerSlot)> {
+        self.owners
+            .borrow()
+            .iter()
+            .filter_map(|(k, slot)| match slot {
+                OwnerSlot::Ready(owner) => Some((k.clone(), OwnerSlot::Ready(owner.clone()))),
+                OwnerSlot::Opening => None,
+            })
+            .collect()
+    }
+
+    /// Writes acks on their intervals and applies retention everywhere.
+    pub async fn maintain_all(&self) {
+        for owner in self.open_owners() {
+            if let Err(error) = owner.maintain().await {
+                tracing::warn!(%error, "partition maintenance failed");
+            }
+        }
+    }
+
+    // ------------------------------------------------------------ settle
+
+    /// Ack, nack or extend one receipt. Returns the new lease end for extend.
+    pub fn settle(
+        &self,
+        topic: &Topic,
+        receipt: &str,
+        action: SettleAction,
+    ) -> Result<Option<u64>, ApiError> {
+        let receipt = Receipt::decode(receipt, &topic.name, &self.receipt_key)?;
+        let gone = || {
+            ApiError::new(
+                ErrorCode::LeaseGone,
+                "the lease already ended; the message is or will be delivered again",
+            )
+        };
+        if receipt.owner_epoch != u64::from(self.identity.epoch)
+            || receipt.partition >= topic.config.partitions
+        {
+            return Err(gone());
+        }
+        let key = (topic.name.clone(), topic.incarnation, receipt.partition);
+        let owner = match self.owners.borrow().get(&key) {
+            Some(OwnerSlot::Ready(owner)) => owner.clone(),
+            _ => return Err(gone()),
+        };
+        let now = self.now();
+        let result = match action {
+            SettleAction::Ack => owner
+                .ack(receipt.offset, receipt.lease_id, now)
+                .map(|()| None),
+            SettleAction::Nack { delay_ms } => {
+                let result = owner
+                    .nack(receipt.offset, receipt.lease_id, delay_ms, now)
+                    .map(|()| None);
+                self.availability.notify();
+                result
+            }
+            SettleAction::Extend {
+                visibility_timeout_ms,
+            } => owner
+                .extend(receipt.offset, receipt.lease_id, visibility_timeout_ms, now)
+                .map(Some),
+        };
+        result.map_err(|e| from_owner(&e))
+    }
+
+    // ------------------------------------------------------------ health and stop
+
+    /// Why the node is not ready, if it is not.
+    pub fn not_ready(&self) -> Option<ApiError> {
+        if self.stopping.get() {
+            return Some(ApiError::new(ErrorCode::Stopping, "the node is stopping"));
+        }
+        if let Some(reason) = self.wal.failure() {
+            return Some(ApiError::new(
+                ErrorCode::WalFailed,
+                format!("the ingress WAL failed: {reason}"),
+            ));
+        }
+        if self.meta.leader().is_none() {
+            return Some(ApiError::new(
+                ErrorCode::NoLeader,
+                "the node has no Raft leader",
+            ));
+        }
+        None
+    }
+
+    /// Figures for `/metrics`: (topic, partition, stats) of open partitions.
+    pub fn open_partition_stats(&self) -> Vec<(String, u32, PartitionStats)> {
+        let now = self.now();
+        self.owners_snapshot()
+            .into_iter()
+            .filter_map(|((topic, _, partition), slot)| match slot {
+                OwnerSlot::Ready(owner) => Some((topic, partition, owner.stats(now))),
+                OwnerSlot::Opening => None,
+            })
+            .collect()
+    }
+
+    /// Graceful stop: refuse new produces, let the dispatcher commit what it
+    /// holds, sync the WAL checkpoint and flush every ack to disk.
+    pub async fn stop(&self) {
+        self.stopping.set(true);
+        self.availability.notify();
+        self.dispatch_signal.notify();
+        let deadline = std::time::Instant::now() + STOP_DRAIN_TIMEOUT;
+        while self.dispatcher.borrow().pending_records() > 0 && std::time::Instant::now() < deadline
+        {
+            let seen = self.dispatch_signal.version();
+            futures_lite::future::or(
+                self.dispatch_signal.changed(seen),
+                glommio::timer::sleep(Duration::from_millis(50)),
+            )
+            .await;
+        }
+        self.wal.close();
+        if let Err(error) = self.wal.checkpoint().await {
+            tracing::error!(%error, "final WAL checkpoint failed");
+        }
+        for owner in self.open_owners() {
+            if let Err(error) = owner.flush_acks().await {
+                tracing::error!(%error, "flushing acks at stop failed");
+            }
+        }
+    }
+}
+
+/// Runs `tick` every `interval` until the shard stops.
+pub async fn every(
+    shard: Rc<Shard>,
+    interval: Duration,
+    tick: impl Fn(Rc<Shard>) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>,
+) {
+    while !shard.is_stopping() {
+        glommio::timer::sleep(interval).await;
+        tick(shard.clone()).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn ids_pack_node_shard_epoch_and_sequence() {
+        let id: u128 = (7u128 << 112) | (1u128 << 96) | (3u128 << 64) | 42;
+        let text = format!("{id:032x}");
+        assert_eq!(text.len(), 32);
+        assert!(text.starts_with("0007000100000003"));
+    }
+}

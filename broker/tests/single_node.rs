@@ -1,0 +1,452 @@
+//! Process tests of one `narad` node: the data plane and topic admin of
+//! API.md, crashes and graceful stops, and bad input.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use support::{eventually, raw_request, Node};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+fn ids_of(messages: &[Value]) -> Vec<String> {
+    messages
+        .iter()
+        .map(|m| m["id"].as_str().expect("id").to_string())
+        .collect()
+}
+
+fn ack_all(node: &Node, topic: &str, messages: &[Value]) {
+    if messages.is_empty() {
+        return;
+    }
+    let receipts: Vec<&str> = messages
+        .iter()
+        .map(|m| m["receipt"].as_str().expect("receipt"))
+        .collect();
+    let (status, answer) = node.json(
+        "POST",
+        &format!("/v1/topics/{topic}/ack/batch"),
+        json!({ "receipts": receipts }),
+    );
+    assert_eq!(status, 200, "{answer}");
+    for result in answer["results"].as_array().expect("results") {
+        assert_eq!(result["status"], 204, "{result}");
+    }
+}
+
+/// Consumes and acks until `expected` ids were seen; fails on a duplicate.
+fn drain(node: &Node, topic: &str, expected: &BTreeSet<String>) -> BTreeMap<String, u64> {
+    let mut seen: BTreeMap<String, u64> = BTreeMap::new();
+    let done = eventually(WAIT, || {
+        let messages = node.consume(topic, json!({"max_messages": 1000, "wait_ms": 500}));
+        for id in ids_of(&messages) {
+            *seen.entry(id).or_insert(0) += 1;
+        }
+        ack_all(node, topic, &messages);
+        expected.iter().all(|id| seen.contains_key(id))
+    });
+    assert!(
+        done,
+        "{} of {} messages consumed",
+        seen.len(),
+        expected.len()
+    );
+    seen
+}
+
+#[test]
+fn thousands_of_messages_are_delivered_once_each_and_acked() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let node = Node::start(&tmp.path().join("n"), &[]);
+    node.create_topic("orders", json!({"partitions": 4}));
+    let mut expected = BTreeSet::new();
+    for batch in 0..20 {
+        let messages: Vec<Value> = (0..100)
+            .map(|i| json!({"key": format!("k{i}"), "value": format!("b{batch}-{i}")}))
+            .collect();
+        let (status, answer) = node.json(
+            "POST",
+            "/v1/topics/orders/messages/batch",
+            json!({ "messages": messages }),
+        );
+        assert_eq!(status, 202, "{answer}");
+        expected.extend(
+            answer["ids"]
+                .as_array()
+                .expect("ids")
+                .iter()
+                .map(|v| v.as_str().expect("id").to_string()),
+        );
+    }
+    for i in 0..200 {
+        let (status, answer) = node.request(
+            "POST",
+            "/v1/topics/orders/messages",
+            format!("single-{i}").as_bytes(),
+        );
+        assert_eq!(status, 202, "{answer}");
+        expected.insert(answer["id"].as_str().expect("id").to_string());
+    }
+    assert_eq!(expected.len(), 2200, "ids are unique");
+    let seen = drain(&node, "orders", &expected);
+    assert!(seen.values().all(|n| *n == 1), "nothing delivered twice");
+    assert!(
+        seen.keys().all(|id| expected.contains(id)),
+        "nothing never produced"
+    );
+    let (_, topic) = node.request("GET", "/v1/topics/orders", b"");
+    let stats = topic["partition_stats"].as_array().expect("stats");
+    let total: u64 = stats
+        .iter()
+        .map(|s| s["high_watermark"].as_u64().expect("hw"))
+        .sum();
+    assert_eq!(total, 2200);
+    assert!(eventually(WAIT, || {
+        let (_, topic) = node.request("GET", "/v1/topics/orders", b"");
+        topic["partition_stats"]
+            .as_array()
+            .expect("stats")
+            .iter()
+            .all(|s| s["available"] == 0 && s["in_flight"] == 0)
+    }));
+}
+
+#[test]
+fn leases_expire_nack_extend_and_late_acks_get_410() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let node = Node::start(
+        &tmp.path().join("n"),
+        &["--set", "leases.sweep_interval_ms=100"],
+    );
+    node.create_topic("jobs", json!({"partitions": 1}));
+    let produced = node.request("POST", "/v1/topics/jobs/messages", b"work");
+    assert_eq!(produced.0, 202, "{produced:?}");
+    let first = node.consume(
+        "jobs",
+        json!({"wait_ms": 5000, "visibility_timeout_ms": 300}),
+    );
+    assert_eq!(first[0]["delivery_count"], 1);
+    let mut again = Vec::new();
+    assert!(eventually(WAIT, || {
+        again = node.consume(
+            "jobs",
+            json!({"wait_ms": 1000, "visibility_timeout_ms": 30000}),
+        );
+        !again.is_empty()
+    }));
+    assert_eq!(
+        again[0]["delivery_count"], 2,
+        "redelivered after the lease expired"
+    );
+    let (status, answer) = node.json(
+        "POST",
+        "/v1/topics/jobs/ack",
+        json!({"receipt": first[0]["receipt"]}),
+    );
+    assert_eq!(
+        (status, answer["error"]["code"].as_str()),
+        (410, Some("lease_gone")),
+        "the late ack"
+    );
+    let (status, answer) = node.json(
+        "POST",
+        "/v1/topics/jobs/extend",
+        json!({"receipt": again[0]["receipt"], "visibility_timeout_ms": 60000}),
+    );
+    assert_eq!(status, 200, "{answer}");
+    assert!(answer["lease_expires_at_ms"].as_u64() > again[0]["lease_expires_at_ms"].as_u64());
+    let (status, _) = node.json(
+        "POST",
+        "/v1/topics/jobs/nack",
+        json!({"receipt": again[0]["receipt"]}),
+    );
+    assert_eq!(status, 204);
+    let third = node.consume("jobs", json!({"wait_ms": 5000}));
+    assert_eq!(
+        third[0]["delivery_count"], 3,
+        "a nack makes it available at once"
+    );
+    let (status, _) = node.json(
+        "POST",
+        "/v1/topics/jobs/ack",
+        json!({"receipt": third[0]["receipt"]}),
+    );
+    assert_eq!(status, 204);
+    let (status, _) = node.json(
+        "POST",
+        "/v1/topics/jobs/ack",
+        json!({"receipt": third[0]["receipt"]}),
+    );
+    assert_eq!(status, 410, "a second ack of the same receipt");
+}
+
+#[test]
+fn messages_out_of_deliveries_move_to_the_dead_letter_topic() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let node = Node::start(
+        &tmp.path().join("n"),
+        &["--set", "leases.sweep_interval_ms=100"],
+    );
+    node.create_topic("dead", json!({"partitions": 1}));
+    node.create_topic(
+        "work",
+        json!({"partitions": 1, "max_deliveries": 1, "dead_letter_topic": "dead"}),
+    );
+    let (_, produced) = node.request_with(
+        "POST",
+        "/v1/topics/work/messages",
+        &[("Narad-Key", "poison")],
+        b"poison",
+    );
+    let first = node.consume(
+        "work",
+        json!({"wait_ms": 5000, "visibility_timeout_ms": 200}),
+    );
+    assert_eq!(first.len(), 1);
+    let mut dead = Vec::new();
+    assert!(eventually(WAIT, || {
+        dead = node.consume("dead", json!({"wait_ms": 1000}));
+        !dead.is_empty()
+    }));
+    assert_eq!(
+        dead[0]["id"], produced["id"],
+        "same id in the dead-letter topic"
+    );
+    assert_eq!(dead[0]["value"], "poison");
+    assert_eq!(dead[0]["key"], "poison");
+    assert!(
+        node.consume("work", json!({"wait_ms": 300})).is_empty(),
+        "not redelivered on the original"
+    );
+    let (status, answer) = node.request("DELETE", "/v1/topics/dead", b"");
+    assert_eq!(
+        (status, answer["error"]["code"].as_str()),
+        (409, Some("conflict"))
+    );
+}
+
+#[test]
+fn sigkill_during_concurrent_producers_loses_no_accepted_message() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let mut node = Node::start(&tmp.path().join("n"), &[]);
+    node.create_topic("events", json!({"partitions": 4}));
+    let accepted = Arc::new(Mutex::new(BTreeSet::new()));
+    let addr = node.addr.clone();
+    let producers: Vec<_> = (0..8)
+        .map(|p| {
+            let (accepted, addr) = (accepted.clone(), addr.clone());
+            std::thread::spawn(move || {
+                for i in 0..100_000 {
+                    let body = format!("p{p}-{i}");
+                    let Ok(result) = std::panic::catch_unwind(|| {
+                        support::request(
+                            &addr,
+                            "POST",
+                            "/v1/topics/events/messages",
+                            &[],
+                            body.as_bytes(),
+                        )
+                    }) else {
+                        return;
+                    };
+                    match result {
+                        (202, answer) => {
+                            accepted
+                                .lock()
+                                .expect("lock")
+                                .insert(answer["id"].as_str().expect("id").to_string());
+                        }
+                        _ => return,
+                    }
+                }
+            })
+        })
+        .collect();
+    assert!(
+        eventually(WAIT, || accepted.lock().expect("lock").len() >= 300),
+        "producers made progress"
+    );
+    node.kill();
+    for producer in producers {
+        let _ = producer.join();
+    }
+    let expected = accepted.lock().expect("lock").clone();
+    node.restart();
+    let seen = drain(&node, "events", &expected);
+    assert!(
+        expected.iter().all(|id| seen.contains_key(id)),
+        "every 202'd message survived SIGKILL"
+    );
+}
+
+#[test]
+fn after_sigterm_acked_messages_stay_acked_and_leased_ones_return_at_once() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let mut node = Node::start(&tmp.path().join("n"), &[]);
+    node.create_topic("t", json!({"partitions": 1}));
+    let batch: Vec<Value> = (0..10).map(|i| json!({"value": format!("m{i}")})).collect();
+    node.json(
+        "POST",
+        "/v1/topics/t/messages/batch",
+        json!({ "messages": batch }),
+    );
+    let mut got = Vec::new();
+    assert!(eventually(WAIT, || {
+        got.extend(node.consume("t", json!({"max_messages": 10, "wait_ms": 500})));
+        got.len() >= 10
+    }));
+    ack_all(&node, "t", &got[..6]);
+    let leased: BTreeSet<String> = ids_of(&got[6..]).into_iter().collect();
+    let old_receipt = got[6]["receipt"].clone();
+    node.terminate();
+    node.restart();
+    let again = node.consume("t", json!({"max_messages": 100, "wait_ms": 2000}));
+    let again_ids: BTreeSet<String> = ids_of(&again).into_iter().collect();
+    assert_eq!(again_ids, leased, "exactly the unacked ones, at once");
+    let (status, _) = node.json("POST", "/v1/topics/t/ack", json!({"receipt": old_receipt}));
+    assert_eq!(
+        status, 410,
+        "a receipt from before the restart is gone, not invalid"
+    );
+}
+
+#[test]
+fn bad_input_gets_the_right_code_and_the_node_keeps_serving() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let node = Node::start(
+        &tmp.path().join("n"),
+        &[
+            "--set",
+            "http.header_timeout_ms=500",
+            "--set",
+            "http.body_timeout_ms=500",
+        ],
+    );
+    node.create_topic("a", json!({"partitions": 1, "max_message_bytes": 10}));
+    node.create_topic("b", json!({"partitions": 1}));
+    let code = |(status, answer): (u16, Value)| {
+        (
+            status,
+            answer["error"]["code"].as_str().unwrap_or("").to_string(),
+        )
+    };
+    let expect =
+        |got: (u16, String), status: u16, error: &str| assert_eq!(got, (status, error.to_string()));
+    expect(
+        code(node.request("POST", "/v1/topics/a/consume", b"{not json")),
+        400,
+        "invalid_request",
+    );
+    expect(
+        code(node.request("POST", "/v1/topics/a/messages", b"01234567890")),
+        413,
+        "too_large",
+    );
+    expect(
+        code(node.request("POST", "/v1/topics/a%2Fx/messages", b"x")),
+        400,
+        "invalid_topic_name",
+    );
+    expect(
+        code(node.request(
+            "POST",
+            "/v1/topics/missing/consume",
+            br#"{"wait_ms":20000}"#,
+        )),
+        404,
+        "topic_not_found",
+    );
+    expect(
+        code(node.request("GET", "/v1/topics/a/messages", b"")),
+        405,
+        "method_not_allowed",
+    );
+    expect(
+        code(node.request("GET", "/v1/users", b"")),
+        404,
+        "not_found",
+    );
+    expect(
+        code(node.json("POST", "/v1/topics/a/consume", json!({"wait_ms": 20001}))),
+        400,
+        "invalid_request",
+    );
+    expect(
+        code(node.json("POST", "/v1/topics/a/consume", json!({"partition": 1}))),
+        400,
+        "invalid_request",
+    );
+    expect(
+        code(node.json("POST", "/v1/topics/a/ack", json!({"receipt": "Zm9yZ2Vk"}))),
+        400,
+        "invalid_receipt",
+    );
+    expect(
+        code(node.json("PUT", "/v1/topics/c", json!({"retention_ms": 5}))),
+        400,
+        "invalid_request",
+    );
+    expect(
+        code(node.json("PUT", "/v1/topics/c", json!({"colour": 5}))),
+        400,
+        "unknown_field",
+    );
+    let batch = json!({"messages": [{"value": "ok"}, {"value": "x", "value_base64": "eA=="}]});
+    let (status, answer) = node.json("POST", "/v1/topics/b/messages/batch", batch);
+    assert_eq!(status, 400);
+    assert!(answer["error"]["message"]
+        .as_str()
+        .unwrap_or("")
+        .contains("messages[1]"));
+    // A receipt of topic b presented on topic a.
+    node.request("POST", "/v1/topics/b/messages", b"x");
+    let from_b = node.consume("b", json!({"wait_ms": 5000}));
+    expect(
+        code(node.json(
+            "POST",
+            "/v1/topics/a/ack",
+            json!({"receipt": from_b[0]["receipt"]}),
+        )),
+        400,
+        "invalid_receipt",
+    );
+    // A client that stalls in the middle of its header gets 408.
+    let (status, head, _) = {
+        let mut stream = std::net::TcpStream::connect(&node.addr).expect("connect");
+        std::io::Write::write_all(
+            &mut stream,
+            b"POST /v1/topics/b/messages HTTP/1.1\r\nHost: x\r\n",
+        )
+        .expect("write");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(60)))
+            .expect("timeout");
+        let mut response = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut stream, &mut response);
+        let text = String::from_utf8_lossy(&response).to_string();
+        let status: u16 = text
+            .split(' ')
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        (status, text, ())
+    };
+    assert_eq!(status, 408, "{head}");
+    let (status, _, _) = raw_request(&node.addr, "GET", "/healthz", &[], b"");
+    assert_eq!(status, 200, "still serving");
+    let started = Instant::now();
+    node.create_topic("quiet", json!({"partitions": 1}));
+    let (status, answer) = node.json("POST", "/v1/topics/quiet/consume", json!({"wait_ms": 200}));
+    assert_eq!(
+        (status, answer["messages"].as_array().map(Vec::len)),
+        (200, Some(0))
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(150),
+        "a long poll waits for wait_ms"
+    );
+}
