@@ -450,3 +450,87 @@ fn bad_input_gets_the_right_code_and_the_node_keeps_serving() {
         "a long poll waits for wait_ms"
     );
 }
+
+#[test]
+fn retention_deletes_old_segments_and_the_frontier_skips_with_its_log_line() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let node = Node::start(
+        &tmp.path().join("n"),
+        &["--set", "topics.retention_floor_ms=1000"],
+    );
+    node.create_topic("short", json!({"partitions": 1, "retention_ms": 2000}));
+    let dir = tmp
+        .path()
+        .join("n")
+        .join("partitions")
+        .join("short-0")
+        .join("0");
+    let segments = || {
+        std::fs::read_dir(&dir)
+            .map(|d| {
+                d.filter_map(Result::ok)
+                    .filter(|e| e.path().extension().is_some_and(|x| x == "seg"))
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    // Keep producing (nothing is acked): segments close on age and expire.
+    let line = "consumer frontier fell behind retention; skipped to oldest retained offset";
+    let mut produced = 0;
+    let skipped = eventually(Duration::from_secs(60), || {
+        let (status, _) = node.request("POST", "/v1/topics/short/messages", b"old");
+        assert_eq!(status, 202);
+        produced += 1;
+        // The owner opens on first commit; a GET keeps it maintained.
+        node.request("GET", "/v1/topics/short", b"");
+        node.stderr().contains(line)
+    });
+    assert!(
+        skipped,
+        "the frontier-skip line was logged (produced {produced})"
+    );
+    let (_, topic) = node.request("GET", "/v1/topics/short", b"");
+    assert!(
+        topic["partition_stats"][0]["frontier"].as_u64() > Some(0),
+        "{topic}"
+    );
+    assert!(segments() >= 1, "an empty or newer segment remains");
+}
+
+#[test]
+fn topics_come_back_after_sigkill_from_the_raft_log_and_snapshot() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let mut node = Node::start(
+        &tmp.path().join("n"),
+        &["--set", "raft.snapshot_after_entries=5"],
+    );
+    for i in 0..12 {
+        node.create_topic(&format!("t{i}"), json!({"partitions": 2}));
+    }
+    let (status, _) = node.request("DELETE", "/v1/topics/t0", b"");
+    assert_eq!(status, 204);
+    assert!(
+        tmp.path()
+            .join("n")
+            .join("raft")
+            .join("snapshot.json")
+            .exists(),
+        "a snapshot was taken"
+    );
+    node.kill();
+    node.restart();
+    let (_, listing) = node.request("GET", "/v1/topics", b"");
+    let names: BTreeSet<String> = listing["topics"]
+        .as_array()
+        .expect("topics")
+        .iter()
+        .map(|t| t["name"].as_str().expect("name").to_string())
+        .collect();
+    let expected: BTreeSet<String> = (1..12).map(|i| format!("t{i}")).collect();
+    assert_eq!(names, expected);
+    let (status, _) = node.request("GET", "/v1/topics/t0", b"");
+    assert_eq!(
+        status, 404,
+        "a topic created again starts empty; a deleted one stays gone"
+    );
+}
