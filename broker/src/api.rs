@@ -38,6 +38,26 @@ enum Route<'a> {
 }
 
 impl Route<'_> {
+    /// The `route` label of the request metrics.
+    fn label(&self) -> &'static str {
+        match self {
+            Route::Healthz => "healthz",
+            Route::Readyz => "readyz",
+            Route::Metrics => "metrics",
+            Route::Topics => "topics",
+            Route::Topic(_) => "topic",
+            Route::Produce(_) => "produce",
+            Route::ProduceBatch(_) => "produce_batch",
+            Route::Consume(_) => "consume",
+            Route::Settle(_, SettleKind::Ack, false) => "ack",
+            Route::Settle(_, SettleKind::Ack, true) => "ack_batch",
+            Route::Settle(_, SettleKind::Nack, false) => "nack",
+            Route::Settle(_, SettleKind::Nack, true) => "nack_batch",
+            Route::Settle(_, SettleKind::Extend, false) => "extend",
+            Route::Settle(_, SettleKind::Extend, true) => "extend_batch",
+        }
+    }
+
     fn allowed(&self) -> &'static [Method] {
         match self {
             Route::Healthz | Route::Readyz | Route::Metrics | Route::Topics => &[Method::GET],
@@ -104,11 +124,15 @@ fn empty_response(status: StatusCode) -> HttpResponse {
 pub async fn handle(shard: Rc<Shard>, request: HttpRequest) -> HttpResponse {
     let started = std::time::Instant::now();
     let path = request.uri().path().to_string();
+    let label = route(&path).map_or("unknown", |r| r.label());
     let response = match dispatch(&shard, request).await {
         Ok(response) => response,
         Err(error) => error_response(&error),
     };
-    tracing::debug!(%path, status = response.status().as_u16(), elapsed_us = started.elapsed().as_micros() as u64, "request");
+    let status = response.status().as_u16();
+    metrics::counter!("narad_http_requests_total", "route" => label, "status" => status.to_string()).increment(1);
+    metrics::histogram!("narad_http_request_seconds", "route" => label)
+        .record(started.elapsed().as_secs_f64());
     response
 }
 
@@ -320,7 +344,7 @@ async fn put_topic(shard: &Shard, name: &str, body: &[u8]) -> Result<HttpRespons
 
 /// Prometheus text exposition of the node's figures.
 fn metrics(shard: &Shard) -> HttpResponse {
-    let mut out = String::new();
+    let mut out = shard.render_metrics();
     let mut gauge = |name: &str, help: &str, samples: Vec<(String, f64)>| {
         out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} gauge\n"));
         for (labels, value) in samples {

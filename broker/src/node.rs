@@ -27,6 +27,32 @@ const IO_MEMORY_BYTES: usize = 16 * 1024 * 1024;
 /// How long a starting node waits for its metastore to replay its log.
 const META_CATCH_UP_TIMEOUT: Duration = Duration::from_secs(60);
 const STOP_POLL_INTERVAL: Duration = Duration::from_millis(20);
+/// How often the metrics exporter drains its histograms.
+const METRICS_UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
+/// Buckets of every latency histogram, in seconds.
+const LATENCY_BUCKETS_SECONDS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0, 30.0,
+];
+/// Buckets of the records-per-fsync histogram.
+const RECORDS_PER_SYNC_BUCKETS: &[f64] = &[
+    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0,
+];
+
+/// Installs the Prometheus recorder that `/metrics` renders.
+fn install_metrics() -> Result<metrics_exporter_prometheus::PrometheusHandle, String> {
+    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    PrometheusBuilder::new()
+        .set_buckets(LATENCY_BUCKETS_SECONDS)
+        .and_then(|b| {
+            b.set_buckets_for_metric(
+                Matcher::Full("narad_wal_records_per_sync".into()),
+                RECORDS_PER_SYNC_BUCKETS,
+            )
+        })
+        .and_then(PrometheusBuilder::install_recorder)
+        .map_err(|e| format!("installing the metrics recorder: {e}"))
+}
 /// JSON framing and base64 can grow a batch's values; leave room for it.
 const BODY_BYTES_SLACK: u64 = 64 * 1024;
 
@@ -125,6 +151,10 @@ pub fn run(config: Config) -> Result<(), String> {
     let node_id = u16::try_from(config.u64("node_id"))
         .map_err(|_| "node_id must fit in 16 bits".to_string())?;
     let epoch = next_epoch(&data_dir)?;
+    let metrics = install_metrics()?;
+    metrics::gauge!("narad_node_alive", "node" => node_id.to_string()).set(1.0);
+    metrics::counter!("narad_dispatcher_reroutes_total").absolute(0);
+    metrics::counter!("narad_storage_corrupt_records_total").increment(0);
     let key = receipt_key(&data_dir)?;
     let stop = stop_on_signal()?;
     let peer = config.addr("peer_listen");
@@ -141,7 +171,10 @@ pub fn run(config: Config) -> Result<(), String> {
     let config = Rc::new(config);
     let shard_meta = meta.clone();
     let result = executor.run(async move {
-        run_shard(config, data_dir, node_id, epoch, key, shard_meta, stop).await
+        run_shard(
+            config, data_dir, node_id, epoch, key, shard_meta, stop, metrics,
+        )
+        .await
     });
     if let Ok(meta) = Arc::try_unwrap(meta) {
         meta.shutdown();
@@ -149,6 +182,7 @@ pub fn run(config: Config) -> Result<(), String> {
     result
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn run_shard(
     config: Rc<Config>,
     data_dir: PathBuf,
@@ -157,6 +191,7 @@ async fn run_shard(
     key: ReceiptKey,
     meta: Arc<MetaNode>,
     stop: Arc<AtomicBool>,
+    metrics: metrics_exporter_prometheus::PrometheusHandle,
 ) -> Result<(), String> {
     let fs = GlommioFs::new(&data_dir)
         .await
@@ -185,6 +220,7 @@ async fn run_shard(
         wal.clone(),
         meta,
         key,
+        metrics.clone(),
     );
     if !recovery.records.is_empty() {
         tracing::info!(
@@ -200,7 +236,18 @@ async fn run_shard(
             .collect(),
     );
 
-    glommio::spawn_local(wal.clone().run_committer(|_, _| {})).detach();
+    glommio::spawn_local(wal.clone().run_committer(|outcome, elapsed| {
+        metrics::histogram!("narad_wal_sync_seconds").record(elapsed.as_secs_f64());
+        metrics::histogram!("narad_wal_records_per_sync").record(outcome.records as f64);
+    }))
+    .detach();
+    glommio::spawn_local(async move {
+        loop {
+            glommio::timer::sleep(METRICS_UPKEEP_INTERVAL).await;
+            metrics.run_upkeep();
+        }
+    })
+    .detach();
     let checkpoint_interval =
         Duration::from_millis(config.u64("dispatcher.checkpoint_interval_ms"));
     glommio::spawn_local(wal.clone().run_checkpointer(checkpoint_interval)).detach();

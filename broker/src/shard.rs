@@ -78,6 +78,7 @@ pub struct Shard {
     next_seq: Cell<u64>,
     round_robin: Cell<u32>,
     stopping: Cell<bool>,
+    metrics: metrics_exporter_prometheus::PrometheusHandle,
 }
 
 fn now_ms(clock: &SharedClock) -> u64 {
@@ -95,6 +96,7 @@ impl Shard {
         wal: Rc<Wal<GlommioFs>>,
         meta: Arc<MetaNode>,
         receipt_key: ReceiptKey,
+        metrics: metrics_exporter_prometheus::PrometheusHandle,
     ) -> Rc<Self> {
         let dispatcher = Dispatcher::new(DispatcherConfig {
             max_linger_ms: config.u64("dispatcher.max_linger_ms"),
@@ -122,6 +124,7 @@ impl Shard {
             next_seq: Cell::new(0),
             round_robin: Cell::new(0),
             stopping: Cell::new(false),
+            metrics,
         })
     }
 
@@ -135,6 +138,11 @@ impl Shard {
 
     pub fn wal(&self) -> &Wal<GlommioFs> {
         &self.wal
+    }
+
+    /// The Prometheus text of every recorded metric.
+    pub fn render_metrics(&self) -> String {
+        self.metrics.render()
     }
 
     pub fn is_stopping(&self) -> bool {
@@ -693,7 +701,11 @@ impl Shard {
         let dead = sweep.dead;
         for letter in dead {
             match self.dead_letter(topic, &letter.message).await {
-                Ok(()) => owner.dead_lettered(letter.offset),
+                Ok(()) => {
+                    metrics::counter!("narad_dead_lettered_total", "topic" => topic.name.clone())
+                        .increment(1);
+                    owner.dead_lettered(letter.offset);
+                }
                 Err(error) => {
                     tracing::warn!(topic = %topic.name, offset = letter.offset, %error, "dead-lettering failed; delivering again");
                     owner.dead_letter_failed(letter.offset);
@@ -819,7 +831,15 @@ impl Shard {
                 .extend(receipt.offset, receipt.lease_id, visibility_timeout_ms, now)
                 .map(Some),
         };
-        result.map_err(|e| from_owner(&e))
+        let result = result.map_err(|e| from_owner(&e));
+        if action == SettleAction::Ack {
+            let label = match &result {
+                Ok(_) => "acked",
+                Err(_) => "lease_gone",
+            };
+            metrics::counter!("narad_acks_total", "result" => label).increment(1);
+        }
+        result
     }
 
     // ------------------------------------------------------------ health and stop

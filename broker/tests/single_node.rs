@@ -534,3 +534,45 @@ fn topics_come_back_after_sigkill_from_the_raft_log_and_snapshot() {
         "a topic created again starts empty; a deleted one stays gone"
     );
 }
+
+#[test]
+fn metrics_expose_the_contracts_names() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let node = Node::start(&tmp.path().join("n"), &[]);
+    node.create_topic("m", json!({"partitions": 1}));
+    node.request("POST", "/v1/topics/m/messages", b"x");
+    let got = node.consume("m", json!({"wait_ms": 5000}));
+    ack_all(&node, "m", &got);
+    let (status, head, body) = raw_request(&node.addr, "GET", "/metrics", &[], b"");
+    assert_eq!(status, 200);
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-type: text/plain"),
+        "{head}"
+    );
+    let text = String::from_utf8_lossy(&body);
+    for name in [
+        "narad_http_requests_total",
+        "narad_http_request_seconds",
+        "narad_ingress_wal_failed",
+        "narad_wal_sync_seconds",
+        "narad_wal_records_per_sync",
+        "narad_wal_used_bytes",
+        "narad_dispatcher_pending_records",
+        "narad_dispatcher_reroutes_total",
+        "narad_partition_high_watermark",
+        "narad_partition_frontier",
+        "narad_partition_available_messages",
+        "narad_partition_in_flight",
+        "narad_partition_oldest_unacked_age_seconds",
+        "narad_acks_total",
+        "narad_storage_corrupt_records_total",
+        "narad_raft_is_leader",
+        "narad_raft_term",
+        "narad_node_alive",
+    ] {
+        assert!(text.contains(name), "/metrics lacks {name}:\n{text}");
+    }
+    assert!(text.contains("narad_ingress_wal_failed 0"));
+    assert!(text.contains("narad_raft_is_leader 1"));
+}
