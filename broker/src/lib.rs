@@ -16,6 +16,7 @@
 //! dispatcher, the partition owner, the metastore and the `narad` CLI.
 
 pub mod api;
+pub mod cli;
 pub mod config;
 pub mod dispatcher;
 pub mod errors;

@@ -3,6 +3,7 @@
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
+use narad_broker::cli::{self, ClientArgs, TopicAction};
 use narad_broker::config::Config;
 
 #[derive(Parser)]
@@ -20,6 +21,34 @@ struct Cli {
 enum Command {
     /// Run a node (with no flags: a single-node cluster, data in ./narad-data, HTTP on 127.0.0.1:8080).
     Serve(ServeArgs),
+    /// Create, list, describe or delete topics.
+    Topic {
+        #[command(subcommand)]
+        action: TopicAction,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Produce one message: the VALUE argument, or stdin when it is absent or `-`.
+    Produce {
+        topic: String,
+        value: Option<String>,
+        #[arg(long)]
+        key: Option<String>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Consume (and lease) messages; `--ack` acks each one.
+    Consume {
+        topic: String,
+        #[arg(long, default_value_t = 1)]
+        max: u32,
+        #[arg(long, default_value_t = 0)]
+        wait_ms: u64,
+        #[arg(long)]
+        ack: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
 }
 
 #[derive(Args)]
@@ -111,9 +140,25 @@ fn serve(args: &ServeArgs) -> Result<(), String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging();
     let result = match &cli.command {
-        Command::Serve(args) => serve(args),
+        Command::Serve(args) => {
+            init_logging();
+            serve(args)
+        }
+        Command::Topic { action, client } => cli::topic(client, action),
+        Command::Produce {
+            topic,
+            value,
+            key,
+            client,
+        } => cli::produce(client, topic, key.as_deref(), value.as_deref()),
+        Command::Consume {
+            topic,
+            max,
+            wait_ms,
+            ack,
+            client,
+        } => cli::consume(client, topic, *max, *wait_ms, *ack),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -576,3 +576,80 @@ fn metrics_expose_the_contracts_names() {
     assert!(text.contains("narad_ingress_wal_failed 0"));
     assert!(text.contains("narad_raft_is_leader 1"));
 }
+
+fn narad(node: &Node, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
+    use std::io::Write as _;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_narad"))
+        .args(args)
+        .env("NARAD_URL", format!("http://{}", node.addr))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn narad");
+    if let Some(mut input) = child.stdin.take() {
+        input
+            .write_all(stdin.unwrap_or("").as_bytes())
+            .expect("stdin");
+    }
+    let output = child.wait_with_output().expect("narad output");
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).to_string(),
+        String::from_utf8_lossy(&output.stderr).to_string(),
+    )
+}
+
+#[test]
+fn the_cli_creates_produces_consumes_and_reports_errors() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let node = Node::start(&tmp.path().join("n"), &[]);
+    let (ok, out, _) = narad(
+        &node,
+        &["topic", "create", "cli", "--partitions", "3"],
+        None,
+    );
+    assert!(
+        ok && out.contains("created topic cli (3 partitions)"),
+        "{out}"
+    );
+    let (ok, out, _) = narad(&node, &["topic", "list"], None);
+    assert!(
+        ok && out.contains("cli") && out.contains("PARTITIONS"),
+        "{out}"
+    );
+    let (ok, id, _) = narad(&node, &["produce", "cli", "from-arg", "--key", "k"], None);
+    assert!(ok && id.trim().len() == 32, "{id}");
+    let (ok, _, _) = narad(&node, &["produce", "cli", "-"], Some("from-stdin"));
+    assert!(ok);
+    let mut seen = String::new();
+    assert!(eventually(WAIT, || {
+        let (ok, out, _) = narad(
+            &node,
+            &[
+                "consume",
+                "cli",
+                "--max",
+                "10",
+                "--wait-ms",
+                "1000",
+                "--ack",
+                "--output",
+                "json",
+            ],
+            None,
+        );
+        assert!(ok);
+        seen.push_str(&out);
+        seen.contains("from-arg") && seen.contains("from-stdin")
+    }));
+    let (ok, out, _) = narad(&node, &["topic", "describe", "cli"], None);
+    assert!(ok && out.contains("HIGH_WATERMARK"), "{out}");
+    let (ok, _, err) = narad(&node, &["topic", "delete", "missing"], None);
+    assert!(
+        !ok && err.contains("does not exist"),
+        "a failure exits non-zero with the message: {err}"
+    );
+    let (ok, _, err) = narad(&node, &["produce", "bad name", "x"], None);
+    assert!(!ok && err.contains("invalid_topic_name"), "{err}");
+}

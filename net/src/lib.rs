@@ -10,10 +10,13 @@
 //! - [`http_server`]: hyper 1.x on glommio, with our own header, body and
 //!   idle timeouts and body size limit.
 //!
-//! Still to come here: the inter-node QUIC transport and the Rust client
-//! library.
+//! - [`client`]: a small blocking client of the HTTP API with API.md's retry
+//!   rules (the CLI uses it).
+//!
+//! Still to come here: the inter-node QUIC transport.
 
 pub mod batch;
+pub mod client;
 pub mod error;
 pub mod http_server;
 pub mod names;

@@ -1,0 +1,388 @@
+//! A small blocking Rust client for the HTTP API, used by the `narad` CLI
+//! (and by tests and tools that do not need a runtime).
+//!
+//! It retries what API.md's status table marks retryable (408, 429, 500, 502,
+//! 503) and failed connections, with exponential backoff and jitter, and
+//! never retries another 4xx. A retried produce may store a second copy: the
+//! contract allows it.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde_json::{json, Value};
+
+use crate::error::{ApiError, ErrorCode};
+
+/// How the client retries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    pub attempts: u32,
+    pub backoff_base: Duration,
+    pub backoff_max: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            attempts: 5,
+            backoff_base: Duration::from_millis(50),
+            backoff_max: Duration::from_secs(2),
+        }
+    }
+}
+
+/// How long one request may take before the client gives up on it.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClientError {
+    /// The server answered with an API error.
+    Api { status: u16, error: ApiError },
+    /// No answer: connection refused, reset, timed out.
+    Transport(String),
+    /// An answer that is not what the API promises.
+    BadResponse(String),
+    /// The server URL is not `http://HOST:PORT`.
+    BadUrl(String),
+}
+
+impl std::fmt::Display for ClientError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Api { error, .. } => write!(f, "{} ({})", error.message, error.code.as_str()),
+            Self::Transport(detail) => write!(f, "no answer from the server: {detail}"),
+            Self::BadResponse(detail) => write!(f, "unexpected answer from the server: {detail}"),
+            Self::BadUrl(url) => write!(f, "server URL {url:?} must look like http://HOST:PORT"),
+        }
+    }
+}
+
+impl std::error::Error for ClientError {}
+
+impl ClientError {
+    fn retryable(&self) -> bool {
+        match self {
+            Self::Api { error, .. } => error.code.retry(),
+            Self::Transport(_) => true,
+            Self::BadResponse(_) | Self::BadUrl(_) => false,
+        }
+    }
+}
+
+/// A client of one node.
+#[derive(Debug, Clone)]
+pub struct Client {
+    addr: String,
+    retry: RetryPolicy,
+}
+
+/// A successful answer: its status and JSON body (`null` when empty).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Answer {
+    pub status: u16,
+    pub body: Value,
+}
+
+/// Percent-encodes a path segment (everything but `A-Za-z0-9-._~`).
+pub fn encode_segment(segment: &str) -> String {
+    let mut out = String::with_capacity(segment.len());
+    for byte in segment.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(byte));
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
+/// The error code an answer without a JSON error body stands for.
+fn code_for_status(status: u16) -> ErrorCode {
+    match status {
+        400 => ErrorCode::InvalidRequest,
+        401 => ErrorCode::Unauthenticated,
+        403 => ErrorCode::Forbidden,
+        404 => ErrorCode::NotFound,
+        405 => ErrorCode::MethodNotAllowed,
+        408 => ErrorCode::RequestTimeout,
+        409 => ErrorCode::Conflict,
+        410 => ErrorCode::LeaseGone,
+        413 => ErrorCode::TooLarge,
+        422 => ErrorCode::SchemaMismatch,
+        429 => ErrorCode::Overloaded,
+        502 => ErrorCode::OwnerUnreachable,
+        503 => ErrorCode::Stopping,
+        _ => ErrorCode::Internal,
+    }
+}
+
+fn jitter_below(bound_ms: u64) -> u64 {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let mut x = u64::from(nanos) ^ 0x9E37_79B9_7F4A_7C15;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    x % bound_ms.max(1)
+}
+
+impl Client {
+    /// A client of `url` (`http://HOST:PORT`, a trailing `/` allowed).
+    pub fn new(url: &str) -> Result<Self, ClientError> {
+        let rest = url
+            .strip_prefix("http://")
+            .ok_or_else(|| ClientError::BadUrl(url.to_string()))?;
+        let addr = rest.trim_end_matches('/');
+        if addr.is_empty() || addr.contains('/') {
+            return Err(ClientError::BadUrl(url.to_string()));
+        }
+        Ok(Self {
+            addr: addr.to_string(),
+            retry: RetryPolicy::default(),
+        })
+    }
+
+    pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    /// One request with the retry policy applied.
+    pub fn call(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Result<Answer, ClientError> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match self.once(method, path, headers, body) {
+                Ok(answer) => return Ok(answer),
+                Err(error) if error.retryable() && attempt < self.retry.attempts => {
+                    let exponential = self
+                        .retry
+                        .backoff_base
+                        .saturating_mul(1 << (attempt - 1).min(16));
+                    let ceiling = exponential.min(self.retry.backoff_max);
+                    let wait = Duration::from_millis(jitter_below(
+                        u64::try_from(ceiling.as_millis()).unwrap_or(1),
+                    ));
+                    std::thread::sleep(wait);
+                }
+                Err(error) => return Err(error),
+            }
+        }
+    }
+
+    fn once(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Result<Answer, ClientError> {
+        let transport = |e: std::io::Error| ClientError::Transport(e.to_string());
+        let mut stream = TcpStream::connect(&self.addr).map_err(transport)?;
+        stream
+            .set_read_timeout(Some(REQUEST_TIMEOUT))
+            .map_err(transport)?;
+        stream
+            .set_write_timeout(Some(REQUEST_TIMEOUT))
+            .map_err(transport)?;
+        let mut head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Length: {}\r\nConnection: close\r\n",
+            self.addr,
+            body.len()
+        );
+        for (name, value) in headers {
+            head.push_str(&format!("{name}: {value}\r\n"));
+        }
+        head.push_str("\r\n");
+        stream.write_all(head.as_bytes()).map_err(transport)?;
+        stream.write_all(body).map_err(transport)?;
+        let mut response = Vec::new();
+        stream.read_to_end(&mut response).map_err(transport)?;
+        let split = response
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .ok_or_else(|| {
+                ClientError::Transport("the connection closed before a whole answer".into())
+            })?;
+        let (head, rest) = response.split_at(split);
+        let body = rest.get(4..).unwrap_or_default();
+        let head = String::from_utf8_lossy(head);
+        let status: u16 = head
+            .split(' ')
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| ClientError::BadResponse(format!("no status line in {head:?}")))?;
+        let parsed: Option<Value> = if body.is_empty() {
+            Some(Value::Null)
+        } else {
+            serde_json::from_slice(body).ok()
+        };
+        if (200..300).contains(&status) {
+            let json = parsed.ok_or_else(|| {
+                ClientError::BadResponse(format!("status {status} with a body that is not JSON"))
+            })?;
+            return Ok(Answer { status, body: json });
+        }
+        // A body without the API's error shape (a proxy, or hyper refusing a
+        // malformed request) still has a status: it decides the code.
+        let json = parsed.unwrap_or(Value::Null);
+        let code = json["error"]["code"]
+            .as_str()
+            .and_then(ErrorCode::parse)
+            .unwrap_or_else(|| code_for_status(status));
+        let message = json["error"]["message"]
+            .as_str()
+            .map_or_else(|| format!("the server answered {status}"), str::to_string);
+        Err(ClientError::Api {
+            status,
+            error: ApiError::new(code, message),
+        })
+    }
+
+    pub fn put_topic(&self, topic: &str, config: &Value) -> Result<Answer, ClientError> {
+        self.call(
+            "PUT",
+            &format!("/v1/topics/{}", encode_segment(topic)),
+            &[],
+            config.to_string().as_bytes(),
+        )
+    }
+
+    pub fn list_topics(&self) -> Result<Value, ClientError> {
+        Ok(self.call("GET", "/v1/topics", &[], b"")?.body)
+    }
+
+    pub fn get_topic(&self, topic: &str) -> Result<Value, ClientError> {
+        Ok(self
+            .call(
+                "GET",
+                &format!("/v1/topics/{}", encode_segment(topic)),
+                &[],
+                b"",
+            )?
+            .body)
+    }
+
+    pub fn delete_topic(&self, topic: &str) -> Result<(), ClientError> {
+        self.call(
+            "DELETE",
+            &format!("/v1/topics/{}", encode_segment(topic)),
+            &[],
+            b"",
+        )
+        .map(|_| ())
+    }
+
+    /// Produces one message; returns its id.
+    pub fn produce(
+        &self,
+        topic: &str,
+        key: Option<&str>,
+        value: &[u8],
+    ) -> Result<String, ClientError> {
+        let headers: Vec<(&str, &str)> = key.map(|k| vec![("Narad-Key", k)]).unwrap_or_default();
+        let answer = self.call(
+            "POST",
+            &format!("/v1/topics/{}/messages", encode_segment(topic)),
+            &headers,
+            value,
+        )?;
+        answer.body["id"]
+            .as_str()
+            .map(str::to_string)
+            .ok_or_else(|| ClientError::BadResponse("no id".into()))
+    }
+
+    /// Consumes up to `max` messages, waiting up to `wait_ms` for the first.
+    pub fn consume(&self, topic: &str, max: u32, wait_ms: u64) -> Result<Vec<Value>, ClientError> {
+        let body = json!({"max_messages": max, "wait_ms": wait_ms});
+        let answer = self.call(
+            "POST",
+            &format!("/v1/topics/{}/consume", encode_segment(topic)),
+            &[],
+            body.to_string().as_bytes(),
+        )?;
+        Ok(answer.body["messages"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default())
+    }
+
+    pub fn ack(&self, topic: &str, receipt: &str) -> Result<(), ClientError> {
+        let body = json!({ "receipt": receipt });
+        self.call(
+            "POST",
+            &format!("/v1/topics/{}/ack", encode_segment(topic)),
+            &[],
+            body.to_string().as_bytes(),
+        )
+        .map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn path_segments_are_percent_encoded() {
+        assert_eq!(encode_segment("orders.v2_x-y"), "orders.v2_x-y");
+        assert_eq!(encode_segment("bad name/x"), "bad%20name%2Fx");
+    }
+
+    #[test]
+    fn urls_are_checked() {
+        assert!(Client::new("http://127.0.0.1:8080").is_ok());
+        assert!(Client::new("http://127.0.0.1:8080/").is_ok());
+        assert!(matches!(
+            Client::new("https://x:1"),
+            Err(ClientError::BadUrl(_))
+        ));
+        assert!(matches!(
+            Client::new("127.0.0.1:8080"),
+            Err(ClientError::BadUrl(_))
+        ));
+    }
+
+    #[test]
+    fn only_the_tables_retryable_answers_are_retried() {
+        let api = |code| ClientError::Api {
+            status: 0,
+            error: ApiError::new(code, ""),
+        };
+        assert!(api(ErrorCode::Overloaded).retryable());
+        assert!(api(ErrorCode::RequestTimeout).retryable());
+        assert!(api(ErrorCode::NoQuorum).retryable());
+        assert!(!api(ErrorCode::LeaseGone).retryable());
+        assert!(!api(ErrorCode::InvalidRequest).retryable());
+        assert!(ClientError::Transport("refused".into()).retryable());
+    }
+
+    #[test]
+    fn a_refused_connection_is_retried_then_reported() {
+        // A port nothing listens on: bind, learn it, close it.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .unwrap_or(1);
+        let client = Client::new(&format!("http://127.0.0.1:{port}"))
+            .unwrap_or_else(|e| panic!("{e}"))
+            .with_retry(RetryPolicy {
+                attempts: 3,
+                backoff_base: Duration::from_millis(1),
+                backoff_max: Duration::from_millis(2),
+            });
+        assert!(matches!(
+            client.list_topics(),
+            Err(ClientError::Transport(_))
+        ));
+    }
+}
