@@ -653,3 +653,46 @@ fn the_cli_creates_produces_consumes_and_reports_errors() {
     let (ok, _, err) = narad(&node, &["produce", "bad name", "x"], None);
     assert!(!ok && err.contains("invalid_topic_name"), "{err}");
 }
+
+#[test]
+fn dead_lettering_survives_sigkill_in_one_topic_or_both_never_neither() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let mut node = Node::start(
+        &tmp.path().join("n"),
+        &["--set", "leases.sweep_interval_ms=20"],
+    );
+    // Kill at different moments around the lease's end, where the move runs.
+    for (round, visibility_ms) in [40u64, 60, 80, 100, 150].into_iter().enumerate() {
+        let (src, dlq) = (format!("src{round}"), format!("dlq{round}"));
+        node.create_topic(&dlq, json!({"partitions": 1}));
+        node.create_topic(
+            &src,
+            json!({"partitions": 1, "max_deliveries": 1, "dead_letter_topic": dlq}),
+        );
+        let (status, produced) =
+            node.request("POST", &format!("/v1/topics/{src}/messages"), b"poison");
+        assert_eq!(status, 202);
+        let id = produced["id"].as_str().expect("id").to_string();
+        let got = node.consume(
+            &src,
+            json!({"wait_ms": 5000, "visibility_timeout_ms": visibility_ms}),
+        );
+        assert_eq!(ids_of(&got), vec![id.clone()]);
+        let kill_at = Instant::now() + Duration::from_millis(visibility_ms);
+        eventually(WAIT, || Instant::now() >= kill_at);
+        node.kill();
+        node.restart();
+        let found = eventually(WAIT, || {
+            let from_src = node.consume(
+                &src,
+                json!({"wait_ms": 100, "visibility_timeout_ms": 60000}),
+            );
+            let from_dlq = node.consume(&dlq, json!({"wait_ms": 100}));
+            ids_of(&from_src).contains(&id) || ids_of(&from_dlq).contains(&id)
+        });
+        assert!(
+            found,
+            "round {round}: message {id} is in {src}, {dlq} or both after SIGKILL"
+        );
+    }
+}
