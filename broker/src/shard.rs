@@ -81,10 +81,6 @@ pub struct Shard {
     metrics: metrics_exporter_prometheus::PrometheusHandle,
 }
 
-fn now_ms(clock: &SharedClock) -> u64 {
-    clock.now_ms()
-}
-
 impl Shard {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
@@ -150,7 +146,7 @@ impl Shard {
     }
 
     fn now(&self) -> u64 {
-        now_ms(&self.clock)
+        self.clock.now_ms()
     }
 
     // ------------------------------------------------------------ topics

@@ -28,6 +28,7 @@ use crate::limits::{
     ACK_FLUSH_INTERVAL_MS_DEFAULT, ACK_LOG_COMPACT_BYTES_DEFAULT,
     CONSUMER_OFFSET_COMMIT_INTERVAL_MS_DEFAULT,
 };
+use crate::util_fs::read_whole_file;
 
 const SNAPSHOT_MAGIC: u32 = 0x4E53_4E50;
 const ACK_FRAME_MAGIC: u32 = 0x4E41_434B;
@@ -267,18 +268,7 @@ impl<F: FileSystem> ConsumerState<F> {
         let mut base_generation = 0;
         for generation in snapshots.iter().rev() {
             let path = dir.join(snapshot_name(*generation));
-            let file = fs
-                .open(&path, OpenMode::EXISTING_BUFFERED)
-                .await
-                .map_err(|e| StorageError::io("open", &path, e))?;
-            let size = file
-                .size()
-                .await
-                .map_err(|e| StorageError::io("stat", &path, e))?;
-            let bytes = file
-                .read_at(0, usize::try_from(size).unwrap_or(0))
-                .await
-                .map_err(|e| StorageError::io("read", &path, e))?;
+            let bytes = read_whole_file(fs, &path).await?;
             match AckSet::decode_snapshot(&bytes) {
                 Some((stored, set)) if stored == *generation => {
                     acks = set;
@@ -292,18 +282,7 @@ impl<F: FileSystem> ConsumerState<F> {
         }
         for generation in logs.iter().filter(|g| **g >= base_generation) {
             let path = dir.join(log_name(*generation));
-            let file = fs
-                .open(&path, OpenMode::EXISTING_BUFFERED)
-                .await
-                .map_err(|e| StorageError::io("open", &path, e))?;
-            let size = file
-                .size()
-                .await
-                .map_err(|e| StorageError::io("stat", &path, e))?;
-            let bytes = file
-                .read_at(0, usize::try_from(size).unwrap_or(0))
-                .await
-                .map_err(|e| StorageError::io("read", &path, e))?;
+            let bytes = read_whole_file(fs, &path).await?;
             check_log_header(&bytes, &path)?;
             let found = scan(
                 &bytes,

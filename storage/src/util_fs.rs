@@ -87,3 +87,18 @@ pub async fn read_exact_or_short<Fl: StorageFile>(
     out.resize(total, 0);
     Ok(out)
 }
+
+/// Reads a whole (small, buffered) file.
+pub async fn read_whole_file<F: FileSystem>(fs: &F, path: &Path) -> Result<Vec<u8>> {
+    let file = fs
+        .open(path, OpenMode::EXISTING_BUFFERED)
+        .await
+        .map_err(|e| StorageError::io("open", path, e))?;
+    let size = file
+        .size()
+        .await
+        .map_err(|e| StorageError::io("stat", path, e))?;
+    file.read_at(0, usize::try_from(size).unwrap_or(0))
+        .await
+        .map_err(|e| StorageError::io("read", path, e))
+}

@@ -391,13 +391,6 @@ impl SimFs {
         write_into(&mut inode.current, at, data);
         true
     }
-
-    fn stale(&self, epoch: u64) -> io::Result<()> {
-        if self.disk.borrow().epoch != epoch {
-            return Err(io::Error::from_raw_os_error(libc::EBADF));
-        }
-        Ok(())
-    }
 }
 
 impl SimFile {
@@ -607,17 +600,5 @@ impl FileSystem for SimFs {
     async fn exists(&self, path: &Path) -> io::Result<bool> {
         let disk = self.disk.borrow();
         Ok(disk.names.contains_key(path) || disk.dirs.contains(path))
-    }
-}
-
-impl SimFs {
-    /// Fails if `epoch` is not the current process (used by engines that keep
-    /// a filesystem handle across a simulated crash by mistake).
-    pub fn check_alive(&self, epoch: u64) -> io::Result<()> {
-        self.stale(epoch)
-    }
-    /// The current process epoch.
-    pub fn epoch(&self) -> u64 {
-        self.disk.borrow().epoch
     }
 }
