@@ -427,21 +427,36 @@ impl Shard {
             }
         }
         let accept_ms = self.now();
-        let mut pending = Vec::with_capacity(messages.len());
-        for (key, value) in messages {
-            let partition = self.pick_partition(topic, key.as_deref());
-            let id = self.next_id();
-            let record = WalRecordRef {
-                id,
+        let placed: Vec<(u32, u128)> = messages
+            .iter()
+            .map(|(key, _)| (self.pick_partition(topic, key.as_deref()), self.next_id()))
+            .collect();
+        let records: Vec<WalRecordRef<'_>> = messages
+            .iter()
+            .zip(&placed)
+            .map(|((key, value), (partition, id))| WalRecordRef {
+                id: *id,
                 topic: &topic.name,
-                partition,
+                partition: *partition,
                 key: key.as_deref(),
-                value: &value,
+                value,
                 accept_ms,
-            };
-            let appended = self.wal.append(&record).map_err(|e| from_storage(&e))?;
-            pending.push((appended, partition, id, key, value));
-        }
+            })
+            .collect();
+        // All or nothing: a full ring answers 429 having accepted none.
+        let appended = self
+            .wal
+            .append_batch(&records)
+            .map_err(|e| from_storage(&e))?;
+        drop(records);
+        let pending: Vec<_> = appended
+            .into_iter()
+            .zip(placed)
+            .zip(messages)
+            .map(|((appended, (partition, id)), (key, value))| {
+                (appended, partition, id, key, value)
+            })
+            .collect();
         let mut ids = Vec::with_capacity(pending.len());
         for (appended, partition, id, key, value) in pending {
             let pos = appended.pos;

@@ -696,3 +696,37 @@ fn dead_lettering_survives_sigkill_in_one_topic_or_both_never_neither() {
         );
     }
 }
+
+#[test]
+fn a_full_wal_ring_answers_429_and_accepts_nothing_of_the_batch() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let node = Node::start(
+        &tmp.path().join("n"),
+        &["--set", "storage.wal_ring_bytes=65536"],
+    );
+    node.create_topic("big", json!({"partitions": 1}));
+    let messages: Vec<Value> = (0..20)
+        .map(|i| json!({"value": format!("{i:04}").repeat(1000)}))
+        .collect();
+    let (status, answer) = node.json(
+        "POST",
+        "/v1/topics/big/messages/batch",
+        json!({ "messages": messages }),
+    );
+    assert_eq!(
+        (
+            status,
+            answer["error"]["code"].as_str(),
+            answer["error"]["retry"].as_bool()
+        ),
+        (429, Some("overloaded"), Some(true))
+    );
+    let (status, _) = node.request("POST", "/v1/topics/big/messages", b"small");
+    assert_eq!(status, 202, "the node still accepts what fits");
+    let got = node.consume("big", json!({"max_messages": 100, "wait_ms": 5000}));
+    assert_eq!(
+        got.iter().map(|m| m["value"].clone()).collect::<Vec<_>>(),
+        vec![json!("small")],
+        "nothing of the refused batch"
+    );
+}

@@ -402,3 +402,21 @@ fn a_failed_read_is_an_error_never_a_wrong_answer() {
     let (_, recovery) = block_on(Wal::open(&fs, &wal_dir(), RING)).expect("open after the fault");
     assert_eq!(recovery.records.len(), 1);
 }
+
+#[test]
+fn a_batch_that_does_not_fit_is_refused_whole() {
+    let fs = SimFs::new(12);
+    let (wal, _) = block_on(Wal::open(&fs, &wal_dir(), RING)).expect("open");
+    let big: Vec<WalRecord> = (0..20).map(|id| record(id, 4000)).collect();
+    let refs: Vec<_> = big.iter().map(WalRecord::as_ref).collect();
+    let used_before = wal.stats().used_bytes;
+    assert!(matches!(
+        wal.append_batch(&refs),
+        Err(StorageError::WalFull { .. })
+    ));
+    assert_eq!(wal.stats().used_bytes, used_before, "nothing was added");
+    assert!(!wal.has_pending());
+    let small: Vec<WalRecord> = (0..3).map(|id| record(100 + id, 10)).collect();
+    let refs: Vec<_> = small.iter().map(WalRecord::as_ref).collect();
+    assert_eq!(wal.append_batch(&refs).expect("fits").len(), 3);
+}

@@ -159,6 +159,33 @@ impl WalState {
         }
         self.wake_all();
     }
+    /// Where a frame of `len` bytes appended at `next` would go: (position,
+    /// end, bytes skipped to the next lap), or why it cannot.
+    fn place(&self, next: WalPos, len: u64) -> Result<(WalPos, WalPos, u64)> {
+        if len > self.capacity / 4 {
+            return Err(StorageError::TooLarge {
+                what: "WAL record",
+                len,
+                max: self.capacity / 4,
+            });
+        }
+        let physical = next % self.capacity;
+        let skip = if physical + len > self.capacity {
+            self.capacity - physical
+        } else {
+            0
+        };
+        let pos = next + skip;
+        let end = pos + len;
+        if round_up(end, BLOCK_BYTES) - self.checkpoint_tail > self.capacity {
+            return Err(StorageError::WalFull {
+                needed_bytes: end - self.next_pos(),
+                free_bytes: self.capacity.saturating_sub(self.used_bytes()),
+            });
+        }
+        Ok((pos, end, skip))
+    }
+
     fn check_usable(&self) -> Result<()> {
         if let Some(reason) = &self.failed {
             return Err(StorageError::WalFailed {
@@ -466,28 +493,7 @@ impl<F: FileSystem> Wal<F> {
         let state = &mut *guard;
         state.check_usable()?;
         let len = record.frame_len() as u64;
-        if len > state.capacity / 4 {
-            return Err(StorageError::TooLarge {
-                what: "WAL record",
-                len,
-                max: state.capacity / 4,
-            });
-        }
-        let next = state.next_pos();
-        let physical = next % state.capacity;
-        let skip = if physical + len > state.capacity {
-            state.capacity - physical
-        } else {
-            0
-        };
-        let pos = next + skip;
-        let end = pos + len;
-        if round_up(end, BLOCK_BYTES) - state.checkpoint_tail > state.capacity {
-            return Err(StorageError::WalFull {
-                needed_bytes: len + skip,
-                free_bytes: state.capacity.saturating_sub(state.used_bytes()),
-            });
-        }
+        let (pos, end, skip) = state.place(state.next_pos(), len)?;
         let padded_len = state.pending.len() + usize::try_from(skip).unwrap_or(0);
         state.pending.resize(padded_len, 0);
         encode_frame(&mut state.pending, RECORD_MAGIC, pos, |buf| {
@@ -509,6 +515,22 @@ impl<F: FileSystem> Wal<F> {
                 end,
             },
         })
+    }
+
+    /// Appends every record or none: when the ring cannot take them all, it
+    /// answers `WalFull` having added nothing (the broker's 429 promises that
+    /// nothing was accepted).
+    pub fn append_batch(&self, records: &[WalRecordRef<'_>]) -> Result<Vec<Appended>> {
+        {
+            let state = self.state.borrow();
+            state.check_usable()?;
+            let mut next = state.next_pos();
+            for record in records {
+                let (_, end, _) = state.place(next, record.frame_len() as u64)?;
+                next = end;
+            }
+        }
+        records.iter().map(|record| self.append(record)).collect()
     }
 
     /// Writes everything appended so far with one write and one fdatasync,
