@@ -1,6 +1,16 @@
 //! `narad-bench wal [--dir DIR] [--seconds S]`: the ingress WAL's group commit
 //! at 1, 16, 64 and 256 concurrent appenders of 1 KiB records, beside the
 //! disk's raw limits measured in the same run.
+//!
+//! `narad-bench produce --server URL --topic T [--connections 1,16,64,256]
+//! [--seconds S] [--message-bytes N] [--batch N]`: closed-loop produce load
+//! on a node over keep-alive connections.
+//!
+//! `narad-bench ceiling [--listen ADDR] [--dir DIR]`: the bare endpoint the
+//! broker's produce is compared with (202 after a group-committed fdatasync).
+
+mod ceiling;
+mod http_load;
 
 use std::cell::RefCell;
 use std::path::PathBuf;
@@ -207,7 +217,95 @@ fn print_goal(raw: &Histogram<u64>, at_256: &LevelResult) {
     );
 }
 
+fn flag(args: &[String], name: &str) -> Option<String> {
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1).cloned())
+}
+
+fn produce_main(args: &[String]) -> Result<(), String> {
+    let server = flag(args, "--server").unwrap_or_else(|| "http://127.0.0.1:8080".into());
+    let addr = server
+        .strip_prefix("http://")
+        .unwrap_or(&server)
+        .trim_end_matches('/')
+        .to_string();
+    let topic = flag(args, "--topic").ok_or("--topic is required")?;
+    let seconds: u64 = flag(args, "--seconds")
+        .map_or(Ok(5), |s| s.parse())
+        .map_err(|e| format!("--seconds: {e}"))?;
+    let message_bytes: usize = flag(args, "--message-bytes")
+        .map_or(Ok(1024), |s| s.parse())
+        .map_err(|e| format!("--message-bytes: {e}"))?;
+    let batch: usize = flag(args, "--batch")
+        .map_or(Ok(0), |s| s.parse())
+        .map_err(|e| format!("--batch: {e}"))?;
+    let levels: Vec<usize> = flag(args, "--connections")
+        .unwrap_or_else(|| "1,16,64,256".into())
+        .split(',')
+        .map(|c| c.trim().parse().map_err(|e| format!("--connections: {e}")))
+        .collect::<Result<_, _>>()?;
+    let value = "x".repeat(message_bytes);
+    let (path, body, per_request) = if batch == 0 {
+        (
+            format!("/v1/topics/{topic}/messages"),
+            value.into_bytes(),
+            1,
+        )
+    } else {
+        let items: Vec<String> = (0..batch)
+            .map(|_| format!("{{\"value\":\"{value}\"}}"))
+            .collect();
+        (
+            format!("/v1/topics/{topic}/messages/batch"),
+            format!("{{\"messages\":[{}]}}", items.join(",")).into_bytes(),
+            batch,
+        )
+    };
+    for connections in levels {
+        let config = http_load::LoadConfig {
+            addr: addr.clone(),
+            path: path.clone(),
+            connections,
+            duration: Duration::from_secs(seconds),
+            body: body.clone(),
+            messages_per_request: per_request,
+        };
+        let result = http_load::run(&config)?;
+        let secs = result.elapsed.as_secs_f64();
+        println!(
+            "produce {}: {connections:>3} connections: {:>8.0} req/s {:>9.0} msg/s  p50 {:>6} us  p99 {:>6} us  p999 {:>6} us  errors {}",
+            if batch == 0 { "single".to_string() } else { format!("batch x{batch}") },
+            result.requests as f64 / secs,
+            (result.requests * config.messages_per_request as u64) as f64 / secs,
+            result.latency_us.value_at_quantile(0.5),
+            result.latency_us.value_at_quantile(0.99),
+            result.latency_us.value_at_quantile(0.999),
+            result.errors
+        );
+    }
+    Ok(())
+}
+
 fn main() {
+    let all: Vec<String> = std::env::args().skip(1).collect();
+    let mode_result = match all.first().map(String::as_str) {
+        Some("produce") => Some(produce_main(&all)),
+        Some("ceiling") => {
+            let listen = flag(&all, "--listen").unwrap_or_else(|| "127.0.0.1:0".into());
+            let dir =
+                PathBuf::from(flag(&all, "--dir").unwrap_or_else(|| "./narad-bench-data".into()));
+            Some(ceiling::run(&listen, &dir))
+        }
+        _ => None,
+    };
+    if let Some(result) = mode_result {
+        if let Err(message) = result {
+            eprintln!("narad-bench: {message}");
+            std::process::exit(1);
+        }
+        return;
+    }
     let args = match parse_args() {
         Ok(args) => args,
         Err(message) => {
