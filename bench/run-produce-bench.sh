@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Produce benchmark of one node beside the bare ceiling endpoint, same machine,
+# same run. Usage: bench/run-produce-bench.sh [SECONDS_PER_LEVEL]
+# Starts only what it stops: a narad node and a ceiling server on free ports.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds="${1:-5}"
+cargo build --release -p narad-broker -p narad-bench >/dev/null
+work="$(mktemp -d)"
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"; }
+trap cleanup EXIT
+
+start() { # name, command...: starts it, waits for its "listening client=" line, prints the address
+  local name="$1"; shift
+  "$@" >"$work/$name.out" 2>"$work/$name.err" &
+  pids+=($!)
+  for _ in $(seq 1 600); do
+    if grep -q 'listening client=' "$work/$name.out" 2>/dev/null; then
+      grep -o 'client=[^ ]*' "$work/$name.out" | cut -d= -f2; return 0
+    fi
+    sleep 0.1
+  done
+  echo "$name did not start" >&2; cat "$work/$name.err" >&2; return 1
+}
+
+node=$(start narad target/release/narad serve --data-dir "$work/narad" --listen 127.0.0.1:0 --shards 1)
+curl -s -X PUT "http://$node/v1/topics/bench" -d '{"partitions": 16}' >/dev/null
+echo "== narad $node (1 shard), topic bench x16, 1 KiB messages"
+target/release/narad-bench produce --server "http://$node" --topic bench --seconds "$seconds"
+target/release/narad-bench produce --server "http://$node" --topic bench --seconds "$seconds" --connections 64 --batch 100
+kill "${pids[0]}"; wait "${pids[0]}" 2>/dev/null || true
+
+ceiling=$(start ceiling target/release/narad-bench ceiling --listen 127.0.0.1:0 --dir "$work/ceiling")
+echo "== ceiling $ceiling (hyper on glommio, 202 after WAL group commit)"
+target/release/narad-bench produce --server "http://$ceiling" --topic bench --seconds "$seconds" --connections 1,16,64,256
