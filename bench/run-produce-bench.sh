@@ -11,26 +11,27 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"; }
 trap cleanup EXIT
 
-start() { # name, command...: starts it, waits for its "listening client=" line, prints the address
-  local name="$1"; shift
-  "$@" >"$work/$name.out" 2>"$work/$name.err" &
-  pids+=($!)
+address_of() { # name: waits (with a deadline) for its "listening client=" line, prints the address
   for _ in $(seq 1 600); do
-    if grep -q 'listening client=' "$work/$name.out" 2>/dev/null; then
-      grep -o 'client=[^ ]*' "$work/$name.out" | cut -d= -f2; return 0
+    if grep -q 'listening client=' "$work/$1.out" 2>/dev/null; then
+      grep -o 'client=[^ ]*' "$work/$1.out" | cut -d= -f2; return 0
     fi
     sleep 0.1
   done
-  echo "$name did not start" >&2; cat "$work/$name.err" >&2; return 1
+  echo "$1 did not start" >&2; cat "$work/$1.err" >&2; return 1
 }
 
-node=$(start narad target/release/narad serve --data-dir "$work/narad" --listen 127.0.0.1:0 --shards 1)
+target/release/narad serve --data-dir "$work/narad" --listen 127.0.0.1:0 --shards 1 >"$work/narad.out" 2>"$work/narad.err" &
+pids+=($!)
+node=$(address_of narad)
 curl -s -X PUT "http://$node/v1/topics/bench" -d '{"partitions": 16}' >/dev/null
 echo "== narad $node (1 shard), topic bench x16, 1 KiB messages"
 target/release/narad-bench produce --server "http://$node" --topic bench --seconds "$seconds"
 target/release/narad-bench produce --server "http://$node" --topic bench --seconds "$seconds" --connections 64 --batch 100
 kill "${pids[0]}"; wait "${pids[0]}" 2>/dev/null || true
 
-ceiling=$(start ceiling target/release/narad-bench ceiling --listen 127.0.0.1:0 --dir "$work/ceiling")
+target/release/narad-bench ceiling --listen 127.0.0.1:0 --dir "$work/ceiling" >"$work/ceiling.out" 2>"$work/ceiling.err" &
+pids+=($!)
+ceiling=$(address_of ceiling)
 echo "== ceiling $ceiling (hyper on glommio, 202 after WAL group commit)"
 target/release/narad-bench produce --server "http://$ceiling" --topic bench --seconds "$seconds" --connections 1,16,64,256
