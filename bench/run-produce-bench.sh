@@ -28,6 +28,8 @@ curl -s -X PUT "http://$node/v1/topics/bench" -d '{"partitions": 16}' >/dev/null
 echo "== narad $node (1 shard), topic bench x16, 1 KiB messages"
 target/release/narad-bench produce --server "http://$node" --topic bench --seconds "$seconds"
 target/release/narad-bench produce --server "http://$node" --topic bench --seconds "$seconds" --connections 64 --batch 100
+curl -s -X PUT "http://$node/v1/topics/latency" -d '{"partitions": 4}' >/dev/null
+target/release/narad-bench latency --server "http://$node" --topic latency --rate 100 --messages 500
 kill "${pids[0]}"; wait "${pids[0]}" 2>/dev/null || true
 
 target/release/narad-bench ceiling --listen 127.0.0.1:0 --dir "$work/ceiling" >"$work/ceiling.out" 2>"$work/ceiling.err" &

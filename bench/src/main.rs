@@ -6,11 +6,15 @@
 //! [--seconds S] [--message-bytes N] [--batch N]`: closed-loop produce load
 //! on a node over keep-alive connections.
 //!
+//! `narad-bench latency --server URL --topic T [--rate 100] [--messages 1000]`:
+//! produce → consumable latency at a light fixed rate.
+//!
 //! `narad-bench ceiling [--listen ADDR] [--dir DIR]`: the bare endpoint the
 //! broker's produce is compared with (202 after a group-committed fdatasync).
 
 mod ceiling;
 mod http_load;
+mod latency;
 
 use std::cell::RefCell;
 use std::path::PathBuf;
@@ -287,10 +291,33 @@ fn produce_main(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
+/// `narad-bench latency --server URL --topic T [--rate 100] [--messages 1000]`
+fn latency_main(args: &[String]) -> Result<(), String> {
+    let server = flag(args, "--server").unwrap_or_else(|| "http://127.0.0.1:8080".into());
+    let topic = flag(args, "--topic").ok_or("--topic is required")?;
+    let rate: u64 = flag(args, "--rate")
+        .map_or(Ok(100), |s| s.parse())
+        .map_err(|e| format!("--rate: {e}"))?;
+    let messages: u64 = flag(args, "--messages")
+        .map_or(Ok(1000), |s| s.parse())
+        .map_err(|e| format!("--messages: {e}"))?;
+    let histogram = latency::run(&server, &topic, rate, messages)?;
+    println!(
+        "produce -> consumable at {rate} msg/s: {} messages  p50 {} us  p99 {} us  p999 {} us  max {} us",
+        histogram.len(),
+        histogram.value_at_quantile(0.5),
+        histogram.value_at_quantile(0.99),
+        histogram.value_at_quantile(0.999),
+        histogram.max()
+    );
+    Ok(())
+}
+
 fn main() {
     let all: Vec<String> = std::env::args().skip(1).collect();
     let mode_result = match all.first().map(String::as_str) {
         Some("produce") => Some(produce_main(&all)),
+        Some("latency") => Some(latency_main(&all)),
         Some("ceiling") => {
             let listen = flag(&all, "--listen").unwrap_or_else(|| "127.0.0.1:0".into());
             let dir =
