@@ -30,6 +30,8 @@ target/release/narad-bench produce --server "http://$node" --topic bench --secon
 target/release/narad-bench produce --server "http://$node" --topic bench --seconds "$seconds" --connections 64 --batch 100
 curl -s -X PUT "http://$node/v1/topics/latency" -d '{"partitions": 4}' >/dev/null
 target/release/narad-bench latency --server "http://$node" --topic latency --rate 100 --messages 500
+curl -s -X PUT "http://$node/v1/topics/drain" -d '{"partitions": 16}' >/dev/null
+target/release/narad-bench drain --server "http://$node" --topic drain --messages 20000 --consumers 4
 kill "${pids[0]}"; wait "${pids[0]}" 2>/dev/null || true
 
 target/release/narad-bench ceiling --listen 127.0.0.1:0 --dir "$work/ceiling" >"$work/ceiling.out" 2>"$work/ceiling.err" &

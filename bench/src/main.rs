@@ -9,10 +9,14 @@
 //! `narad-bench latency --server URL --topic T [--rate 100] [--messages 1000]`:
 //! produce → consumable latency at a light fixed rate.
 //!
+//! `narad-bench drain --server URL --topic T [--messages N] [--consumers C]`:
+//! consume + ack throughput (long polls of 100, batch acks).
+//!
 //! `narad-bench ceiling [--listen ADDR] [--dir DIR]`: the bare endpoint the
 //! broker's produce is compared with (202 after a group-committed fdatasync).
 
 mod ceiling;
+mod drain;
 mod http_load;
 mod latency;
 
@@ -291,6 +295,29 @@ fn produce_main(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
+/// `narad-bench drain --server URL --topic T [--messages 20000] [--consumers 4] [--message-bytes 1024]`
+fn drain_main(args: &[String]) -> Result<(), String> {
+    let server = flag(args, "--server").unwrap_or_else(|| "http://127.0.0.1:8080".into());
+    let topic = flag(args, "--topic").ok_or("--topic is required")?;
+    let messages: u64 = flag(args, "--messages")
+        .map_or(Ok(20_000), |s| s.parse())
+        .map_err(|e| format!("--messages: {e}"))?;
+    let consumers: usize = flag(args, "--consumers")
+        .map_or(Ok(4), |s| s.parse())
+        .map_err(|e| format!("--consumers: {e}"))?;
+    let bytes: usize = flag(args, "--message-bytes")
+        .map_or(Ok(1024), |s| s.parse())
+        .map_err(|e| format!("--message-bytes: {e}"))?;
+    let result = drain::run(&server, &topic, messages, consumers, bytes)?;
+    println!(
+        "consume + ack, {consumers} consumers, batches of 100: {} messages in {:.2} s = {:.0} msg/s",
+        result.messages,
+        result.elapsed.as_secs_f64(),
+        result.messages as f64 / result.elapsed.as_secs_f64()
+    );
+    Ok(())
+}
+
 /// `narad-bench latency --server URL --topic T [--rate 100] [--messages 1000]`
 fn latency_main(args: &[String]) -> Result<(), String> {
     let server = flag(args, "--server").unwrap_or_else(|| "http://127.0.0.1:8080".into());
@@ -318,6 +345,7 @@ fn main() {
     let mode_result = match all.first().map(String::as_str) {
         Some("produce") => Some(produce_main(&all)),
         Some("latency") => Some(latency_main(&all)),
+        Some("drain") => Some(drain_main(&all)),
         Some("ceiling") => {
             let listen = flag(&all, "--listen").unwrap_or_else(|| "127.0.0.1:0".into());
             let dir =

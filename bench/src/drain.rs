@@ -1,0 +1,84 @@
+//! `narad-bench drain`: consume + ack throughput. Fills a topic with batch
+//! produces, then consumer threads long-poll up to 100 messages at a time and
+//! batch-ack them until the topic is empty.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use narad_net::client::Client;
+use serde_json::json;
+
+const BATCH: usize = 100;
+
+pub struct DrainResult {
+    pub messages: u64,
+    pub elapsed: Duration,
+}
+
+pub fn run(
+    server: &str,
+    topic: &str,
+    messages: u64,
+    consumers: usize,
+    message_bytes: usize,
+) -> Result<DrainResult, String> {
+    let client = Client::new(server).map_err(|e| e.to_string())?;
+    let value = "x".repeat(message_bytes);
+    let body =
+        json!({ "messages": (0..BATCH).map(|_| json!({ "value": value })).collect::<Vec<_>>() })
+            .to_string();
+    let mut produced = 0u64;
+    while produced < messages {
+        client
+            .call(
+                "POST",
+                &format!("/v1/topics/{topic}/messages/batch"),
+                &[],
+                body.as_bytes(),
+            )
+            .map_err(|e| e.to_string())?;
+        produced += BATCH as u64;
+    }
+    let consumed = AtomicU64::new(0);
+    let started = Instant::now();
+    std::thread::scope(|scope| -> Result<(), String> {
+        let workers: Vec<_> = (0..consumers)
+            .map(|_| {
+                scope.spawn(|| -> Result<(), String> {
+                    let client = Client::new(server).map_err(|e| e.to_string())?;
+                    while consumed.load(Ordering::Relaxed) < produced {
+                        let got = client
+                            .consume(topic, BATCH as u32, 200)
+                            .map_err(|e| e.to_string())?;
+                        if got.is_empty() {
+                            continue;
+                        }
+                        let receipts: Vec<&str> =
+                            got.iter().filter_map(|m| m["receipt"].as_str()).collect();
+                        let ack = json!({ "receipts": receipts }).to_string();
+                        client
+                            .call(
+                                "POST",
+                                &format!("/v1/topics/{topic}/ack/batch"),
+                                &[],
+                                ack.as_bytes(),
+                            )
+                            .map_err(|e| e.to_string())?;
+                        consumed.fetch_add(got.len() as u64, Ordering::Relaxed);
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for worker in workers {
+            worker
+                .join()
+                .map_err(|_| "a consumer thread panicked".to_string())??;
+        }
+        Ok(())
+    })?;
+    Ok(DrainResult {
+        messages: consumed.load(Ordering::Relaxed),
+        elapsed: started.elapsed(),
+    })
+}
