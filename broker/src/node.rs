@@ -142,6 +142,10 @@ pub fn run(config: Config) -> Result<(), String> {
     let data_dir: PathBuf = config.data_dir();
     std::fs::create_dir_all(&data_dir)
         .map_err(|e| format!("creating {}: {e}", data_dir.display()))?;
+    // glommio opens directories relative to no directory at all: give it an
+    // absolute path (the default `./narad-data` is relative).
+    let data_dir = std::fs::canonicalize(&data_dir)
+        .map_err(|e| format!("resolving {}: {e}", data_dir.display()))?;
     let shards = config.u64("shards");
     if shards > 1 {
         return Err(format!(

@@ -730,3 +730,56 @@ fn a_full_wal_ring_answers_429_and_accepts_nothing_of_the_batch() {
         "nothing of the refused batch"
     );
 }
+
+#[test]
+fn a_relative_data_folder_works_as_the_readme_runs_it() {
+    use std::io::BufRead as _;
+    let tmp = tempfile::tempdir().expect("tmp");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_narad"))
+        .args([
+            "serve",
+            "--data-dir",
+            "narad-data",
+            "--listen",
+            "127.0.0.1:0",
+            "--set",
+            "storage.wal_ring_bytes=8388608",
+        ])
+        .current_dir(tmp.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let stdout = child.stdout.take().expect("stdout");
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if let Some(rest) = line.strip_prefix("listening client=") {
+                let _ = sender.send(
+                    rest.split_whitespace()
+                        .next()
+                        .unwrap_or_default()
+                        .to_string(),
+                );
+            }
+        }
+    });
+    let addr = receiver.recv_timeout(support::START_DEADLINE);
+    let served = addr.as_ref().ok().map(|addr| {
+        let (created, _) =
+            support::request(addr, "PUT", "/v1/topics/t", &[], br#"{"partitions": 1}"#);
+        let (produced, _) = support::request(addr, "POST", "/v1/topics/t/messages", &[], b"x");
+        (created, produced)
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(
+        served,
+        Some((201, 202)),
+        "a node with a relative data folder starts and serves"
+    );
+    assert!(tmp.path().join("narad-data").join("wal").exists());
+}

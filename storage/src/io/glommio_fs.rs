@@ -144,7 +144,9 @@ impl FileSystem for GlommioFs {
     }
 
     async fn sync_dir(&self, path: &Path) -> io::Result<()> {
-        let dir = glommio::io::Directory::open(path)
+        // glommio opens with no base directory, so a relative path fails.
+        let path = std::path::absolute(path)?;
+        let dir = glommio::io::Directory::open(&path)
             .await
             .map_err(io::Error::from)?;
         dir.sync().await.map_err(io::Error::from)?;
