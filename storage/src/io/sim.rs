@@ -190,6 +190,13 @@ impl SimDisk {
         false
     }
 
+    /// The file named `path` and `pos` as an index into it.
+    fn file_at(&mut self, path: &Path, pos: u64) -> Option<(&mut Inode, usize)> {
+        let id = *self.names.get(path)?;
+        let at = usize::try_from(pos).ok()?;
+        Some((self.inodes.get_mut(&id)?, at))
+    }
+
     fn inode_mut(&mut self, inode: u64) -> io::Result<&mut Inode> {
         self.inodes
             .get_mut(&inode)
@@ -285,13 +292,7 @@ impl SimFs {
     pub fn flip_bit(&self, path: &Path, pos: u64, bit: u8) -> bool {
         let mut guard = self.disk.borrow_mut();
         let disk = &mut *guard;
-        let Some(&id) = disk.names.get(path) else {
-            return false;
-        };
-        let Some(inode) = disk.inodes.get_mut(&id) else {
-            return false;
-        };
-        let Ok(at) = usize::try_from(pos) else {
+        let Some((inode, at)) = disk.file_at(path, pos) else {
             return false;
         };
         let mask = 1u8 << (bit % 8);
@@ -378,13 +379,7 @@ impl SimFs {
     /// that hand-craft damage, such as garbage past the end of a log).
     pub fn scribble(&self, path: &Path, pos: u64, data: &[u8]) -> bool {
         let mut disk = self.disk.borrow_mut();
-        let Some(&id) = disk.names.get(path) else {
-            return false;
-        };
-        let Some(inode) = disk.inodes.get_mut(&id) else {
-            return false;
-        };
-        let Ok(at) = usize::try_from(pos) else {
+        let Some((inode, at)) = disk.file_at(path, pos) else {
             return false;
         };
         write_into(&mut inode.durable, at, data);
