@@ -21,6 +21,7 @@ use narad_net::{ApiError, ErrorCode};
 use narad_raft::state::Topic;
 use serde_json::{json, Value};
 
+use crate::mesh::ShardGauges;
 use crate::shard::{Shard, MAX_MESSAGE_BYTES_DEFAULT};
 
 /// The routes of this build.
@@ -165,11 +166,11 @@ async fn dispatch(shard: &Rc<Shard>, request: HttpRequest) -> Result<HttpRespons
     let body = request.body().clone();
     match route {
         Route::Healthz => Ok(json_response(StatusCode::OK, &json!({"status": "ok"}))),
-        Route::Readyz => match shard.not_ready() {
+        Route::Readyz => match shard.not_ready().await {
             Some(error) => Err(error),
             None => Ok(json_response(StatusCode::OK, &json!({"status": "ready"}))),
         },
-        Route::Metrics => Ok(metrics(shard)),
+        Route::Metrics => Ok(metrics(shard).await),
         Route::Topics => {
             let topics: Vec<Value> = shard.topics().iter().map(topic_json).collect();
             Ok(json_response(StatusCode::OK, &json!({ "topics": topics })))
@@ -220,25 +221,30 @@ async fn dispatch(shard: &Rc<Shard>, request: HttpRequest) -> Result<HttpRespons
             let topic = shard.topic(name)?;
             let settle = SettleRequest::parse(&body, kind, batch)?;
             if batch {
-                Ok(settle_batch(shard, &topic, settle))
+                Ok(settle_batch(shard, &topic, settle).await)
             } else {
-                settle_one(shard, &topic, settle)
+                settle_one(shard, &topic, settle).await
             }
         }
     }
 }
 
-fn settle_one(
+async fn settle_one(
     shard: &Shard,
     topic: &Topic,
     settle: SettleRequest,
 ) -> Result<HttpResponse, ApiError> {
-    let receipt = settle
-        .receipts
-        .first()
-        .map(String::as_str)
-        .unwrap_or_default();
-    match shard.settle(topic, receipt, settle.action)? {
+    let answer = shard
+        .settle(
+            topic,
+            &settle.receipts[..1.min(settle.receipts.len())],
+            settle.action,
+        )
+        .await
+        .into_iter()
+        .next()
+        .unwrap_or_else(|| Err(ApiError::new(ErrorCode::InvalidRequest, "no receipt given")));
+    match answer? {
         Some(lease_expires_at_ms) => Ok(json_response(
             StatusCode::OK,
             &ExtendResponse {
@@ -249,32 +255,32 @@ fn settle_one(
     }
 }
 
-fn settle_batch(shard: &Shard, topic: &Topic, settle: SettleRequest) -> HttpResponse {
+async fn settle_batch(shard: &Shard, topic: &Topic, settle: SettleRequest) -> HttpResponse {
     let ok_status = match settle.action {
         SettleAction::Extend { .. } => 200,
         SettleAction::Ack | SettleAction::Nack { .. } => 204,
     };
+    let answers = shard.settle(topic, &settle.receipts, settle.action).await;
     let results = settle
         .receipts
-        .iter()
-        .map(
-            |receipt| match shard.settle(topic, receipt, settle.action) {
-                Ok(lease_expires_at_ms) => SettleResult {
-                    receipt: receipt.clone(),
-                    status: ok_status,
-                    lease_expires_at_ms,
-                    error: None,
-                },
-                Err(error) => SettleResult {
-                    receipt: receipt.clone(),
-                    status: error.status(),
-                    lease_expires_at_ms: None,
-                    error: serde_json::from_str::<Value>(&error.to_json())
-                        .ok()
-                        .map(|v| v["error"].clone()),
-                },
+        .into_iter()
+        .zip(answers)
+        .map(|(receipt, answer)| match answer {
+            Ok(lease_expires_at_ms) => SettleResult {
+                receipt,
+                status: ok_status,
+                lease_expires_at_ms,
+                error: None,
             },
-        )
+            Err(error) => SettleResult {
+                receipt,
+                status: error.status(),
+                lease_expires_at_ms: None,
+                error: serde_json::from_str::<Value>(&error.to_json())
+                    .ok()
+                    .map(|v| v["error"].clone()),
+            },
+        })
         .collect();
     json_response(StatusCode::OK, &SettleBatchResponse { results })
 }
@@ -342,8 +348,9 @@ async fn put_topic(shard: &Shard, name: &str, body: &[u8]) -> Result<HttpRespons
     ))
 }
 
-/// Prometheus text exposition of the node's figures.
-fn metrics(shard: &Shard) -> HttpResponse {
+/// Prometheus text exposition of the node's figures, every shard's.
+async fn metrics(shard: &Shard) -> HttpResponse {
+    let shards = shard.gauges().await;
     let mut out = shard.render_metrics();
     let mut gauge = |name: &str, help: &str, samples: Vec<(String, f64)>| {
         out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} gauge\n"));
@@ -351,28 +358,27 @@ fn metrics(shard: &Shard) -> HttpResponse {
             out.push_str(&format!("{name}{labels} {value}\n"));
         }
     };
-    let wal = shard.wal().stats();
+    let failed = shards.iter().any(|g| g.wal_failure.is_some());
     gauge(
         "narad_ingress_wal_failed",
-        "1 once the ingress WAL failed (produces answer 500 until restart)",
-        vec![(
-            String::new(),
-            if shard.wal().failure().is_some() {
-                1.0
-            } else {
-                0.0
-            },
-        )],
+        "1 once an ingress WAL of the node failed (its shard answers 500 to produces until restart)",
+        vec![(String::new(), if failed { 1.0 } else { 0.0 })],
     );
+    let per_shard = |f: &dyn Fn(&ShardGauges) -> f64| -> Vec<(String, f64)> {
+        shards
+            .iter()
+            .map(|g| (format!("{{shard=\"{}\"}}", g.shard), f(g)))
+            .collect()
+    };
     gauge(
         "narad_wal_used_bytes",
         "bytes of the ingress WAL ring in use",
-        vec![("{shard=\"0\"}".into(), wal.used_bytes as f64)],
+        per_shard(&|g| g.wal_used_bytes as f64),
     );
     gauge(
         "narad_dispatcher_pending_records",
         "accepted records not yet committed to their partition",
-        vec![("{shard=\"0\"}".into(), shard.dispatcher_pending() as f64)],
+        per_shard(&|g| g.dispatcher_pending as f64),
     );
     gauge(
         "narad_raft_is_leader",
@@ -387,7 +393,8 @@ fn metrics(shard: &Shard) -> HttpResponse {
         "current Raft term",
         vec![(String::new(), shard.meta().term() as f64)],
     );
-    let partitions = shard.open_partition_stats();
+    let partitions: Vec<&(String, u32, crate::owner::PartitionStats)> =
+        shards.iter().flat_map(|g| &g.partitions).collect();
     let label =
         |topic: &str, partition: u32| format!("{{topic=\"{topic}\",partition=\"{partition}\"}}");
     let series = |f: &dyn Fn(&crate::owner::PartitionStats) -> f64| -> Vec<(String, f64)> {

@@ -21,6 +21,7 @@ pub mod config;
 pub mod dispatcher;
 pub mod errors;
 pub mod leases;
+pub mod mesh;
 pub mod node;
 pub mod owner;
 pub mod partitioner;

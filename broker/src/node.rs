@@ -1,16 +1,18 @@
 //! Starting and stopping a node: the data folder's identity files, the
-//! metastore, the shard and its background tasks, the client listener, and a
-//! graceful stop on SIGTERM or SIGINT.
+//! metastore, one glommio executor per shard with its background tasks and
+//! its listener on the shared client port, and a graceful stop on SIGTERM or
+//! SIGINT.
 
 use std::io::Write;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use glommio::net::TcpListener;
-use glommio::LocalExecutorBuilder;
+use glommio::{LocalExecutorBuilder, Placement};
 use narad_net::http_server::{serve, Handler, HttpRequest, ServerLimits};
 use narad_raft::node::{MetaNode, MetaNodeConfig};
 use narad_storage::clock::{SharedClock, SystemClock};
@@ -18,8 +20,9 @@ use narad_storage::io::glommio_fs::GlommioFs;
 use narad_storage::wal::{Wal, WalConfig};
 
 use crate::config::Config;
+use crate::mesh::{self, MeshEnds};
 use crate::receipt::ReceiptKey;
-use crate::shard::{every, Shard, ShardIdentity};
+use crate::shard::{every, Shard, ShardIdentity, ShardParts};
 
 const EPOCH_FILE: &str = "node.epoch";
 const RECEIPT_KEY_FILE: &str = "receipt.key";
@@ -27,6 +30,8 @@ const IO_MEMORY_BYTES: usize = 16 * 1024 * 1024;
 /// How long a starting node waits for its metastore to replay its log.
 const META_CATCH_UP_TIMEOUT: Duration = Duration::from_secs(60);
 const STOP_POLL_INTERVAL: Duration = Duration::from_millis(20);
+/// How long a stopping shard waits for the others at each stop barrier.
+const STOP_BARRIER_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often the metrics exporter drains its histograms.
 const METRICS_UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
 /// Buckets of every latency histogram, in seconds.
@@ -137,6 +142,65 @@ fn stop_on_signal() -> Result<Arc<AtomicBool>, String> {
     Ok(flag)
 }
 
+/// What a starting shard tells the main thread.
+enum Startup {
+    /// The client listener is bound here (the other shards share the port).
+    Bound(SocketAddr),
+    Serving,
+    Failed(String),
+}
+
+/// What every shard of the node shares: the stop flag and the two barriers
+/// of a graceful stop. Not on the data path.
+struct NodeShared {
+    shards: usize,
+    stop: Arc<AtomicBool>,
+    /// Shards whose dispatcher drained (commits may still cross shards).
+    drained: AtomicUsize,
+    /// Shards that synced their checkpoint and acks.
+    finished: AtomicUsize,
+}
+
+impl NodeShared {
+    /// Waits until `counter` counts every shard, or the deadline passes.
+    async fn barrier(&self, counter: &AtomicUsize, what: &str) {
+        counter.fetch_add(1, Ordering::SeqCst);
+        let deadline = std::time::Instant::now() + STOP_BARRIER_TIMEOUT;
+        while counter.load(Ordering::SeqCst) < self.shards {
+            if std::time::Instant::now() >= deadline {
+                tracing::warn!(what, "stopping without waiting longer for other shards");
+                return;
+            }
+            glommio::timer::sleep(STOP_POLL_INTERVAL).await;
+        }
+    }
+}
+
+/// Everything one shard needs to start, moved into its thread.
+struct ShardStart {
+    index: usize,
+    config: Config,
+    data_dir: PathBuf,
+    node_id: u16,
+    epoch: u32,
+    key: ReceiptKey,
+    meta: Arc<MetaNode>,
+    node: Arc<NodeShared>,
+    metrics: metrics_exporter_prometheus::PrometheusHandle,
+    listen: SocketAddr,
+    ends: MeshEnds,
+    startup: mpsc::Sender<Startup>,
+}
+
+/// The number of shards: `shards`, or every online CPU when 0.
+fn shard_count(config: &Config) -> usize {
+    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+    match config.u64("shards") {
+        0 => cpus,
+        n => usize::try_from(n).unwrap_or(cpus),
+    }
+}
+
 /// Runs a node until SIGTERM or SIGINT; returns once it stopped gracefully.
 pub fn run(config: Config) -> Result<(), String> {
     let data_dir: PathBuf = config.data_dir();
@@ -146,12 +210,7 @@ pub fn run(config: Config) -> Result<(), String> {
     // absolute path (the default `./narad-data` is relative).
     let data_dir = std::fs::canonicalize(&data_dir)
         .map_err(|e| format!("resolving {}: {e}", data_dir.display()))?;
-    let shards = config.u64("shards");
-    if shards > 1 {
-        return Err(format!(
-            "--shards {shards}: this build runs one shard per node (cross-shard routing is not built yet); use --shards 1"
-        ));
-    }
+    let shards = shard_count(&config);
     let node_id = u16::try_from(config.u64("node_id"))
         .map_err(|_| "node_id must fit in 16 bits".to_string())?;
     let epoch = next_epoch(&data_dir)?;
@@ -167,36 +226,120 @@ pub fn run(config: Config) -> Result<(), String> {
     meta_config.snapshot_after_entries = config.u64("raft.snapshot_after_entries");
     let meta = MetaNode::start(meta_config).map_err(|e| format!("starting the metastore: {e}"))?;
     let meta = Arc::new(meta);
-    let executor = LocalExecutorBuilder::default()
-        .name("narad-shard-0")
-        .io_memory(IO_MEMORY_BYTES)
-        .make()
-        .map_err(|e| format!("starting the shard executor: {e}"))?;
-    let config = Rc::new(config);
-    let shard_meta = meta.clone();
-    let result = executor.run(async move {
-        run_shard(
-            config, data_dir, node_id, epoch, key, shard_meta, stop, metrics,
-        )
-        .await
+    let node = Arc::new(NodeShared {
+        shards,
+        stop,
+        drained: AtomicUsize::new(0),
+        finished: AtomicUsize::new(0),
     });
+    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+    let (startup, started) = mpsc::channel();
+    let mut listen = config.addr("listen");
+    let mut handles = Vec::with_capacity(shards);
+    for (index, ends) in mesh::wire(shards).into_iter().enumerate() {
+        let start = ShardStart {
+            index,
+            config: config.clone(),
+            data_dir: data_dir.clone(),
+            node_id,
+            epoch,
+            key: key.clone(),
+            meta: meta.clone(),
+            node: node.clone(),
+            metrics: metrics.clone(),
+            listen,
+            ends,
+            startup: startup.clone(),
+        };
+        // One shard per core is the production shape: pin each to its core.
+        // Fewer shards than cores (tests, small hosts) leave placement to
+        // the kernel.
+        let placement = if shards == cpus {
+            Placement::Fixed(index)
+        } else {
+            Placement::Unbound
+        };
+        let handle = LocalExecutorBuilder::new(placement)
+            .name(&format!("narad-shard-{index}"))
+            .io_memory(IO_MEMORY_BYTES)
+            .spawn(move || async move {
+                let startup = start.startup.clone();
+                let result = run_shard(start).await;
+                if let Err(error) = &result {
+                    let _ = startup.send(Startup::Failed(error.clone()));
+                }
+                result
+            })
+            .map_err(|e| format!("starting shard {index}: {e}"))?;
+        handles.push(handle);
+        if index == 0 {
+            // Port 0 picks a free port: every other shard joins the one
+            // shard 0 got.
+            match started.recv() {
+                Ok(Startup::Bound(addr)) => listen = addr,
+                Ok(Startup::Failed(error)) => return Err(error),
+                Ok(Startup::Serving) | Err(_) => {
+                    return Err("shard 0 stopped while starting".into());
+                }
+            }
+        }
+    }
+    let mut serving = 0;
+    while serving < shards {
+        match started.recv() {
+            Ok(Startup::Serving) => serving += 1,
+            Ok(Startup::Bound(_)) => {}
+            // A shard that failed leaves the others waiting for it: the
+            // caller exits the process.
+            Ok(Startup::Failed(error)) => return Err(error),
+            Err(_) => return Err("a shard stopped while starting".into()),
+        }
+    }
+    // Exactly API.md's line: scripts and tests parse it.
+    println!(
+        "listening client={listen} peer={}",
+        config.addr("peer_listen")
+    );
+    let _ = std::io::stdout().flush();
+    tracing::info!(client = %listen, shards, "serving");
+    let mut result = Ok(());
+    for (index, handle) in handles.into_iter().enumerate() {
+        match handle.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => result = Err(error),
+            Err(error) => result = Err(format!("shard {index} ended badly: {error}")),
+        }
+    }
     if let Ok(meta) = Arc::try_unwrap(meta) {
         meta.shutdown();
     }
     result
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn run_shard(
-    config: Rc<Config>,
-    data_dir: PathBuf,
-    node_id: u16,
-    epoch: u32,
-    key: ReceiptKey,
-    meta: Arc<MetaNode>,
-    stop: Arc<AtomicBool>,
-    metrics: metrics_exporter_prometheus::PrometheusHandle,
-) -> Result<(), String> {
+async fn run_shard(start: ShardStart) -> Result<(), String> {
+    let ShardStart {
+        index,
+        config,
+        data_dir,
+        node_id,
+        epoch,
+        key,
+        meta,
+        node,
+        metrics,
+        listen,
+        ends,
+        startup,
+    } = start;
+    let config = Rc::new(config);
+    // Connecting waits for every peer to connect too: start it first, so a
+    // slow bind here never holds another shard.
+    let connecting = glommio::spawn_local(ends.connect());
+    let listener = TcpListener::bind(listen).map_err(|e| format!("listening on {listen}: {e}"))?;
+    let local = listener.local_addr().map_err(|e| e.to_string())?;
+    let _ = startup.send(Startup::Bound(local));
+    let (mesh, inbox) = connecting.await;
+
     let fs = GlommioFs::new(&data_dir)
         .await
         .map_err(|e| format!("preparing {}: {e}", data_dir.display()))?;
@@ -204,30 +347,37 @@ async fn run_shard(
     let wal_config = WalConfig {
         ring_bytes: config.u64("storage.wal_ring_bytes"),
     };
-    let (wal, recovery) = Wal::open(&fs, &data_dir.join("wal").join("shard-0"), wal_config)
+    let wal_dir = data_dir.join("wal");
+    let (wal, recovery) = Wal::open(&fs, &wal_dir.join(format!("shard-{index}")), wal_config)
         .await
-        .map_err(|e| format!("opening the ingress WAL: {e}"))?;
+        .map_err(|e| format!("opening the ingress WAL of shard {index}: {e}"))?;
     meta.wait_caught_up(META_CATCH_UP_TIMEOUT)
         .await
         .map_err(|e| format!("metastore did not catch up: {e}"))?;
     let identity = ShardIdentity {
         node_id,
-        shard_id: 0,
+        shard_id: u16::try_from(index).map_err(|_| "too many shards".to_string())?,
         epoch,
     };
-    let shard = Shard::new(
+    let shard = Shard::new(ShardParts {
         identity,
-        config.clone(),
-        data_dir,
+        config: config.clone(),
+        data_dir: data_dir.clone(),
         fs,
         clock,
-        wal.clone(),
+        wal: wal.clone(),
         meta,
-        key,
-        metrics.clone(),
-    );
+        receipt_key: key,
+        metrics: metrics.clone(),
+        mesh,
+    });
+    for inbox in inbox {
+        glommio::spawn_local(shard.clone().serve_peers(inbox)).detach();
+    }
+    glommio::spawn_local(shard.clone().watch_topics()).detach();
     if !recovery.records.is_empty() {
         tracing::info!(
+            shard = index,
             records = recovery.records.len(),
             "committing again what the WAL holds above its checkpoint"
         );
@@ -245,13 +395,15 @@ async fn run_shard(
         metrics::histogram!("narad_wal_records_per_sync").record(outcome.records as f64);
     }))
     .detach();
-    glommio::spawn_local(async move {
-        loop {
-            glommio::timer::sleep(METRICS_UPKEEP_INTERVAL).await;
-            metrics.run_upkeep();
-        }
-    })
-    .detach();
+    if index == 0 {
+        glommio::spawn_local(async move {
+            loop {
+                glommio::timer::sleep(METRICS_UPKEEP_INTERVAL).await;
+                metrics.run_upkeep();
+            }
+        })
+        .detach();
+    }
     let checkpoint_interval =
         Duration::from_millis(config.u64("dispatcher.checkpoint_interval_ms"));
     glommio::spawn_local(wal.clone().run_checkpointer(checkpoint_interval)).detach();
@@ -266,16 +418,10 @@ async fn run_shard(
         Box::pin(async move { s.maintain_all().await })
     }))
     .detach();
-
-    let listen = config.addr("listen");
-    let listener = TcpListener::bind(listen).map_err(|e| format!("listening on {listen}: {e}"))?;
-    let local = listener.local_addr().map_err(|e| e.to_string())?;
-    println!(
-        "listening client={local} peer={}",
-        config.addr("peer_listen")
-    );
-    let _ = std::io::stdout().flush();
-    tracing::info!(client = %local, "serving");
+    for orphan in orphan_wals(&wal_dir, index, node.shards) {
+        tracing::info!(dir = %orphan.display(), shard = index, "adopting the WAL of a shard that no longer exists");
+        glommio::spawn_local(shard.clone().adopt_wal(orphan, wal_config)).detach();
+    }
 
     let limits = ServerLimits {
         header_timeout: Duration::from_millis(config.u64("http.header_timeout_ms")),
@@ -291,12 +437,35 @@ async fn run_shard(
     });
     let accepting = Rc::new(std::cell::Cell::new(false));
     let server = glommio::spawn_local(serve(listener, limits, handler, accepting));
-    while !stop.load(Ordering::SeqCst) {
+    let _ = startup.send(Startup::Serving);
+    while !node.stop.load(Ordering::SeqCst) {
         glommio::timer::sleep(STOP_POLL_INTERVAL).await;
     }
     drop(server);
-    shard.stop().await;
+    shard.drain().await;
+    node.barrier(&node.drained, "dispatchers drained").await;
+    shard.finish().await;
+    node.barrier(&node.finished, "acks flushed").await;
     dispatcher.await;
-    tracing::info!("stopped");
+    tracing::info!(shard = index, "stopped");
     Ok(())
+}
+
+/// WAL folders of shards beyond the current count (the node ran with more
+/// shards before) that shard `index` takes over: `shard-j` with
+/// `j % shards == index`.
+fn orphan_wals(wal_dir: &Path, index: usize, shards: usize) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(wal_dir) else {
+        return Vec::new();
+    };
+    let mut found: Vec<PathBuf> = entries
+        .filter_map(Result::ok)
+        .filter_map(|entry| {
+            let name = entry.file_name();
+            let number: usize = name.to_str()?.strip_prefix("shard-")?.parse().ok()?;
+            (number >= shards && number % shards == index).then(|| entry.path())
+        })
+        .collect();
+    found.sort();
+    found
 }

@@ -17,7 +17,7 @@
 //! - `sweep`: ends expired leases; a message that reached `max_deliveries`
 //!   is parked and handed back for dead-lettering instead of redelivery.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 
 use narad_storage::consumer::ConsumerState;
@@ -69,7 +69,7 @@ pub struct Sweep {
 }
 
 /// Per-partition figures for `GET /v1/topics/{t}` and the metrics.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PartitionStats {
     pub high_watermark: u64,
     pub frontier: u64,
@@ -105,13 +105,31 @@ impl TailCache {
     }
 }
 
+/// The right to append, given back on drop (also when the commit future is
+/// dropped half way).
+struct AppendTurn<'a> {
+    appending: &'a Cell<bool>,
+    done: &'a Signal,
+}
+
+impl Drop for AppendTurn<'_> {
+    fn drop(&mut self) {
+        self.appending.set(false);
+        self.done.notify();
+    }
+}
+
 pub struct PartitionOwner<F: FileSystem> {
     log: PartitionLog<F>,
     acks: ConsumerState<F>,
     leases: RefCell<LeaseTable>,
     cache: RefCell<TailCache>,
     signal: Signal,
-    config: OwnerConfig,
+    /// Set while an append runs: commits from several shards take turns.
+    appending: Cell<bool>,
+    append_done: Signal,
+    /// The topic's `max_deliveries`, which a topic update may change.
+    max_deliveries: Cell<u32>,
     /// Produce time of each unacked offset is in the log; this remembers the
     /// append time of the oldest batches for the age figure.
     commit_times: RefCell<VecDeque<(u64, u64)>>,
@@ -128,7 +146,9 @@ impl<F: FileSystem> PartitionOwner<F> {
                 ..TailCache::default()
             }),
             signal: Signal::default(),
-            config,
+            appending: Cell::new(false),
+            append_done: Signal::default(),
+            max_deliveries: Cell::new(config.max_deliveries),
             commit_times: RefCell::new(VecDeque::new()),
         }
     }
@@ -142,7 +162,10 @@ impl<F: FileSystem> PartitionOwner<F> {
     }
 
     /// Appends a batch and makes it visible; returns its first offset.
+    /// Commits from several shards take turns: the log takes one append at
+    /// a time.
     pub async fn commit(&self, messages: &[Message], now_ms: u64) -> Result<u64, OwnerError> {
+        let _turn = self.take_append_turn().await;
         let base = self.log.append(messages).await?;
         {
             let mut cache = self.cache.borrow_mut();
@@ -158,6 +181,18 @@ impl<F: FileSystem> PartitionOwner<F> {
         Ok(base)
     }
 
+    async fn take_append_turn(&self) -> AppendTurn<'_> {
+        while self.appending.get() {
+            let seen = self.append_done.version();
+            self.append_done.changed(seen).await;
+        }
+        self.appending.set(true);
+        AppendTurn {
+            appending: &self.appending,
+            done: &self.append_done,
+        }
+    }
+
     /// The current availability version, to wait on with [`Self::changed`].
     pub fn version(&self) -> u64 {
         self.signal.version()
@@ -168,8 +203,9 @@ impl<F: FileSystem> PartitionOwner<F> {
         self.signal.changed(seen)
     }
 
-    /// Changes the retention of the partition's log (a topic update).
-    pub fn set_retention_ms(&self, retention_ms: u64) {
+    /// Applies a topic update: retention of the log and `max_deliveries`.
+    pub fn reconfigure(&self, retention_ms: u64, max_deliveries: u32) {
+        self.max_deliveries.set(max_deliveries);
         self.log.set_retention_ms(retention_ms);
     }
 
@@ -286,7 +322,7 @@ impl<F: FileSystem> PartitionOwner<F> {
         if expired.is_empty() {
             return Ok(Sweep::default());
         }
-        let limit = self.config.max_deliveries;
+        let limit = self.max_deliveries.get();
         let mut dead = Vec::new();
         for ended in expired
             .iter()

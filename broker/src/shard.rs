@@ -1,9 +1,11 @@
 //! One shard: a glommio executor that owns an ingress WAL ring, a
-//! dispatcher and the partition owners of this node, and serves the API.
+//! dispatcher and the partitions of this node that hash to it, and serves
+//! the API on the shared client port.
 //!
-//! This build runs one shard per node; requests never cross cores. The
-//! owner seam (`commit_batch`) is where commits to another shard or node
-//! will go.
+//! A request may need partitions of another shard: commits, consumes,
+//! settles and figures then go to the owning shard as one [`ShardMsg`]
+//! (`mesh.rs`). The owner seam (`commit_batch`) is also where commits to
+//! another node will go.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -19,14 +21,16 @@ use narad_raft::node::MetaNode;
 use narad_raft::state::{Applied, Command, Topic, TopicConfig};
 use narad_storage::clock::SharedClock;
 use narad_storage::consumer::{ConsumerConfig, ConsumerState};
+use narad_storage::error::StorageError;
 use narad_storage::io::glommio_fs::GlommioFs;
 use narad_storage::limits::SEGMENT_PREALLOC_STEP_BYTES_DEFAULT;
 use narad_storage::log::{LogConfig, Message, PartitionLog};
-use narad_storage::wal::{Wal, WalRecord, WalRecordRef};
+use narad_storage::wal::{Wal, WalConfig, WalRecord, WalRecordRef};
 
 use crate::config::Config;
 use crate::dispatcher::{CommitBatch, Destination, DispatchRecord, Dispatcher, DispatcherConfig};
 use crate::errors::{from_meta, from_owner, from_storage};
+use crate::mesh::{Mesh, SettleOutcome, ShardGauges, ShardMsg};
 use crate::owner::{OwnerConfig, PartitionOwner, PartitionStats};
 use crate::partitioner::partition_for_key;
 use crate::receipt::{Receipt, ReceiptKey};
@@ -41,6 +45,12 @@ const COMMIT_RETRY_BACKOFF_MIN_MS: u64 = 50;
 const COMMIT_RETRY_BACKOFF_MAX_MS: u64 = 2000;
 /// How long a graceful stop waits for the dispatcher to drain.
 const STOP_DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
+/// Records written per batch when a shard adopts a removed shard's WAL.
+const ADOPT_CHUNK_RECORDS: usize = 256;
+/// How often adoption tries again while this shard's ring is full.
+const ADOPT_FULL_RETRY: Duration = Duration::from_millis(20);
+/// How long `/metrics` and `/readyz` wait for another shard's figures.
+const GAUGES_TIMEOUT: Duration = Duration::from_secs(2);
 /// Default `max_message_bytes` of a topic.
 pub const MAX_MESSAGE_BYTES_DEFAULT: u64 = 1024 * 1024;
 
@@ -61,8 +71,23 @@ pub struct ShardIdentity {
     pub epoch: u32,
 }
 
+/// What a shard is made of.
+pub struct ShardParts {
+    pub identity: ShardIdentity,
+    pub config: Rc<Config>,
+    pub data_dir: PathBuf,
+    pub fs: GlommioFs,
+    pub clock: SharedClock,
+    pub wal: Rc<Wal<GlommioFs>>,
+    pub meta: Arc<MetaNode>,
+    pub receipt_key: ReceiptKey,
+    pub metrics: metrics_exporter_prometheus::PrometheusHandle,
+    pub mesh: Mesh,
+}
+
 pub struct Shard {
     identity: ShardIdentity,
+    mesh: Mesh,
     config: Rc<Config>,
     data_dir: PathBuf,
     fs: GlommioFs,
@@ -78,22 +103,26 @@ pub struct Shard {
     next_seq: Cell<u64>,
     round_robin: Cell<u32>,
     stopping: Cell<bool>,
+    /// Set once acks were flushed for the stop: later settles are refused,
+    /// since nothing would write them.
+    acks_closed: Cell<bool>,
     metrics: metrics_exporter_prometheus::PrometheusHandle,
 }
 
 impl Shard {
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        identity: ShardIdentity,
-        config: Rc<Config>,
-        data_dir: PathBuf,
-        fs: GlommioFs,
-        clock: SharedClock,
-        wal: Rc<Wal<GlommioFs>>,
-        meta: Arc<MetaNode>,
-        receipt_key: ReceiptKey,
-        metrics: metrics_exporter_prometheus::PrometheusHandle,
-    ) -> Rc<Self> {
+    pub fn new(parts: ShardParts) -> Rc<Self> {
+        let ShardParts {
+            identity,
+            config,
+            data_dir,
+            fs,
+            clock,
+            wal,
+            meta,
+            receipt_key,
+            metrics,
+            mesh,
+        } = parts;
         let dispatcher = Dispatcher::new(DispatcherConfig {
             max_linger_ms: config.u64("dispatcher.max_linger_ms"),
             reroute_after_ms: config.u64("dispatcher.reroute_after_ms"),
@@ -105,6 +134,7 @@ impl Shard {
         });
         Rc::new(Self {
             identity,
+            mesh,
             config,
             data_dir,
             fs,
@@ -120,6 +150,7 @@ impl Shard {
             next_seq: Cell::new(0),
             round_robin: Cell::new(0),
             stopping: Cell::new(false),
+            acks_closed: Cell::new(false),
             metrics,
         })
     }
@@ -240,13 +271,7 @@ impl Shard {
                 ))
             }
         };
-        for ((owner_topic, incarnation, _), slot) in self.owners.borrow().iter() {
-            if owner_topic == name && *incarnation == topic.incarnation {
-                if let OwnerSlot::Ready(owner) = slot {
-                    owner.set_retention_ms(topic.config.retention_ms);
-                }
-            }
-        }
+        self.reconcile_owners();
         Ok((created, topic))
     }
 
@@ -258,9 +283,7 @@ impl Shard {
             })
             .await
             .map_err(|e| from_meta(&e))?;
-        self.owners
-            .borrow_mut()
-            .retain(|(t, incarnation, _), _| !(t == name && *incarnation == topic.incarnation));
+        self.reconcile_owners();
         let dir = self.topic_dir(name, topic.incarnation);
         if let Err(error) = std::fs::remove_dir_all(&dir) {
             if error.kind() != std::io::ErrorKind::NotFound {
@@ -270,26 +293,104 @@ impl Shard {
         Ok(())
     }
 
+    /// Brings this shard's open partitions in line with the metastore:
+    /// partitions of deleted topics close, topic updates (retention,
+    /// `max_deliveries`) apply.
+    pub fn reconcile_owners(&self) {
+        let view = self.meta.view();
+        let topics = &view.state.topics;
+        let mut owners = self.owners.borrow_mut();
+        owners.retain(|(name, incarnation, _), _| {
+            topics
+                .get(name)
+                .is_some_and(|t| t.incarnation == *incarnation)
+        });
+        for ((name, _, _), slot) in owners.iter() {
+            if let (OwnerSlot::Ready(owner), Some(topic)) = (slot, topics.get(name)) {
+                owner.reconfigure(topic.config.retention_ms, topic.config.max_deliveries);
+            }
+        }
+    }
+
+    /// Reconciles on every metadata change, whichever shard or node made it.
+    pub async fn watch_topics(self: Rc<Self>) {
+        let mut changes = self.meta.subscribe();
+        while changes.changed().await.is_ok() {
+            self.reconcile_owners();
+        }
+    }
+
     fn topic_dir(&self, name: &str, incarnation: u64) -> PathBuf {
         self.data_dir
             .join("partitions")
             .join(format!("{name}-{incarnation}"))
     }
 
-    /// Per-partition figures of a topic (opening its partitions if needed).
+    /// Per-partition figures of a topic (opening its partitions if needed),
+    /// asking the shard that owns each.
     pub async fn partition_stats(&self, topic: &Topic) -> Result<Vec<PartitionStats>, ApiError> {
-        let mut stats = Vec::new();
-        for partition in 0..topic.config.partitions {
-            let owner = self.owner(topic, partition).await?;
-            stats.push(owner.stats(self.now()));
+        let mut stats = vec![PartitionStats::default(); topic.config.partitions as usize];
+        for (shard, partitions) in self.by_shard(topic, 0..topic.config.partitions) {
+            let figures = if shard == self.mesh.me() {
+                self.local_stats(topic, &partitions).await?
+            } else {
+                let topic = topic.clone();
+                self.mesh
+                    .call(shard, None, |reply| ShardMsg::Stats {
+                        topic,
+                        partitions,
+                        reply,
+                    })
+                    .await??
+            };
+            for (partition, figures) in figures {
+                if let Some(slot) = stats.get_mut(partition as usize) {
+                    *slot = figures;
+                }
+            }
         }
         Ok(stats)
     }
 
+    async fn local_stats(
+        &self,
+        topic: &Topic,
+        partitions: &[u32],
+    ) -> Result<Vec<(u32, PartitionStats)>, ApiError> {
+        let mut stats = Vec::with_capacity(partitions.len());
+        for &partition in partitions {
+            let owner = self.owner(topic, partition).await?;
+            stats.push((partition, owner.stats(self.now())));
+        }
+        Ok(stats)
+    }
+
+    /// Partitions grouped by the shard that owns them, each group keeping
+    /// the order it was given in.
+    fn by_shard(
+        &self,
+        topic: &Topic,
+        partitions: impl IntoIterator<Item = u32>,
+    ) -> Vec<(usize, Vec<u32>)> {
+        let mut groups: Vec<Vec<u32>> = vec![Vec::new(); self.mesh.shards()];
+        for partition in partitions {
+            groups[self.mesh.owner_of(&topic.name, partition)].push(partition);
+        }
+        groups
+            .into_iter()
+            .enumerate()
+            .filter(|(_, g)| !g.is_empty())
+            .collect()
+    }
+
     // ------------------------------------------------------------ owners
 
-    /// The owner of a partition of this node, opened on first use.
+    /// The owner of a partition of this shard, opened on first use.
     async fn owner(&self, topic: &Topic, partition: u32) -> Result<Owner, ApiError> {
+        debug_assert!(
+            self.mesh.is_local(&topic.name, partition),
+            "a shard opens only its own partitions"
+        );
         let key = (topic.name.clone(), topic.incarnation, partition);
         loop {
             let seen = self.owners_changed.version();
@@ -461,12 +562,9 @@ impl Shard {
         for (appended, partition, id, key, value) in pending {
             let pos = appended.pos;
             appended.durable.await.map_err(|e| from_storage(&e))?;
-            let destination = Destination {
-                topic: Rc::from(topic.name.as_str()),
+            self.push_dispatch(
+                &topic.name,
                 partition,
-            };
-            self.dispatcher.borrow_mut().push(
-                destination,
                 DispatchRecord {
                     pos,
                     id,
@@ -474,12 +572,93 @@ impl Shard {
                     value,
                     accept_ms,
                 },
-                self.now(),
             );
             ids.push(format!("{id:032x}"));
         }
-        self.dispatch_signal.notify();
         Ok(ids)
+    }
+
+    /// Takes over the WAL ring of a shard that no longer exists (the node
+    /// ran with more shards before): its records above the checkpoint are
+    /// written again into this shard's ring, dispatched, and the old ring is
+    /// removed. A crash half way writes some of them twice, never none.
+    pub async fn adopt_wal(self: Rc<Self>, dir: PathBuf, config: WalConfig) {
+        let (orphan, recovery) = match Wal::open(&self.fs, &dir, config).await {
+            Ok(opened) => opened,
+            Err(error) => {
+                tracing::error!(dir = %dir.display(), %error, "cannot open the WAL of a removed shard; leaving it in place");
+                return;
+            }
+        };
+        let records = recovery.records;
+        let total = records.len();
+        for chunk in records.chunks(ADOPT_CHUNK_RECORDS) {
+            let refs: Vec<WalRecordRef<'_>> = chunk
+                .iter()
+                .map(|r| WalRecordRef {
+                    id: r.record.id,
+                    topic: &r.record.topic,
+                    partition: r.record.partition,
+                    key: r.record.key.as_deref(),
+                    value: &r.record.value,
+                    accept_ms: r.record.accept_ms,
+                })
+                .collect();
+            let appended = loop {
+                match self.wal.append_batch(&refs) {
+                    Ok(appended) => break appended,
+                    // The ring frees space as the dispatcher commits.
+                    Err(StorageError::WalFull { .. }) => {
+                        glommio::timer::sleep(ADOPT_FULL_RETRY).await;
+                    }
+                    Err(error) => {
+                        tracing::error!(dir = %dir.display(), %error, "adopting a removed shard's WAL failed; it stays for the next start");
+                        return;
+                    }
+                }
+            };
+            for (appended, recovered) in appended.into_iter().zip(chunk) {
+                let pos = appended.pos;
+                if let Err(error) = appended.durable.await {
+                    tracing::error!(dir = %dir.display(), %error, "adopting a removed shard's WAL failed; it stays for the next start");
+                    return;
+                }
+                let record = &recovered.record;
+                self.push_dispatch(
+                    &record.topic,
+                    record.partition,
+                    DispatchRecord {
+                        pos,
+                        id: record.id,
+                        key: record.key.clone(),
+                        value: record.value.clone(),
+                        accept_ms: record.accept_ms,
+                    },
+                );
+            }
+        }
+        orphan.close();
+        drop(orphan);
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => {
+                tracing::info!(dir = %dir.display(), records = total, "adopted the WAL of a removed shard")
+            }
+            Err(error) => {
+                tracing::warn!(dir = %dir.display(), %error, "could not remove an adopted WAL")
+            }
+        }
+    }
+
+    /// Queues one durable record for its partition's owner.
+    fn push_dispatch(&self, topic: &str, partition: u32, record: DispatchRecord) {
+        let destination = Destination {
+            topic: Rc::from(topic),
+            partition,
+        };
+        self.dispatcher
+            .borrow_mut()
+            .push(destination, record, self.now());
+        self.dispatch_signal.notify();
     }
 
     /// Hands records recovered from the WAL to the dispatcher again.
@@ -537,9 +716,8 @@ impl Shard {
         }
     }
 
-    /// Commits one batch to its partition's owner (here: a local one).
+    /// Commits one batch to the shard that owns its partition.
     async fn commit_batch(&self, batch: CommitBatch) {
-        let now = self.now();
         let topic = self
             .meta
             .view()
@@ -568,13 +746,20 @@ impl Shard {
                         value: r.value.clone(),
                     })
                     .collect();
-                match self.owner(&topic, batch.destination.partition).await {
-                    Ok(owner) => owner
-                        .commit(&messages, now)
+                let partition = batch.destination.partition;
+                let shard = self.mesh.owner_of(&topic.name, partition);
+                if shard == self.mesh.me() {
+                    self.commit_local(&topic, partition, messages).await
+                } else {
+                    self.mesh
+                        .call(shard, None, |reply| ShardMsg::Commit {
+                            topic,
+                            partition,
+                            messages,
+                            reply,
+                        })
                         .await
-                        .map(|_| ())
-                        .map_err(|e| from_owner(&e)),
-                    Err(error) => Err(error),
+                        .and_then(|answer| answer)
                 }
             }
         };
@@ -584,7 +769,6 @@ impl Shard {
                 for pos in positions {
                     self.wal.mark_committed(pos);
                 }
-                self.availability.notify();
             }
             Err(error) => {
                 tracing::warn!(topic = %batch.destination.topic, partition = batch.destination.partition, %error, "commit failed; will retry");
@@ -594,6 +778,29 @@ impl Shard {
             }
         }
         self.dispatch_signal.notify();
+    }
+
+    /// Appends a batch to a partition of this shard and wakes long polls on
+    /// every shard.
+    async fn commit_local(
+        &self,
+        topic: &Topic,
+        partition: u32,
+        messages: Vec<Message>,
+    ) -> Result<(), ApiError> {
+        let owner = self.owner(topic, partition).await?;
+        owner
+            .commit(&messages, self.now())
+            .await
+            .map_err(|e| from_owner(&e))?;
+        self.announce_available();
+        Ok(())
+    }
+
+    /// Messages became available here: wake long polls on every shard.
+    fn announce_available(&self) {
+        self.availability.notify();
+        self.mesh.announce_available();
     }
 
     pub fn dispatcher_pending(&self) -> usize {
@@ -636,24 +843,73 @@ impl Shard {
         }
     }
 
+    /// Leases from the topic's partitions, going round the shards from a
+    /// rotating start so that no shard's partitions starve.
     async fn collect(
         &self,
         topic: &Topic,
         request: ConsumeRequest,
         visibility: u64,
     ) -> Result<Vec<ConsumedMessage>, ApiError> {
+        let rotation = self.round_robin.get().wrapping_add(1);
+        self.round_robin.set(rotation);
         let partitions: Vec<u32> = match request.partition {
             Some(p) => vec![p],
             None => {
-                let start = self.round_robin.get().wrapping_add(1);
-                self.round_robin.set(start);
                 let n = topic.config.partitions.max(1);
-                (0..n).map(|i| (start.wrapping_add(i)) % n).collect()
+                (0..n).map(|i| rotation.wrapping_add(i) % n).collect()
             }
         };
-        let mut out = Vec::new();
+        let mut groups = self.by_shard(topic, partitions);
+        let turn = rotation as usize % groups.len().max(1);
+        groups.rotate_left(turn);
         let max = request.max_messages as usize;
-        for partition in partitions {
+        let mut out = Vec::new();
+        for (shard, partitions) in groups {
+            let room = max - out.len();
+            if room == 0 {
+                break;
+            }
+            let got = if shard == self.mesh.me() {
+                self.collect_local(topic, &partitions, room, visibility)
+                    .await
+            } else {
+                let topic = topic.clone();
+                self.mesh
+                    .call(shard, None, |reply| ShardMsg::Collect {
+                        topic,
+                        partitions,
+                        max: room,
+                        visibility_ms: visibility,
+                        reply,
+                    })
+                    .await
+                    .and_then(|answer| answer)
+            };
+            match got {
+                Ok(got) => out.extend(got),
+                // Messages already leased go back to the client; the failed
+                // shard's are simply not leased.
+                Err(error) if !out.is_empty() => {
+                    tracing::warn!(shard, %error, "consume: a shard failed; answering with what others gave");
+                    break;
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Leases up to `max` messages from partitions of this shard.
+    async fn collect_local(
+        &self,
+        topic: &Topic,
+        partitions: &[u32],
+        max: usize,
+        visibility: u64,
+    ) -> Result<Vec<ConsumedMessage>, ApiError> {
+        let mut out = Vec::new();
+        for &partition in partitions {
             if out.len() >= max {
                 break;
             }
@@ -707,7 +963,7 @@ impl Shard {
         // every sweep would wake a long poll with its own sweep, and the
         // poll would spin without yielding the shard.
         if sweep.ended > 0 {
-            self.availability.notify();
+            self.announce_available();
         }
         let dead = sweep.dead;
         for letter in dead {
@@ -747,21 +1003,17 @@ impl Shard {
         let appended = self.wal.append(&record).map_err(|e| from_storage(&e))?;
         let pos = appended.pos;
         appended.durable.await.map_err(|e| from_storage(&e))?;
-        let destination = Destination {
-            topic: Rc::from(dlq.name.as_str()),
+        self.push_dispatch(
+            &dlq.name,
             partition,
-        };
-        let record = DispatchRecord {
-            pos,
-            id: message.id,
-            key: message.key.clone(),
-            value: message.value.clone(),
-            accept_ms,
-        };
-        self.dispatcher
-            .borrow_mut()
-            .push(destination, record, accept_ms);
-        self.dispatch_signal.notify();
+            DispatchRecord {
+                pos,
+                id: message.id,
+                key: message.key.clone(),
+                value: message.value.clone(),
+                accept_ms,
+            },
+        );
         Ok(())
     }
 
@@ -800,71 +1052,147 @@ impl Shard {
 
     // ------------------------------------------------------------ settle
 
-    /// Ack, nack or extend one receipt. Returns the new lease end for extend.
-    pub fn settle(
+    /// Ack, nack or extend receipts, each at the shard that owns its
+    /// partition. Answers in the order given; extend answers the new lease end.
+    pub async fn settle(
         &self,
         topic: &Topic,
-        receipt: &str,
+        receipts: &[String],
         action: SettleAction,
-    ) -> Result<Option<u64>, ApiError> {
-        let receipt = Receipt::decode(receipt, &topic.name, &self.receipt_key)?;
-        let gone = || {
-            ApiError::new(
-                ErrorCode::LeaseGone,
-                "the lease already ended; the message is or will be delivered again",
-            )
-        };
+    ) -> Vec<SettleOutcome> {
+        let mut outcomes: Vec<Option<SettleOutcome>> = vec![None; receipts.len()];
+        let mut groups: Vec<Vec<(usize, Receipt)>> = vec![Vec::new(); self.mesh.shards()];
+        for (index, text) in receipts.iter().enumerate() {
+            match self.check_receipt(topic, text) {
+                Ok(receipt) => {
+                    groups[self.mesh.owner_of(&topic.name, receipt.partition)]
+                        .push((index, receipt));
+                }
+                Err(error) => outcomes[index] = Some(Err(error)),
+            }
+        }
+        for (shard, group) in groups.into_iter().enumerate() {
+            if group.is_empty() {
+                continue;
+            }
+            let (indexes, receipts): (Vec<usize>, Vec<Receipt>) = group.into_iter().unzip();
+            let answers = if shard == self.mesh.me() {
+                self.settle_local(topic, receipts, action)
+            } else {
+                let count = receipts.len();
+                let topic = topic.clone();
+                match self
+                    .mesh
+                    .call(shard, None, |reply| ShardMsg::Settle {
+                        topic,
+                        receipts,
+                        action,
+                        reply,
+                    })
+                    .await
+                {
+                    Ok(answers) => answers,
+                    Err(error) => vec![Err(error); count],
+                }
+            };
+            for (index, answer) in indexes.into_iter().zip(answers) {
+                outcomes[index] = Some(answer);
+            }
+        }
+        outcomes
+            .into_iter()
+            .map(|o| {
+                o.unwrap_or_else(|| Err(ApiError::new(ErrorCode::Internal, "receipt not settled")))
+            })
+            .collect()
+    }
+
+    fn lease_gone() -> ApiError {
+        ApiError::new(
+            ErrorCode::LeaseGone,
+            "the lease already ended; the message is or will be delivered again",
+        )
+    }
+
+    /// Decodes a receipt: 400 if forged or of another topic, 410 if it comes
+    /// from an earlier start of the node or names a partition that is gone.
+    fn check_receipt(&self, topic: &Topic, text: &str) -> Result<Receipt, ApiError> {
+        let receipt = Receipt::decode(text, &topic.name, &self.receipt_key)?;
         if receipt.owner_epoch != u64::from(self.identity.epoch)
             || receipt.partition >= topic.config.partitions
         {
-            return Err(gone());
+            return Err(Self::lease_gone());
         }
-        let key = (topic.name.clone(), topic.incarnation, receipt.partition);
-        let owner = match self.owners.borrow().get(&key) {
-            Some(OwnerSlot::Ready(owner)) => owner.clone(),
-            _ => return Err(gone()),
-        };
+        Ok(receipt)
+    }
+
+    /// Settles receipts of partitions this shard owns.
+    fn settle_local(
+        &self,
+        topic: &Topic,
+        receipts: Vec<Receipt>,
+        action: SettleAction,
+    ) -> Vec<SettleOutcome> {
+        if self.acks_closed.get() {
+            let stopping = ApiError::new(ErrorCode::Stopping, "the node is stopping");
+            return vec![Err(stopping); receipts.len()];
+        }
         let now = self.now();
-        let result = match action {
-            SettleAction::Ack => owner
-                .ack(receipt.offset, receipt.lease_id, now)
-                .map(|()| None),
-            SettleAction::Nack { delay_ms } => {
-                let result = owner
-                    .nack(receipt.offset, receipt.lease_id, delay_ms, now)
-                    .map(|()| None);
-                self.availability.notify();
-                result
+        let answers: Vec<SettleOutcome> = receipts
+            .into_iter()
+            .map(|receipt| {
+                let key = (topic.name.clone(), topic.incarnation, receipt.partition);
+                let owner = match self.owners.borrow().get(&key) {
+                    Some(OwnerSlot::Ready(owner)) => owner.clone(),
+                    _ => return Err(Self::lease_gone()),
+                };
+                let (offset, lease) = (receipt.offset, receipt.lease_id);
+                let result = match action {
+                    SettleAction::Ack => owner.ack(offset, lease, now).map(|()| None),
+                    SettleAction::Nack { delay_ms } => {
+                        owner.nack(offset, lease, delay_ms, now).map(|()| None)
+                    }
+                    SettleAction::Extend {
+                        visibility_timeout_ms,
+                    } => owner
+                        .extend(offset, lease, visibility_timeout_ms, now)
+                        .map(Some),
+                };
+                result.map_err(|e| from_owner(&e))
+            })
+            .collect();
+        match action {
+            SettleAction::Ack => {
+                for answer in &answers {
+                    let label = if answer.is_ok() {
+                        "acked"
+                    } else {
+                        "lease_gone"
+                    };
+                    metrics::counter!("narad_acks_total", "result" => label).increment(1);
+                }
             }
-            SettleAction::Extend {
-                visibility_timeout_ms,
-            } => owner
-                .extend(receipt.offset, receipt.lease_id, visibility_timeout_ms, now)
-                .map(Some),
-        };
-        let result = result.map_err(|e| from_owner(&e));
-        if action == SettleAction::Ack {
-            let label = match &result {
-                Ok(_) => "acked",
-                Err(_) => "lease_gone",
-            };
-            metrics::counter!("narad_acks_total", "result" => label).increment(1);
+            SettleAction::Nack { .. } => self.announce_available(),
+            SettleAction::Extend { .. } => {}
         }
-        result
+        answers
     }
 
     // ------------------------------------------------------------ health and stop
 
-    /// Why the node is not ready, if it is not.
-    pub fn not_ready(&self) -> Option<ApiError> {
+    /// Why the node is not ready, if it is not: stopping, any shard's WAL
+    /// failed, or no Raft leader.
+    pub async fn not_ready(&self) -> Option<ApiError> {
         if self.stopping.get() {
             return Some(ApiError::new(ErrorCode::Stopping, "the node is stopping"));
         }
-        if let Some(reason) = self.wal.failure() {
-            return Some(ApiError::new(
-                ErrorCode::WalFailed,
-                format!("the ingress WAL failed: {reason}"),
-            ));
+        for gauges in self.gauges().await {
+            if let Some(reason) = gauges.wal_failure {
+                return Some(ApiError::new(
+                    ErrorCode::WalFailed,
+                    format!("the ingress WAL of shard {} failed: {reason}", gauges.shard),
+                ));
+            }
         }
         if self.meta.leader().is_none() {
             return Some(ApiError::new(
@@ -875,21 +1203,120 @@ impl Shard {
         None
     }
 
-    /// Figures for `/metrics`: (topic, partition, stats) of open partitions.
-    pub fn open_partition_stats(&self) -> Vec<(String, u32, PartitionStats)> {
+    /// This shard's figures.
+    pub fn local_gauges(&self) -> ShardGauges {
         let now = self.now();
-        self.owners_snapshot()
+        let partitions = self
+            .owners_snapshot()
             .into_iter()
             .filter_map(|((topic, _, partition), slot)| match slot {
                 OwnerSlot::Ready(owner) => Some((topic, partition, owner.stats(now))),
                 OwnerSlot::Opening => None,
             })
-            .collect()
+            .collect();
+        ShardGauges {
+            shard: self.mesh.me(),
+            wal_used_bytes: self.wal.stats().used_bytes,
+            wal_failure: self.wal.failure().map(|f| f.to_string()),
+            dispatcher_pending: self.dispatcher_pending() as u64,
+            partitions,
+        }
     }
 
-    /// Graceful stop: refuse new produces, let the dispatcher commit what it
-    /// holds, sync the WAL checkpoint and flush every ack to disk.
-    pub async fn stop(&self) {
+    /// Every shard's figures (a shard that does not answer in time is left
+    /// out and logged).
+    pub async fn gauges(&self) -> Vec<ShardGauges> {
+        let mut all = vec![self.local_gauges()];
+        for shard in 0..self.mesh.shards() {
+            if shard == self.mesh.me() {
+                continue;
+            }
+            match self
+                .mesh
+                .call(shard, Some(GAUGES_TIMEOUT), |reply| ShardMsg::Gauges {
+                    reply,
+                })
+                .await
+            {
+                Ok(gauges) => all.push(gauges),
+                Err(error) => tracing::warn!(shard, %error, "no figures from a shard"),
+            }
+        }
+        all.sort_by_key(|g| g.shard);
+        all
+    }
+
+    /// Answers what other shards ask, until they all stopped.
+    pub async fn serve_peers(
+        self: Rc<Self>,
+        inbox: glommio::channels::shared_channel::ConnectedReceiver<ShardMsg>,
+    ) {
+        while let Some(message) = inbox.recv().await {
+            if let ShardMsg::Available = message {
+                self.availability.notify();
+                continue;
+            }
+            let shard = self.clone();
+            glommio::spawn_local(async move { shard.answer(message).await }).detach();
+        }
+    }
+
+    async fn answer(&self, message: ShardMsg) {
+        // A requester that gave up dropped its end: nothing to tell it.
+        match message {
+            ShardMsg::Commit {
+                topic,
+                partition,
+                messages,
+                reply,
+            } => {
+                let _ = reply.send(self.commit_local(&topic, partition, messages).await);
+            }
+            ShardMsg::Collect {
+                topic,
+                partitions,
+                max,
+                visibility_ms,
+                reply,
+            } => {
+                let got = self
+                    .collect_local(&topic, &partitions, max, visibility_ms)
+                    .await;
+                if let Err(Ok(unclaimed)) = reply.send(got) {
+                    // The consumer is gone: its leases expire and the
+                    // messages are delivered again.
+                    tracing::debug!(
+                        messages = unclaimed.len(),
+                        "a consume gave up before its answer"
+                    );
+                }
+            }
+            ShardMsg::Settle {
+                topic,
+                receipts,
+                action,
+                reply,
+            } => {
+                let _ = reply.send(self.settle_local(&topic, receipts, action));
+            }
+            ShardMsg::Stats {
+                topic,
+                partitions,
+                reply,
+            } => {
+                let _ = reply.send(self.local_stats(&topic, &partitions).await);
+            }
+            ShardMsg::Gauges { reply } => {
+                let _ = reply.send(self.local_gauges());
+            }
+            ShardMsg::Available => self.availability.notify(),
+        }
+    }
+
+    /// Graceful stop, first half: refuse new produces and let the dispatcher
+    /// commit what it holds (other shards keep answering commits until every
+    /// shard finished this half).
+    pub async fn drain(&self) {
         self.stopping.set(true);
         self.availability.notify();
         self.dispatch_signal.notify();
@@ -903,6 +1330,19 @@ impl Shard {
             )
             .await;
         }
+        let left = self.dispatcher.borrow().pending_records();
+        if left > 0 {
+            tracing::warn!(
+                records = left,
+                "stopping with records not yet committed; the WAL keeps them for the next start"
+            );
+        }
+    }
+
+    /// Graceful stop, second half: sync the WAL checkpoint and flush every
+    /// ack to disk.
+    pub async fn finish(&self) {
+        self.acks_closed.set(true);
         self.wal.close();
         if let Err(error) = self.wal.checkpoint().await {
             tracing::error!(%error, "final WAL checkpoint failed");

@@ -53,11 +53,10 @@ impl Node {
             .args([
                 "--listen",
                 "127.0.0.1:0",
-                "--shards",
-                "1",
                 "--set",
                 "storage.wal_ring_bytes=8388608",
             ])
+            .args(self.default_shards())
             .args(&self.extra)
             .stdout(Stdio::piped())
             .stderr(stderr)
@@ -81,6 +80,15 @@ impl Node {
             .recv_timeout(START_DEADLINE)
             .unwrap_or_else(|_| panic!("node did not start: {}", self.stderr()));
         self.child = Some(child);
+    }
+
+    /// One shard unless the test chose a count.
+    fn default_shards(&self) -> &'static [&'static str] {
+        if self.extra.iter().any(|a| a == "--shards") {
+            &[]
+        } else {
+            &["--shards", "1"]
+        }
     }
 
     pub fn stderr(&self) -> String {
@@ -132,6 +140,12 @@ impl Node {
     }
 
     pub fn restart(&mut self) {
+        self.spawn();
+    }
+
+    /// Restarts with other flags (the data folder stays).
+    pub fn restart_with(&mut self, extra: &[&str]) {
+        self.extra = extra.iter().map(|s| s.to_string()).collect();
         self.spawn();
     }
 
