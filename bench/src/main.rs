@@ -12,8 +12,9 @@
 //! `narad-bench drain --server URL --topic T [--messages N] [--consumers C]`:
 //! consume + ack throughput (long polls of 100, batch acks).
 //!
-//! `narad-bench ceiling [--listen ADDR] [--dir DIR]`: the bare endpoint the
-//! broker's produce is compared with (202 after a group-committed fdatasync).
+//! `narad-bench ceiling [--listen ADDR] [--dir DIR] [--shards N]`: the bare
+//! endpoint the broker's produce is compared with (202 after a group-committed
+//! fdatasync; one WAL ring per shard, every core by default).
 
 mod ceiling;
 mod drain;
@@ -350,7 +351,14 @@ fn main() {
             let listen = flag(&all, "--listen").unwrap_or_else(|| "127.0.0.1:0".into());
             let dir =
                 PathBuf::from(flag(&all, "--dir").unwrap_or_else(|| "./narad-bench-data".into()));
-            Some(ceiling::run(&listen, &dir))
+            let shards = flag(&all, "--shards")
+                .map(|s| s.parse::<usize>())
+                .transpose()
+                .map_err(|e| format!("--shards: {e}"));
+            Some(shards.and_then(|shards| {
+                let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+                ceiling::run(&listen, &dir, shards.unwrap_or(cpus))
+            }))
         }
         _ => None,
     };

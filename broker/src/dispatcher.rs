@@ -2,10 +2,15 @@
 //!
 //! Durable WAL records go in with [`Dispatcher::push`]; commit batches come
 //! out of [`Dispatcher::poll_ready`], one destination (topic partition) each.
-//! The linger adapts to load: a destination with no commit in flight gets its
-//! records at once; while a commit is in flight, records gather into the next
-//! batch, which leaves when that commit returns, or after `max_linger_ms`
-//! even if it has not (so a slow owner pipelines two commits). A failed
+//! The linger adapts to load: an idle destination gets its records at once;
+//! while a commit is in flight, records gather into the next batch. A busy
+//! destination (one whose last commit returned less than `busy_linger_ms`
+//! ago) commits again only once `busy_linger_ms` passed since that return,
+//! or at once when the batch is full: under load each partition commits (one
+//! write, one fdatasync, one read-back) a bounded number of times a second,
+//! however many producers there are. A batch also leaves after
+//! `max_linger_ms` even while a commit is in flight (so a slow owner
+//! pipelines two commits). A failed
 //! commit puts its records back at the front, retried with a doubling
 //! backoff; once a destination has failed for `reroute_after_ms` the caller
 //! is told a reroute is due (to a live sibling partition, in a cluster).
@@ -51,6 +56,8 @@ pub struct CommitBatch {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DispatcherConfig {
     pub max_linger_ms: u64,
+    /// The spacing of commits to a busy destination (at most `max_linger_ms`).
+    pub busy_linger_ms: u64,
     pub reroute_after_ms: u64,
     pub batch_records_max: usize,
     pub batch_bytes_max: u64,
@@ -80,6 +87,8 @@ struct DestinationState {
     failing_since_ms: Option<u64>,
     backoff_ms: u64,
     retry_at_ms: Option<u64>,
+    /// When the last commit returned.
+    last_done_ms: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -122,20 +131,38 @@ impl Dispatcher {
         if state.pending.is_empty() || state.retry_at_ms.is_some_and(|at| now_ms < at) {
             return false;
         }
+        let full = state.pending.len() >= config.batch_records_max
+            || state.pending_bytes >= config.batch_bytes_max;
         if state.in_flight == 0 {
-            return true;
+            return full || Self::busy_until(config, state).is_none_or(|until| now_ms >= until);
         }
         let lingered = state
             .pending
             .front()
             .is_some_and(|(t, _)| now_ms.saturating_sub(*t) >= config.max_linger_ms);
-        let full = state.pending.len() >= config.batch_records_max
-            || state.pending_bytes >= config.batch_bytes_max;
         state.in_flight < config.in_flight_per_destination_max && (lingered || full)
+    }
+
+    /// Until when a destination whose last commit returned recently waits
+    /// before its next one (`None`: it is idle).
+    fn busy_until(config: &DispatcherConfig, state: &DestinationState) -> Option<u64> {
+        let linger = config.busy_linger_ms.min(config.max_linger_ms);
+        state
+            .last_done_ms
+            .map(|done| done + linger)
+            .filter(|_| linger > 0)
     }
 
     /// The batches to send now.
     pub fn poll_ready(&mut self, now_ms: u64) -> Vec<CommitBatch> {
+        let config = self.config;
+        // Destinations that went quiet are forgotten once no longer busy.
+        self.destinations.retain(|_, state| {
+            !(state.pending.is_empty()
+                && state.in_flight == 0
+                && state.failing_since_ms.is_none()
+                && Self::busy_until(&config, state).is_none_or(|until| now_ms >= until))
+        });
         let mut ready = Vec::new();
         let mut due: Vec<Destination> = self
             .destinations
@@ -177,7 +204,7 @@ impl Dispatcher {
     }
 
     /// The owner confirmed a batch: returns the WAL positions it covered.
-    pub fn on_committed(&mut self, batch_id: u64) -> Vec<WalPos> {
+    pub fn on_committed(&mut self, batch_id: u64, now_ms: u64) -> Vec<WalPos> {
         let Some(batch) = self.in_flight.remove(&batch_id) else {
             return Vec::new();
         };
@@ -186,8 +213,8 @@ impl Dispatcher {
             state.failing_since_ms = None;
             state.backoff_ms = 0;
             state.retry_at_ms = None;
+            state.last_done_ms = Some(now_ms);
         }
-        self.forget_idle(&batch.destination);
         batch.records.iter().map(|r| r.pos).collect()
     }
 
@@ -235,7 +262,13 @@ impl Dispatcher {
             .filter(|s| !s.pending.is_empty())
             .filter_map(|s| match (s.retry_at_ms, s.pending.front()) {
                 (Some(retry), _) => Some(retry),
-                (None, Some((pushed, _))) => Some(pushed + self.config.max_linger_ms),
+                (None, Some((pushed, _))) => {
+                    let lingered = pushed + self.config.max_linger_ms;
+                    match Self::busy_until(&self.config, s) {
+                        Some(until) if s.in_flight == 0 => Some(until.min(lingered)),
+                        _ => Some(lingered),
+                    }
+                }
                 (None, None) => None,
             })
             .min()
@@ -256,6 +289,7 @@ mod tests {
 
     const CONFIG: DispatcherConfig = DispatcherConfig {
         max_linger_ms: 50,
+        busy_linger_ms: 5,
         reroute_after_ms: 3000,
         batch_records_max: 4,
         batch_bytes_max: 1 << 20,
@@ -292,9 +326,15 @@ mod tests {
         let ready = d.poll_ready(0);
         assert_eq!(ready.len(), 1);
         assert_eq!(positions(&ready[0]), vec![1]);
-        assert_eq!(d.on_committed(ready[0].batch_id), vec![1]);
+        assert_eq!(d.on_committed(ready[0].batch_id, 1), vec![1]);
         assert_eq!(d.pending_records(), 0);
         assert_eq!(d.next_deadline_ms(), None);
+        d.push(dest(0), record(2), 40);
+        assert_eq!(
+            d.poll_ready(40).len(),
+            1,
+            "long after the last commit: at once again"
+        );
     }
 
     #[test]
@@ -310,9 +350,33 @@ mod tests {
             "lingers while the first commit is in flight"
         );
         assert_eq!(d.next_deadline_ms(), Some(51));
-        d.on_committed(first[0].batch_id);
-        let second = d.poll_ready(11);
+        d.on_committed(first[0].batch_id, 11);
+        assert!(
+            d.poll_ready(15).is_empty(),
+            "a busy destination waits busy_linger_ms after its last commit"
+        );
+        assert_eq!(d.next_deadline_ms(), Some(16));
+        let second = d.poll_ready(16);
         assert_eq!(positions(&second[0]), vec![2, 3, 4]);
+    }
+
+    #[test]
+    fn a_busy_destination_commits_a_full_batch_at_once() {
+        let mut d = Dispatcher::new(CONFIG);
+        d.push(dest(0), record(1), 0);
+        let first = d.poll_ready(0);
+        d.on_committed(first[0].batch_id, 1);
+        d.push(dest(0), record(2), 2);
+        assert!(d.poll_ready(2).is_empty(), "busy: gathers");
+        for pos in 3..=5 {
+            d.push(dest(0), record(pos), 3);
+        }
+        let full = d.poll_ready(3);
+        assert_eq!(
+            positions(&full[0]),
+            vec![2, 3, 4, 5],
+            "full: leaves at once"
+        );
     }
 
     #[test]

@@ -55,6 +55,12 @@ fn install_metrics() -> Result<metrics_exporter_prometheus::PrometheusHandle, St
                 RECORDS_PER_SYNC_BUCKETS,
             )
         })
+        .and_then(|b| {
+            b.set_buckets_for_metric(
+                Matcher::Full("narad_dispatcher_commit_records".into()),
+                RECORDS_PER_SYNC_BUCKETS,
+            )
+        })
         .and_then(PrometheusBuilder::install_recorder)
         .map_err(|e| format!("installing the metrics recorder: {e}"))
 }
