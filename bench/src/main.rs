@@ -17,6 +17,10 @@
 //! fdatasync; one WAL ring per shard, every core by default).
 
 mod ceiling;
+
+/// The same allocator as `narad`, so the ceiling is measured on equal terms.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 mod drain;
 mod http_load;
 mod latency;

@@ -126,20 +126,44 @@ pub async fn handle(shard: Rc<Shard>, request: HttpRequest) -> HttpResponse {
     let started = std::time::Instant::now();
     let path = request.uri().path().to_string();
     let label = route(&path).map_or("unknown", |r| r.label());
-    let response = match dispatch(&shard, request).await {
+    let response = match dispatch(&shard, request, &path).await {
         Ok(response) => response,
         Err(error) => error_response(&error),
     };
     let status = response.status().as_u16();
-    metrics::counter!("narad_http_requests_total", "route" => label, "status" => status.to_string()).increment(1);
-    metrics::histogram!("narad_http_request_seconds", "route" => label)
-        .record(started.elapsed().as_secs_f64());
+    record_request(label, status, started.elapsed());
     response
 }
 
-async fn dispatch(shard: &Rc<Shard>, request: HttpRequest) -> Result<HttpResponse, ApiError> {
-    let path = request.uri().path().to_string();
-    let Some(route) = route(&path) else {
+type RequestMetrics =
+    std::collections::HashMap<(&'static str, u16), (metrics::Counter, metrics::Histogram)>;
+
+thread_local! {
+    /// Metric handles by (route, status): looking a labelled metric up in
+    /// the registry on every request costs allocations and hashing.
+    static REQUEST_METRICS: std::cell::RefCell<RequestMetrics> = std::cell::RefCell::default();
+}
+
+fn record_request(route: &'static str, status: u16, elapsed: std::time::Duration) {
+    REQUEST_METRICS.with(|cache| {
+        let mut cache = cache.borrow_mut();
+        let (counter, histogram) = cache.entry((route, status)).or_insert_with(|| {
+            (
+                metrics::counter!("narad_http_requests_total", "route" => route, "status" => status.to_string()),
+                metrics::histogram!("narad_http_request_seconds", "route" => route),
+            )
+        });
+        counter.increment(1);
+        histogram.record(elapsed.as_secs_f64());
+    });
+}
+
+async fn dispatch(
+    shard: &Rc<Shard>,
+    request: HttpRequest,
+    path: &str,
+) -> Result<HttpResponse, ApiError> {
+    let Some(route) = route(path) else {
         return Err(ApiError::new(
             ErrorCode::NotFound,
             format!("no route {path}"),
@@ -189,7 +213,10 @@ async fn dispatch(shard: &Rc<Shard>, request: HttpRequest) -> Result<HttpRespons
                 .headers()
                 .get("narad-key")
                 .map(|v| v.as_bytes().to_vec());
-            let ids = shard.produce(&topic, vec![(key, body.to_vec())]).await?;
+            // One exact-size copy: the request's buffer is hyper's read
+            // buffer, which the tail cache must not keep alive.
+            let value = Bytes::copy_from_slice(&body);
+            let ids = shard.produce(&topic, vec![(key, value)]).await?;
             let id = ids.into_iter().next().unwrap_or_default();
             Ok(json_response(StatusCode::ACCEPTED, &json!({ "id": id })))
         }
@@ -206,7 +233,7 @@ async fn dispatch(shard: &Rc<Shard>, request: HttpRequest) -> Result<HttpRespons
             }
             let messages = items
                 .into_iter()
-                .map(|i| (i.key.map(String::into_bytes), i.value))
+                .map(|i| (i.key.map(String::into_bytes), Bytes::from(i.value)))
                 .collect();
             let ids = shard.produce(&topic, messages).await?;
             Ok(json_response(StatusCode::ACCEPTED, &json!({ "ids": ids })))

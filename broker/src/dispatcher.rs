@@ -35,7 +35,7 @@ pub struct DispatchRecord {
     pub pos: WalPos,
     pub id: u128,
     pub key: Option<Vec<u8>>,
-    pub value: Vec<u8>,
+    pub value: bytes::Bytes,
     pub accept_ms: u64,
 }
 
@@ -310,7 +310,7 @@ mod tests {
             pos,
             id: u128::from(pos),
             key: None,
-            value: vec![1; 10],
+            value: bytes::Bytes::from(vec![1; 10]),
             accept_ms: 0,
         }
     }

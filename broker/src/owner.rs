@@ -454,7 +454,7 @@ mod tests {
                 id,
                 produced_at_ms: 1,
                 key: None,
-                value: format!("m{id}").into_bytes(),
+                value: format!("m{id}").into_bytes().into(),
             })
             .collect()
     }

@@ -19,6 +19,7 @@ use narad_net::value::JsonValue;
 use narad_net::{ApiError, ErrorCode};
 use narad_raft::node::MetaNode;
 use narad_raft::state::{Applied, Command, Topic, TopicConfig};
+use narad_raft::store::MetaView;
 use narad_storage::clock::SharedClock;
 use narad_storage::consumer::{ConsumerConfig, ConsumerState};
 use narad_storage::error::StorageError;
@@ -58,6 +59,8 @@ const GAUGES_TIMEOUT: Duration = Duration::from_secs(2);
 pub const MAX_MESSAGE_BYTES_DEFAULT: u64 = 1024 * 1024;
 
 type OwnerKey = (String, u64, u32);
+/// The metadata version the cached topics come from, and the topics.
+type TopicCache = (Option<Arc<MetaView>>, HashMap<String, Rc<Topic>>);
 type Owner = Rc<PartitionOwner<GlommioFs>>;
 
 enum OwnerSlot {
@@ -105,6 +108,8 @@ pub struct Shard {
     availability: Signal,
     next_seq: Cell<u64>,
     round_robin: Cell<u32>,
+    /// Topics of one metadata version, shared by the requests that need them.
+    topic_cache: RefCell<TopicCache>,
     stopping: Cell<bool>,
     /// Set once acks were flushed for the stop: later settles are refused,
     /// since nothing would write them.
@@ -153,6 +158,7 @@ impl Shard {
             availability: Signal::default(),
             next_seq: Cell::new(0),
             round_robin: Cell::new(0),
+            topic_cache: RefCell::new((None, HashMap::new())),
             stopping: Cell::new(false),
             acks_closed: Cell::new(false),
             metrics,
@@ -186,20 +192,31 @@ impl Shard {
 
     // ------------------------------------------------------------ topics
 
-    /// The topic, or 404 `topic_not_found` at once.
-    pub fn topic(&self, name: &str) -> Result<Topic, ApiError> {
-        self.meta
-            .view()
-            .state
-            .topics
-            .get(name)
-            .cloned()
-            .ok_or_else(|| {
-                ApiError::new(
-                    ErrorCode::TopicNotFound,
-                    format!("topic {name:?} does not exist"),
-                )
-            })
+    /// The topic, or 404 `topic_not_found` at once. Served from a cache of
+    /// the current metadata version, so a request does not copy the topic.
+    pub fn topic(&self, name: &str) -> Result<Rc<Topic>, ApiError> {
+        let view = self.meta.view();
+        let mut cache = self.topic_cache.borrow_mut();
+        if !cache
+            .0
+            .as_ref()
+            .is_some_and(|cached| Arc::ptr_eq(cached, &view))
+        {
+            cache.1.clear();
+            cache.0 = Some(view.clone());
+        }
+        if let Some(topic) = cache.1.get(name) {
+            return Ok(topic.clone());
+        }
+        let topic = view.state.topics.get(name).cloned().ok_or_else(|| {
+            ApiError::new(
+                ErrorCode::TopicNotFound,
+                format!("topic {name:?} does not exist"),
+            )
+        })?;
+        let topic = Rc::new(topic);
+        cache.1.insert(name.to_string(), topic.clone());
+        Ok(topic)
     }
 
     pub fn topics(&self) -> Vec<Topic> {
@@ -516,7 +533,7 @@ impl Shard {
     pub async fn produce(
         &self,
         topic: &Topic,
-        messages: Vec<(Option<Vec<u8>>, Vec<u8>)>,
+        messages: Vec<(Option<Vec<u8>>, bytes::Bytes)>,
     ) -> Result<Vec<String>, ApiError> {
         self.refuse_if_stopping()?;
         for (index, (_, value)) in messages.iter().enumerate() {
@@ -635,7 +652,7 @@ impl Shard {
                         pos,
                         id: record.id,
                         key: record.key.clone(),
-                        value: record.value.clone(),
+                        value: bytes::Bytes::copy_from_slice(&record.value),
                         accept_ms: record.accept_ms,
                     },
                 );
@@ -680,7 +697,7 @@ impl Shard {
                     pos,
                     id: record.id,
                     key: record.key,
-                    value: record.value,
+                    value: record.value.into(),
                     accept_ms: record.accept_ms,
                 },
                 now,

@@ -189,7 +189,7 @@ fn messages(ids: std::ops::Range<u128>) -> Vec<Message> {
         id,
         produced_at_ms: 5,
         key: Some(b"k".to_vec()),
-        value: vec![id as u8; 200],
+        value: vec![id as u8; 200].into(),
     })
     .collect()
 }

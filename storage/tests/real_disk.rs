@@ -80,7 +80,7 @@ fn real_files_work_on_a_fresh_empty_data_folder_with_read_back() {
                 id,
                 produced_at_ms: 1,
                 key: None,
-                value: vec![id as u8; 3000],
+                value: vec![id as u8; 3000].into(),
             })
             .collect();
         assert_eq!(

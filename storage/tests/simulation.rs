@@ -277,7 +277,7 @@ fn log_workload(seed: u64) {
                                 id: next_id,
                                 produced_at_ms: clock.now_ms_for_test(),
                                 key: rng.chance(1, 3).then(|| random_bytes(&mut rng, 8)),
-                                value: random_bytes(&mut rng, 700),
+                                value: random_bytes(&mut rng, 700).into(),
                             }
                         })
                         .collect();

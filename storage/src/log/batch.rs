@@ -24,6 +24,7 @@ use crate::codec::{
     set_u32, NO_KEY,
 };
 use crate::limits::{BATCH_BYTES_MAX, BATCH_RECORDS_MAX, BLOCK_BYTES};
+use bytes::Bytes;
 
 const BATCH_MAGIC: u32 = 0x4E42_4154;
 const FIXED_HEADER_BYTES: usize = 40;
@@ -35,7 +36,8 @@ pub struct Message {
     pub id: u128,
     pub produced_at_ms: u64,
     pub key: Option<Vec<u8>>,
-    pub value: Vec<u8>,
+    /// Shared, not copied, as it moves from request to WAL to log and cache.
+    pub value: Bytes,
 }
 
 /// A message with its offset in the partition.
@@ -182,7 +184,7 @@ fn decode_record(bytes: &[u8]) -> Option<Message> {
         at += key_len;
         Some(key)
     };
-    let value = bytes.get(at..at + value_len)?.to_vec();
+    let value = Bytes::copy_from_slice(bytes.get(at..at + value_len)?);
     (at + value_len == bytes.len()).then_some(Message {
         id,
         produced_at_ms,
@@ -200,7 +202,7 @@ mod tests {
             id: u128::from(i),
             produced_at_ms: 7,
             key: (i % 2 == 0).then(|| vec![i; 3]),
-            value: vec![i; 100],
+            value: Bytes::from(vec![i; 100]),
         }
     }
 
