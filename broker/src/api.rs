@@ -191,7 +191,12 @@ async fn dispatch(
     match route {
         Route::Healthz => Ok(json_response(StatusCode::OK, &json!({"status": "ok"}))),
         Route::Readyz => match shard.not_ready().await {
-            Some(error) => Err(error),
+            // API.md: 503 whatever the reason, in the error shape with its code.
+            Some(error) => {
+                let mut response = error_response(&error);
+                *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+                Ok(response)
+            }
             None => Ok(json_response(StatusCode::OK, &json!({"status": "ready"}))),
         },
         Route::Metrics => Ok(metrics(shard).await),

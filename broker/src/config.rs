@@ -58,6 +58,8 @@ enum Kind {
     Bool,
     Text,
     Addr,
+    /// One of these words.
+    OneOf(&'static [&'static str]),
 }
 
 /// Every key, its kind and its default (`None`: unset unless given).
@@ -235,6 +237,13 @@ const KEYS: &[(&str, Kind, Option<&str>)] = &[
     ),
     ("auth.enabled", Kind::Bool, Some("false")),
     ("auth.admin_password", Kind::Text, None),
+    // For tests only: a fault layer under every storage file, switched at
+    // runtime through `<data_dir>/fault-control` (see docs/testing.md).
+    (
+        "testing.faults",
+        Kind::OneOf(&["off", "switchable", "power_loss"]),
+        Some("off"),
+    ),
 ];
 
 /// Environment variables with the `NARAD_` prefix that are not config keys.
@@ -278,6 +287,13 @@ fn check(key: &str, value: &str, kind: Kind, source: Source) -> Result<(), Confi
             .map(|_| ())
             .map_err(|_| invalid("must be HOST:PORT with an IP address".into())),
         Kind::Text => Ok(()),
+        Kind::OneOf(words) => {
+            if words.contains(&value) {
+                Ok(())
+            } else {
+                Err(invalid(format!("must be one of {}", words.join(", "))))
+            }
+        }
     }
 }
 

@@ -16,15 +16,19 @@ use glommio::{LocalExecutorBuilder, Placement};
 use narad_net::http_server::{serve, Handler, HttpRequest, ServerLimits};
 use narad_raft::node::{MetaNode, MetaNodeConfig};
 use narad_storage::clock::{SharedClock, SystemClock};
+use narad_storage::io::faulty::{remove_unsynced_files, FaultControl};
 use narad_storage::io::glommio_fs::GlommioFs;
 use narad_storage::wal::{Wal, WalConfig};
 
 use crate::config::Config;
 use crate::mesh::{self, MeshEnds};
 use crate::receipt::ReceiptKey;
-use crate::shard::{every, Shard, ShardIdentity, ShardParts};
+use crate::shard::{every, NodeFs, Shard, ShardIdentity, ShardParts};
 
 const EPOCH_FILE: &str = "node.epoch";
+/// The file a test writes fault names into (`testing.faults` only).
+pub const FAULT_CONTROL_FILE: &str = "fault-control";
+const FAULT_POLL_INTERVAL: Duration = Duration::from_millis(10);
 const RECEIPT_KEY_FILE: &str = "receipt.key";
 const IO_MEMORY_BYTES: usize = 16 * 1024 * 1024;
 /// How long a starting node waits for its metastore to replay its log.
@@ -196,6 +200,7 @@ struct ShardStart {
     listen: SocketAddr,
     ends: MeshEnds,
     startup: mpsc::Sender<Startup>,
+    faults: Arc<FaultControl>,
 }
 
 /// The number of shards: `shards`, or every online CPU when 0.
@@ -205,6 +210,40 @@ fn shard_count(config: &Config) -> usize {
         0 => cpus,
         n => usize::try_from(n).unwrap_or(cpus),
     }
+}
+
+/// The fault layer's switches (`testing.faults`; tests only). When on, a
+/// thread applies `<data_dir>/fault-control` every few milliseconds; with
+/// power loss, files whose creation never became durable are deleted first.
+fn fault_control(config: &Config, data_dir: &Path) -> Result<Arc<FaultControl>, String> {
+    let mode = config.text("testing.faults").unwrap_or("off");
+    let control = FaultControl::new(mode == "power_loss");
+    if mode == "off" {
+        return Ok(control);
+    }
+    tracing::warn!(mode, "fault injection is on: this node is for tests");
+    if control.power_loss() {
+        remove_unsynced_files(data_dir)
+            .map_err(|e| format!("removing files a power cut lost: {e}"))?;
+    }
+    let path = data_dir.join(FAULT_CONTROL_FILE);
+    let switches = control.clone();
+    std::thread::Builder::new()
+        .name("narad-faults".into())
+        .spawn(move || {
+            let mut last = String::new();
+            loop {
+                let text = std::fs::read_to_string(&path).unwrap_or_default();
+                if text != last {
+                    let unknown = switches.apply(&text);
+                    tracing::warn!(faults = %text.trim(), ?unknown, "fault switches changed");
+                    last = text;
+                }
+                std::thread::sleep(FAULT_POLL_INTERVAL);
+            }
+        })
+        .map_err(|e| format!("starting the fault switch thread: {e}"))?;
+    Ok(control)
 }
 
 /// Runs a node until SIGTERM or SIGINT; returns once it stopped gracefully.
@@ -225,6 +264,7 @@ pub fn run(config: Config) -> Result<(), String> {
     metrics::counter!("narad_dispatcher_reroutes_total").absolute(0);
     metrics::counter!("narad_storage_corrupt_records_total").increment(0);
     let key = receipt_key(&data_dir)?;
+    let faults = fault_control(&config, &data_dir)?;
     let stop = stop_on_signal()?;
     let peer = config.addr("peer_listen");
     let mut meta_config =
@@ -256,6 +296,7 @@ pub fn run(config: Config) -> Result<(), String> {
             listen,
             ends,
             startup: startup.clone(),
+            faults: faults.clone(),
         };
         // One shard per core is the production shape: pin each to its core.
         // Fewer shards than cores (tests, small hosts) leave placement to
@@ -336,6 +377,7 @@ async fn run_shard(start: ShardStart) -> Result<(), String> {
         listen,
         ends,
         startup,
+        faults,
     } = start;
     let config = Rc::new(config);
     // Connecting waits for every peer to connect too: start it first, so a
@@ -346,9 +388,10 @@ async fn run_shard(start: ShardStart) -> Result<(), String> {
     let _ = startup.send(Startup::Bound(local));
     let (mesh, inbox) = connecting.await;
 
-    let fs = GlommioFs::new(&data_dir)
+    let disk = GlommioFs::new(&data_dir)
         .await
         .map_err(|e| format!("preparing {}: {e}", data_dir.display()))?;
+    let fs = NodeFs::wrap(disk, faults);
     let clock: SharedClock = Rc::new(SystemClock);
     let wal_config = WalConfig {
         ring_bytes: config.u64("storage.wal_ring_bytes"),

@@ -23,6 +23,7 @@ use narad_raft::store::MetaView;
 use narad_storage::clock::SharedClock;
 use narad_storage::consumer::{ConsumerConfig, ConsumerState};
 use narad_storage::error::StorageError;
+use narad_storage::io::faulty::FaultyFs;
 use narad_storage::io::glommio_fs::GlommioFs;
 use narad_storage::limits::SEGMENT_PREALLOC_STEP_BYTES_DEFAULT;
 use narad_storage::log::{LogConfig, Message, PartitionLog};
@@ -61,7 +62,10 @@ pub const MAX_MESSAGE_BYTES_DEFAULT: u64 = 1024 * 1024;
 type OwnerKey = (String, u64, u32);
 /// The metadata version the cached topics come from, and the topics.
 type TopicCache = (Option<Arc<MetaView>>, HashMap<String, Rc<Topic>>);
-type Owner = Rc<PartitionOwner<GlommioFs>>;
+/// The file system of a node: the real disk under the fault layer, which
+/// passes every call through unless a test switched it on.
+pub type NodeFs = FaultyFs<GlommioFs>;
+type Owner = Rc<PartitionOwner<NodeFs>>;
 
 enum OwnerSlot {
     Opening,
@@ -82,9 +86,9 @@ pub struct ShardParts {
     pub identity: ShardIdentity,
     pub config: Rc<Config>,
     pub data_dir: PathBuf,
-    pub fs: GlommioFs,
+    pub fs: NodeFs,
     pub clock: SharedClock,
-    pub wal: Rc<Wal<GlommioFs>>,
+    pub wal: Rc<Wal<NodeFs>>,
     pub meta: Arc<MetaNode>,
     pub receipt_key: ReceiptKey,
     pub metrics: metrics_exporter_prometheus::PrometheusHandle,
@@ -96,9 +100,9 @@ pub struct Shard {
     mesh: Mesh,
     config: Rc<Config>,
     data_dir: PathBuf,
-    fs: GlommioFs,
+    fs: NodeFs,
     clock: SharedClock,
-    wal: Rc<Wal<GlommioFs>>,
+    wal: Rc<Wal<NodeFs>>,
     meta: Arc<MetaNode>,
     receipt_key: ReceiptKey,
     owners: RefCell<HashMap<OwnerKey, OwnerSlot>>,
@@ -173,7 +177,7 @@ impl Shard {
         &self.meta
     }
 
-    pub fn wal(&self) -> &Wal<GlommioFs> {
+    pub fn wal(&self) -> &Wal<NodeFs> {
         &self.wal
     }
 
@@ -447,7 +451,7 @@ impl Shard {
         &self,
         topic: &Topic,
         partition: u32,
-    ) -> Result<PartitionOwner<GlommioFs>, ApiError> {
+    ) -> Result<PartitionOwner<NodeFs>, ApiError> {
         let dir = self
             .topic_dir(&topic.name, topic.incarnation)
             .join(partition.to_string());

@@ -143,6 +143,22 @@ impl Node {
         self.spawn();
     }
 
+    /// Raises exactly these faults (`testing.faults` nodes only; see
+    /// docs/testing.md) and waits until the node logged the change.
+    pub fn set_faults(&self, faults: &str) {
+        let before = self.stderr().matches("fault switches changed").count();
+        let path = self.data_dir.join("fault-control");
+        let tmp = self.data_dir.join("fault-control.tmp");
+        std::fs::write(&tmp, faults).expect("write fault control");
+        std::fs::rename(&tmp, &path).expect("rename fault control");
+        assert!(
+            eventually(START_DEADLINE, || {
+                self.stderr().matches("fault switches changed").count() > before
+            }),
+            "the node did not pick up the faults {faults:?}"
+        );
+    }
+
     /// Restarts with other flags (the data folder stays).
     pub fn restart_with(&mut self, extra: &[&str]) {
         self.extra = extra.iter().map(|s| s.to_string()).collect();
@@ -254,4 +270,105 @@ pub fn eventually(deadline: Duration, mut condition: impl FnMut() -> bool) -> bo
         std::thread::sleep(POLL_INTERVAL);
     }
     condition()
+}
+
+/// Producer threads that send single messages on fresh connections until
+/// stopped or until the node stops answering 202; they remember every id
+/// answered 202.
+pub struct Producers {
+    accepted: std::sync::Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Producers {
+    pub fn start(addr: &str, topic: &str, threads: usize) -> Self {
+        let accepted: std::sync::Arc<std::sync::Mutex<std::collections::BTreeSet<String>>> =
+            std::sync::Arc::default();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let threads = (0..threads)
+            .map(|t| {
+                let (accepted, stop) = (accepted.clone(), stop.clone());
+                let (addr, path) = (addr.to_string(), format!("/v1/topics/{topic}/messages"));
+                std::thread::spawn(move || {
+                    let mut i = 0u64;
+                    while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                        i += 1;
+                        let body = format!("p{t}-{i}");
+                        let Ok((status, answer)) = std::panic::catch_unwind(|| {
+                            request(&addr, "POST", &path, &[], body.as_bytes())
+                        }) else {
+                            return;
+                        };
+                        if status != 202 {
+                            return;
+                        }
+                        if let Some(id) = answer["id"].as_str() {
+                            accepted.lock().expect("lock").insert(id.to_string());
+                        }
+                    }
+                })
+            })
+            .collect();
+        Self {
+            accepted,
+            stop,
+            threads,
+        }
+    }
+
+    pub fn accepted_count(&self) -> usize {
+        self.accepted.lock().expect("lock").len()
+    }
+
+    /// Stops the threads (a killed node stops them too) and returns every
+    /// id answered 202.
+    pub fn finish(self) -> std::collections::BTreeSet<String> {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        for thread in self.threads {
+            let _ = thread.join();
+        }
+        let accepted = self.accepted.lock().expect("lock").clone();
+        accepted
+    }
+}
+
+/// Consumes and acks a topic until it holds nothing available or in
+/// flight; returns how often each id was delivered.
+pub fn consume_all(node: &Node, topic: &str) -> std::collections::BTreeMap<String, u64> {
+    let mut seen = std::collections::BTreeMap::new();
+    let emptied = eventually(REQUEST_DEADLINE * 4, || {
+        let messages = node.consume(
+            topic,
+            serde_json::json!({"max_messages": 500, "wait_ms": 100}),
+        );
+        if !messages.is_empty() {
+            let receipts: Vec<&str> = messages
+                .iter()
+                .filter_map(|m| m["receipt"].as_str())
+                .collect();
+            let (status, answer) = node.json(
+                "POST",
+                &format!("/v1/topics/{topic}/ack/batch"),
+                serde_json::json!({ "receipts": receipts }),
+            );
+            assert_eq!(status, 200, "{answer}");
+        }
+        for message in &messages {
+            if let Some(id) = message["id"].as_str() {
+                *seen.entry(id.to_string()).or_insert(0) += 1;
+            }
+        }
+        if !messages.is_empty() {
+            return false;
+        }
+        let (_, stats) = node.request("GET", &format!("/v1/topics/{topic}"), b"");
+        stats["partition_stats"].as_array().is_some_and(|parts| {
+            parts
+                .iter()
+                .all(|p| p["available"] == 0 && p["in_flight"] == 0)
+        })
+    });
+    assert!(emptied, "{topic} did not empty");
+    seen
 }

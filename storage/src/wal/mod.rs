@@ -715,10 +715,10 @@ impl<F: FileSystem> Wal<F> {
     }
 }
 
-impl Wal<crate::io::glommio_fs::GlommioFs> {
+impl<F: FileSystem> Wal<F> {
     /// Syncs a checkpoint every `interval` (`dispatcher.checkpoint_interval_ms`)
     /// until the WAL is closed (one last checkpoint then) or fails. Runs on a
-    /// glommio executor.
+    /// glommio executor (its timer), whatever the file system.
     pub async fn run_checkpointer(self: Rc<Self>, interval: std::time::Duration) {
         loop {
             glommio::timer::sleep(interval).await;
