@@ -436,6 +436,24 @@ fn bad_input_gets_the_right_code_and_the_node_keeps_serving() {
         (status, text, ())
     };
     assert_eq!(status, 408, "{head}");
+    // Malformed HTTP (a header line without a colon): 400 in the JSON error
+    // shape, like every other error.
+    let mut stream = std::net::TcpStream::connect(&node.addr).expect("connect");
+    std::io::Write::write_all(
+        &mut stream,
+        b"GET /healthz HTTP/1.1\r\nno colon here\r\n\r\n",
+    )
+    .expect("send");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    let mut response = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut stream, &mut response);
+    let text = String::from_utf8_lossy(&response);
+    assert!(text.starts_with("HTTP/1.1 400 "), "{text}");
+    let body: Value =
+        serde_json::from_str(text.split("\r\n\r\n").nth(1).unwrap_or_default()).expect("json");
+    assert_eq!(body["error"]["code"], "invalid_request", "{text}");
     let (status, _, _) = raw_request(&node.addr, "GET", "/healthz", &[], b"");
     assert_eq!(status, 200, "still serving");
     let started = Instant::now();

@@ -101,6 +101,35 @@ struct Io {
     stream: Rc<RefCell<TcpStream>>,
     clock: Rc<ConnectionClock>,
     buffer: Vec<u8>,
+    /// hyper's own answer to a request it could not parse, being replaced by
+    /// ours: (our bytes, how many are written, how long hyper's was).
+    replacing: Option<(Vec<u8>, usize, usize)>,
+}
+
+/// hyper answers a request it cannot parse by itself, with an empty body
+/// (400, 414 or 431). Every error of the API carries the JSON error shape,
+/// so that answer is swapped for ours: 400 `invalid_request`.
+fn replace_automatic_error(head: &[u8]) -> Option<Vec<u8>> {
+    let text = std::str::from_utf8(head).ok()?;
+    let status = text.strip_prefix("HTTP/1.1 ")?.get(..3)?;
+    let reason = match status {
+        "400" => "the request line or a header could not be parsed",
+        "414" => "the request URI is too long",
+        "431" => "the request headers are too large",
+        _ => return None,
+    };
+    let lower = text.to_ascii_lowercase();
+    if !lower.contains("\r\ncontent-length: 0\r\n") || !lower.ends_with("\r\n\r\n") {
+        return None;
+    }
+    let body = ApiError::new(ErrorCode::InvalidRequest, reason).to_json();
+    Some(
+        format!(
+            "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .into_bytes(),
+    )
 }
 
 impl hyper::rt::Read for Io {
@@ -133,7 +162,28 @@ impl hyper::rt::Write for Io {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        let mut stream = self.stream.borrow_mut();
+        let this = self.get_mut();
+        if this.replacing.is_none() {
+            if let Some(ours) = replace_automatic_error(buf) {
+                this.replacing = Some((ours, 0, buf.len()));
+            }
+        }
+        let mut stream = this.stream.borrow_mut();
+        if let Some((ours, written, theirs)) = &mut this.replacing {
+            while *written < ours.len() {
+                let rest = ours.get(*written..).unwrap_or_default();
+                match Pin::new(&mut *stream).poll_write(cx, rest) {
+                    Poll::Ready(Ok(0)) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+                    Poll::Ready(Ok(n)) => *written += n,
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                    Poll::Pending => return Poll::Pending,
+                }
+            }
+            let theirs = *theirs;
+            drop(stream);
+            this.replacing = None;
+            return Poll::Ready(Ok(theirs));
+        }
         Pin::new(&mut *stream).poll_write(cx, buf)
     }
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -208,6 +258,7 @@ pub async fn serve_connection(stream: TcpStream, limits: ServerLimits, handler: 
         stream: stream.clone(),
         clock: clock.clone(),
         buffer: Vec::with_capacity(READ_CHUNK_BYTES),
+        replacing: None,
     };
     let service_clock = clock.clone();
     let service = service_fn(move |request: hyper::Request<Incoming>| {
@@ -279,5 +330,32 @@ pub async fn serve(
             }
             Err(error) => tracing::warn!(%error, "accept failed"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::replace_automatic_error;
+
+    #[test]
+    fn hypers_bodyless_parse_errors_become_json_errors() {
+        let theirs = b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\ndate: Mon, 30 Nov 2026 12:00:00 GMT\r\n\r\n";
+        let ours =
+            String::from_utf8(replace_automatic_error(theirs).expect("replaced")).expect("utf8");
+        assert!(ours.starts_with("HTTP/1.1 400 Bad Request\r\n"));
+        assert!(ours.contains("\"code\":\"invalid_request\""), "{ours}");
+        let body = ours.split("\r\n\r\n").nth(1).expect("body");
+        assert!(ours.contains(&format!("content-length: {}\r\n", body.len())));
+        let big = b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\n\r\n";
+        assert!(replace_automatic_error(big).is_some());
+    }
+
+    #[test]
+    fn our_own_answers_pass_untouched() {
+        let ours = b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: 12\r\n\r\n{\"error\":{}}";
+        assert!(replace_automatic_error(ours).is_none());
+        let no_content = b"HTTP/1.1 204 No Content\r\ncontent-length: 0\r\n\r\n";
+        assert!(replace_automatic_error(no_content).is_none());
+        assert!(replace_automatic_error(b"HTTP/1.1 202 Accepted\r\n").is_none());
     }
 }
