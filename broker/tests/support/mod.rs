@@ -95,6 +95,23 @@ impl Node {
         std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
     }
 
+    /// SIGSTOP: the process freezes with its sockets open.
+    pub fn pause(&self) {
+        self.signal("STOP");
+    }
+
+    /// SIGCONT after [`Node::pause`].
+    pub fn resume(&self) {
+        self.signal("CONT");
+    }
+
+    /// Whether the process is still there (it may be paused).
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|child| matches!(child.try_wait(), Ok(None)))
+    }
+
     fn signal(&self, signal: &str) {
         if let Some(child) = &self.child {
             Command::new("kill")
@@ -231,10 +248,27 @@ pub fn raw_request(
     headers: &[(&str, &str)],
     body: &[u8],
 ) -> (u16, String, Vec<u8>) {
-    let mut stream = TcpStream::connect(addr).expect("connect");
+    try_raw_request(addr, method, path, headers, body, REQUEST_DEADLINE)
+        .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+}
+
+/// One request on a fresh connection; `Err` when there is no complete
+/// answer within `timeout` (a stopped, paused or killed node).
+pub fn try_raw_request(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+    timeout: Duration,
+) -> Result<(u16, String, Vec<u8>), String> {
+    let target: std::net::SocketAddr = addr.parse().map_err(|e| format!("{addr}: {e}"))?;
+    let mut stream =
+        TcpStream::connect_timeout(&target, timeout).map_err(|e| format!("connect: {e}"))?;
     stream
-        .set_read_timeout(Some(REQUEST_DEADLINE))
-        .expect("timeout");
+        .set_read_timeout(Some(timeout))
+        .and_then(|()| stream.set_write_timeout(Some(timeout)))
+        .map_err(|e| e.to_string())?;
     let mut head = format!(
         "{method} {path} HTTP/1.1\r\nHost: test\r\nContent-Length: {}\r\nConnection: close\r\n",
         body.len()
@@ -243,21 +277,40 @@ pub fn raw_request(
         head.push_str(&format!("{name}: {value}\r\n"));
     }
     head.push_str("\r\n");
-    stream.write_all(head.as_bytes()).expect("write head");
-    stream.write_all(body).expect("write body");
+    stream
+        .write_all(head.as_bytes())
+        .and_then(|()| stream.write_all(body))
+        .map_err(|e| format!("send: {e}"))?;
     let mut response = Vec::new();
-    stream.read_to_end(&mut response).expect("read response");
+    stream
+        .read_to_end(&mut response)
+        .map_err(|e| format!("read: {e}"))?;
     let split = response
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
-        .expect("response head");
+        .ok_or("no complete response head")?;
     let head = String::from_utf8_lossy(&response[..split]).to_string();
     let status = head
         .split(' ')
         .nth(1)
         .and_then(|s| s.parse().ok())
-        .expect("status");
-    (status, head, response[split + 4..].to_vec())
+        .ok_or("no status")?;
+    Ok((status, head, response[split + 4..].to_vec()))
+}
+
+/// [`try_raw_request`] with the JSON body parsed (`null` if none).
+pub fn try_request(
+    addr: &str,
+    method: &str,
+    path: &str,
+    body: &[u8],
+    timeout: Duration,
+) -> Result<(u16, Value), String> {
+    let (status, _, bytes) = try_raw_request(addr, method, path, &[], body, timeout)?;
+    Ok((
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    ))
 }
 
 /// Polls `condition` until it holds or `deadline` passes.

@@ -1,0 +1,350 @@
+//! The checker on hand-made histories, including ones that must fail.
+
+use super::*;
+
+/// Builds histories by hand: times are explicit.
+#[derive(Default)]
+struct Builder {
+    events: Vec<Event>,
+}
+
+fn delivery(id: &str, topic: &str, offset: u64, count: u32, lease_end: u64) -> Delivery {
+    Delivery {
+        id: id.into(),
+        topic: topic.into(),
+        partition: 0,
+        offset,
+        value: format!("v-{id}"),
+        delivery_count: count,
+        lease_expires_at_ms: lease_end,
+        receipt: format!("r-{id}-{offset}-{count}"),
+    }
+}
+
+impl Builder {
+    fn push(&mut self, start_ms: u64, end_ms: u64, op: Op) -> &mut Self {
+        self.events.push(Event {
+            start_ms,
+            end_ms,
+            client: "c".into(),
+            op,
+        });
+        self
+    }
+
+    fn produce(&mut self, at: u64, id: &str, topic: &str) -> &mut Self {
+        self.push(
+            at,
+            at + 1,
+            Op::Produce {
+                topic: topic.into(),
+                value: format!("v-{id}"),
+                outcome: Outcome::Ok { value: id.into() },
+            },
+        )
+    }
+
+    fn produce_unanswered(&mut self, at: u64, id: &str, topic: &str) -> &mut Self {
+        self.push(
+            at,
+            at + 1,
+            Op::Produce {
+                topic: topic.into(),
+                value: format!("v-{id}"),
+                outcome: Outcome::Unknown {
+                    reason: "timeout".into(),
+                },
+            },
+        )
+    }
+
+    fn consume(&mut self, at: u64, deliveries: Vec<Delivery>) -> &mut Self {
+        self.push(
+            at,
+            at + 1,
+            Op::Consume {
+                topic: deliveries
+                    .first()
+                    .map(|d| d.topic.clone())
+                    .unwrap_or_default(),
+                outcome: Outcome::Ok { value: deliveries },
+            },
+        )
+    }
+
+    fn settle(
+        &mut self,
+        at: u64,
+        action: SettleAction,
+        d: &Delivery,
+        value: Option<u64>,
+    ) -> &mut Self {
+        self.push(
+            at,
+            at + 1,
+            Op::Settle {
+                action,
+                topic: d.topic.clone(),
+                id: d.id.clone(),
+                receipt: d.receipt.clone(),
+                outcome: Outcome::Ok { value },
+            },
+        )
+    }
+
+    fn nemesis(&mut self, at: u64, action: NemesisAction) -> &mut Self {
+        self.push(
+            at,
+            at + 1,
+            Op::Nemesis {
+                action,
+                node: "n1".into(),
+            },
+        )
+    }
+
+    fn report(&self) -> Report {
+        check(&self.events)
+    }
+}
+
+#[test]
+fn a_clean_history_passes_both_strictnesses() {
+    let mut h = Builder::default();
+    let a = delivery("a", "t", 0, 1, 30_000);
+    let b = delivery("b", "t", 1, 1, 30_000);
+    h.produce(1, "a", "t")
+        .produce(2, "b", "t")
+        .consume(10, vec![a.clone(), b.clone()])
+        .settle(20, SettleAction::Ack, &a, None)
+        .settle(21, SettleAction::Ack, &b, None);
+    let report = h.report();
+    assert_eq!((report.accepted, report.delivered, report.acked), (2, 2, 2));
+    assert!(
+        report.violations(Strictness::Healthy).is_empty(),
+        "{}",
+        report.summary()
+    );
+    assert!(report.violations(Strictness::Faults).is_empty());
+}
+
+#[test]
+fn a_202_never_delivered_is_lost_and_never_acked() {
+    let mut h = Builder::default();
+    h.produce(1, "a", "t");
+    let report = h.report();
+    assert_eq!(report.lost.count, 1);
+    assert_eq!(report.never_acked.count, 1);
+    let healthy: Vec<_> = report
+        .violations(Strictness::Healthy)
+        .iter()
+        .map(|v| v.0)
+        .collect();
+    assert_eq!(healthy, vec!["lost"]);
+    let faults: Vec<_> = report
+        .violations(Strictness::Faults)
+        .iter()
+        .map(|v| v.0)
+        .collect();
+    assert_eq!(faults, vec!["never_acked"]);
+}
+
+#[test]
+fn delivered_but_never_produced_or_on_another_topic_fails() {
+    let mut h = Builder::default();
+    let stray = delivery("x", "t", 0, 1, 30_000);
+    let moved = delivery("m", "other", 0, 1, 30_000);
+    h.produce(1, "m", "t")
+        .consume(5, vec![stray.clone(), moved.clone()]);
+    h.settle(6, SettleAction::Ack, &stray, None)
+        .settle(6, SettleAction::Ack, &moved, None);
+    let report = h.report();
+    assert_eq!(report.unknown.count, 1, "{}", report.summary());
+    assert_eq!(report.wrong_topic.count, 1);
+    assert!(!report.violations(Strictness::Faults).is_empty());
+}
+
+#[test]
+fn an_unanswered_produce_may_be_delivered_or_not() {
+    let mut h = Builder::default();
+    let maybe = delivery("u", "t", 0, 1, 30_000);
+    h.produce_unanswered(1, "u", "t")
+        .produce_unanswered(2, "w", "t");
+    h.consume(5, vec![maybe.clone()])
+        .settle(6, SettleAction::Ack, &maybe, None);
+    let report = h.report();
+    assert!(
+        report.violations(Strictness::Healthy).is_empty(),
+        "{}",
+        report.summary()
+    );
+}
+
+#[test]
+fn a_second_delivery_needs_a_lease_end_a_nack_or_a_crash() {
+    // Delivered again while its first lease still ran, nothing else: fails.
+    let mut h = Builder::default();
+    let first = delivery("a", "t", 0, 1, 30_000);
+    let again = delivery("a", "t", 0, 2, 60_000);
+    h.produce(1, "a", "t")
+        .consume(10, vec![first.clone()])
+        .consume(20, vec![again.clone()])
+        .settle(30, SettleAction::Ack, &again, None);
+    let report = h.report();
+    assert_eq!(
+        report.duplicates_unexplained.count,
+        1,
+        "{}",
+        report.summary()
+    );
+    assert!(!report.violations(Strictness::Faults).is_empty());
+
+    // The same after the lease ended: explained, but a healthy run fails.
+    let mut h = Builder::default();
+    h.produce(1, "a", "t")
+        .consume(10, vec![delivery("a", "t", 0, 1, 15)])
+        .consume(20, vec![again.clone()])
+        .settle(30, SettleAction::Ack, &again, None);
+    let report = h.report();
+    assert_eq!(report.duplicates_explained.count, 1);
+    assert_eq!(report.duplicates_unexplained.count, 0);
+    assert!(report.violations(Strictness::Faults).is_empty());
+    assert_eq!(
+        report.violations(Strictness::Healthy)[0].0,
+        "duplicates_explained"
+    );
+
+    // After a nack, or after the node was killed: explained.
+    let mut h = Builder::default();
+    h.produce(1, "a", "t")
+        .consume(10, vec![first.clone()])
+        .settle(12, SettleAction::Nack, &first, None)
+        .consume(20, vec![again.clone()])
+        .settle(30, SettleAction::Ack, &again, None);
+    assert_eq!(h.report().duplicates_unexplained.count, 0);
+    let mut h = Builder::default();
+    h.produce(1, "a", "t")
+        .consume(10, vec![first.clone()])
+        .nemesis(15, NemesisAction::Terminate)
+        .consume(20, vec![again.clone()])
+        .settle(30, SettleAction::Ack, &again, None);
+    assert_eq!(h.report().duplicates_unexplained.count, 0);
+}
+
+#[test]
+fn an_extended_lease_is_still_running() {
+    let mut h = Builder::default();
+    let first = delivery("a", "t", 0, 1, 15);
+    let again = delivery("a", "t", 0, 2, 60_000);
+    h.produce(1, "a", "t")
+        .consume(10, vec![first.clone()])
+        .settle(12, SettleAction::Extend, &first, Some(50_000))
+        .consume(20, vec![again.clone()]);
+    assert_eq!(h.report().duplicates_unexplained.count, 1);
+}
+
+#[test]
+fn a_copy_at_another_offset_needs_a_crash() {
+    let mut h = Builder::default();
+    let first = delivery("a", "t", 0, 1, 30_000);
+    let copy = delivery("a", "t", 7, 1, 30_000);
+    h.produce(1, "a", "t")
+        .consume(10, vec![first.clone()])
+        .settle(11, SettleAction::Ack, &first, None)
+        .consume(20, vec![copy.clone()])
+        .settle(21, SettleAction::Ack, &copy, None);
+    assert_eq!(
+        h.report().duplicates_unexplained.count,
+        1,
+        "no crash: a bug"
+    );
+    let mut h = Builder::default();
+    h.produce(1, "a", "t")
+        .consume(10, vec![first.clone()])
+        .settle(11, SettleAction::Ack, &first, None)
+        .nemesis(15, NemesisAction::PowerCut)
+        .consume(20, vec![copy.clone()])
+        .settle(21, SettleAction::Ack, &copy, None);
+    let report = h.report();
+    assert_eq!(
+        report.duplicates_unexplained.count,
+        0,
+        "{}",
+        report.summary()
+    );
+    assert_eq!(report.duplicates_explained.count, 1);
+}
+
+#[test]
+fn acked_then_delivered_again_fails_unless_a_crash_lost_the_ack() {
+    let mut h = Builder::default();
+    let first = delivery("a", "t", 0, 1, 15);
+    let again = delivery("a", "t", 0, 2, 60_000);
+    h.produce(1, "a", "t")
+        .consume(10, vec![first.clone()])
+        .settle(12, SettleAction::Ack, &first, None)
+        .consume(20, vec![again.clone()]);
+    let report = h.report();
+    assert_eq!(report.acked_then_delivered.count, 1, "{}", report.summary());
+    assert!(!report.violations(Strictness::Faults).is_empty());
+
+    let mut h = Builder::default();
+    h.produce(1, "a", "t")
+        .consume(10, vec![first.clone()])
+        .settle(12, SettleAction::Ack, &first, None)
+        .nemesis(14, NemesisAction::Kill)
+        .consume(20, vec![again.clone()])
+        .settle(21, SettleAction::Ack, &again, None);
+    let report = h.report();
+    assert_eq!(report.acked_then_delivered.count, 0, "{}", report.summary());
+}
+
+#[test]
+fn a_late_ack_answered_204_fails() {
+    let mut h = Builder::default();
+    let leased = delivery("a", "t", 0, 1, 1_000);
+    h.produce(1, "a", "t")
+        .consume(10, vec![leased.clone()])
+        .settle(5_000, SettleAction::Ack, &leased, None);
+    let report = h.report();
+    assert_eq!(report.late_ack_accepted.count, 1, "{}", report.summary());
+    assert!(!report.violations(Strictness::Faults).is_empty());
+    // Extended before it ended: on time.
+    let mut h = Builder::default();
+    h.produce(1, "a", "t")
+        .consume(10, vec![leased.clone()])
+        .settle(500, SettleAction::Extend, &leased, Some(10_000))
+        .settle(5_000, SettleAction::Ack, &leased, None);
+    assert_eq!(h.report().late_ack_accepted.count, 0);
+}
+
+#[test]
+fn histories_round_trip_through_their_file() {
+    let history = History::new();
+    history.record(
+        "p1",
+        5,
+        Op::Produce {
+            topic: "t".into(),
+            value: "v".into(),
+            outcome: Outcome::Refused {
+                status: 429,
+                code: "overloaded".into(),
+            },
+        },
+    );
+    history.record(
+        "nemesis",
+        6,
+        Op::Nemesis {
+            action: NemesisAction::Pause,
+            node: "n1".into(),
+        },
+    );
+    let dir = std::env::temp_dir().join(format!("narad-check-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let path = dir.join("history.jsonl");
+    history.write(&path).expect("write");
+    assert_eq!(History::read(&path).expect("read"), history.events());
+    let _ = std::fs::remove_dir_all(&dir);
+}
