@@ -20,6 +20,7 @@ pub mod client;
 pub mod error;
 pub mod http_server;
 pub mod names;
+pub mod peer;
 pub mod types;
 pub mod value;
 
