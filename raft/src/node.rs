@@ -3,15 +3,23 @@
 //! its methods directly (the `Raft` handle is `Send + Sync`); they read the
 //! applied state from the watch channel, never by asking.
 //!
-//! Until the cluster issue adds QUIC, the network reaches no peer: a node
-//! bootstraps a single-member cluster on its first start.
+//! Other nodes are reached through a [`PeerCaller`] (the broker gives it the
+//! node's QUIC endpoint): Raft RPCs and control-plane writes forwarded to
+//! the leader travel as serialized requests of the kinds below, and
+//! [`MetaNode::serve`] answers them. Without peers a node bootstraps a
+//! single-member cluster on its first start; with peers, the member with the
+//! smallest id bootstraps the whole initial membership once.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use openraft::error::{ClientWriteError, InstallSnapshotError, RPCError, RaftError, Unreachable};
+use openraft::error::{
+    ClientWriteError, InstallSnapshotError, RPCError, RaftError, RemoteError, Unreachable,
+};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
@@ -23,13 +31,42 @@ use tokio::sync::{oneshot, watch};
 use crate::state::{Applied, Command, Refused};
 use crate::store::{LogStore, MetaView, NodeId, StateMachine, TypeConfig};
 
+/// Request kinds of the metastore on the peer network.
+pub const KIND_APPEND_ENTRIES: u8 = 1;
+pub const KIND_VOTE: u8 = 2;
+pub const KIND_INSTALL_SNAPSHOT: u8 = 3;
+/// A control-plane write forwarded to the leader.
+pub const KIND_FORWARD_WRITE: u8 = 4;
+/// How long a control-plane write may wait for a leader and a quorum.
+const PROPOSE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A future that may cross threads.
+pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// How the metastore reaches another node: one request of `kind` to the
+/// peer address `addr`, answered within `timeout`.
+pub trait PeerCaller: Send + Sync + 'static {
+    fn call(
+        &self,
+        addr: &str,
+        kind: u8,
+        payload: Vec<u8>,
+        timeout: Duration,
+    ) -> BoxFuture<Result<Vec<u8>, String>>;
+}
+
 /// Settings of one metastore node.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct MetaNodeConfig {
     pub node_id: NodeId,
     pub dir: PathBuf,
     /// The address other nodes reach this one at (for the membership).
     pub peer_addr: String,
+    /// The initial members with their peer addresses, this node included;
+    /// empty for a single-node cluster.
+    pub members: BTreeMap<NodeId, String>,
+    /// The peer network (none for a single-node cluster).
+    pub caller: Option<Arc<dyn PeerCaller>>,
     /// Take a snapshot (and purge the log) after this many entries.
     pub snapshot_after_entries: u64,
     pub heartbeat_interval_ms: u64,
@@ -43,6 +80,8 @@ impl MetaNodeConfig {
             node_id,
             dir,
             peer_addr,
+            members: BTreeMap::new(),
+            caller: None,
             snapshot_after_entries: 1000,
             heartbeat_interval_ms: 100,
             election_timeout_min_ms: 300,
@@ -51,7 +90,7 @@ impl MetaNodeConfig {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum MetaError {
     /// The command was refused by the state machine's rules.
     #[error(transparent)]
@@ -64,49 +103,126 @@ pub enum MetaError {
     Failed(String),
 }
 
-/// A network that reaches no one: a single-node cluster needs none.
-#[derive(Debug, Clone, Default)]
-pub struct NoPeers;
-
-fn unreachable<E: std::error::Error>() -> RPCError<NodeId, BasicNode, E> {
-    RPCError::Unreachable(Unreachable::new(&std::io::Error::other(
-        "no peer network yet",
-    )))
+/// The peer network as openraft sees it.
+#[derive(Clone, Default)]
+pub struct PeerNetwork {
+    caller: Option<Arc<dyn PeerCaller>>,
 }
 
-impl RaftNetworkFactory<TypeConfig> for NoPeers {
-    type Network = NoPeers;
-    async fn new_client(&mut self, _target: NodeId, _node: &BasicNode) -> Self::Network {
-        NoPeers
+/// One target of the peer network.
+pub struct PeerClient {
+    caller: Option<Arc<dyn PeerCaller>>,
+    target: NodeId,
+    addr: String,
+}
+
+impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
+    type Network = PeerClient;
+    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Self::Network {
+        PeerClient {
+            caller: self.caller.clone(),
+            target,
+            addr: node.addr.clone(),
+        }
     }
 }
 
-impl RaftNetwork<TypeConfig> for NoPeers {
+fn unreachable<E: std::error::Error>(why: &str) -> RPCError<NodeId, BasicNode, E> {
+    RPCError::Unreachable(Unreachable::new(&std::io::Error::other(why.to_string())))
+}
+
+impl PeerClient {
+    /// Sends one RPC; the peer answers the serialized result of the same
+    /// call on its own Raft.
+    async fn rpc<Req, Resp, E>(
+        &self,
+        kind: u8,
+        request: &Req,
+        option: &RPCOption,
+    ) -> Result<Resp, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>
+    where
+        Req: serde::Serialize,
+        Resp: serde::de::DeserializeOwned,
+        E: std::error::Error + serde::de::DeserializeOwned,
+    {
+        let Some(caller) = &self.caller else {
+            return Err(unreachable("no peer network"));
+        };
+        let payload = serde_json::to_vec(request).map_err(|e| unreachable(&e.to_string()))?;
+        let answer = caller
+            .call(&self.addr, kind, payload, option.hard_ttl())
+            .await
+            .map_err(|e| unreachable(&e))?;
+        let result: Result<Resp, RaftError<NodeId, E>> =
+            serde_json::from_slice(&answer).map_err(|e| unreachable(&e.to_string()))?;
+        result.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+    }
+}
+
+impl RaftNetwork<TypeConfig> for PeerClient {
     async fn append_entries(
         &mut self,
-        _rpc: AppendEntriesRequest<TypeConfig>,
-        _option: RPCOption,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        Err(unreachable())
+        self.rpc(KIND_APPEND_ENTRIES, &rpc, &option).await
     }
 
     async fn install_snapshot(
         &mut self,
-        _rpc: InstallSnapshotRequest<TypeConfig>,
-        _option: RPCOption,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
     ) -> Result<
         InstallSnapshotResponse<NodeId>,
         RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
     > {
-        Err(unreachable())
+        self.rpc(KIND_INSTALL_SNAPSHOT, &rpc, &option).await
     }
 
     async fn vote(
         &mut self,
-        _rpc: VoteRequest<NodeId>,
-        _option: RPCOption,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        Err(unreachable())
+        self.rpc(KIND_VOTE, &rpc, &option).await
+    }
+}
+
+/// Writes at this node if it leads; else sends the command to the leader
+/// once it is known.
+async fn propose_at_leader(
+    raft: Raft<TypeConfig>,
+    caller: Option<Arc<dyn PeerCaller>>,
+    command: Command,
+) -> Result<Applied, MetaError> {
+    loop {
+        let forward = match raft.client_write(command.clone()).await {
+            Ok(response) => return Ok(response.data?),
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => forward,
+            Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => {
+                return Err(MetaError::Failed(e.to_string()))
+            }
+            Err(RaftError::Fatal(fatal)) => return Err(MetaError::Failed(fatal.to_string())),
+        };
+        match (forward.leader_node, &caller) {
+            (Some(leader), Some(caller)) => {
+                let payload =
+                    serde_json::to_vec(&command).map_err(|e| MetaError::Failed(e.to_string()))?;
+                let answer = caller
+                    .call(&leader.addr, KIND_FORWARD_WRITE, payload, PROPOSE_TIMEOUT)
+                    .await
+                    .map_err(|e| MetaError::NoQuorum(format!("the leader did not answer: {e}")))?;
+                return serde_json::from_slice::<Result<Applied, MetaError>>(&answer)
+                    .map_err(|e| MetaError::Failed(format!("the leader's answer: {e}")))?;
+            }
+            // No leader yet: wait for one (the caller's timeout bounds this).
+            _ => {
+                let _ = raft
+                    .wait(Some(Duration::from_millis(500)))
+                    .metrics(|m| m.current_leader.is_some(), "a leader")
+                    .await;
+            }
+        }
     }
 }
 
@@ -117,6 +233,9 @@ pub struct MetaNode {
     stop: Option<oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
     node_id: NodeId,
+    /// The metastore thread's runtime: proposals run there, with its timer.
+    runtime: tokio::runtime::Handle,
+    caller: Option<Arc<dyn PeerCaller>>,
 }
 
 impl MetaNode {
@@ -126,6 +245,7 @@ impl MetaNode {
         let (ready_sender, ready) = std::sync::mpsc::channel();
         let (stop, stopped) = oneshot::channel::<()>();
         let node_id = config.node_id;
+        let caller = config.caller.clone();
         let thread = std::thread::Builder::new()
             .name("narad-raft".into())
             .spawn(move || {
@@ -142,7 +262,8 @@ impl MetaNode {
                 runtime.block_on(async move {
                     match Self::boot(&config).await {
                         Ok((raft, view)) => {
-                            let _ = ready_sender.send(Ok((raft.clone(), view)));
+                            let handle = tokio::runtime::Handle::current();
+                            let _ = ready_sender.send(Ok((raft.clone(), view, handle)));
                             let _ = stopped.await;
                             let _ = raft.shutdown().await;
                         }
@@ -153,7 +274,7 @@ impl MetaNode {
                 });
             })
             .map_err(|e| MetaError::Failed(e.to_string()))?;
-        let (raft, view) = ready
+        let (raft, view, runtime) = ready
             .recv()
             .map_err(|e| MetaError::Failed(e.to_string()))??;
         Ok(Self {
@@ -162,6 +283,8 @@ impl MetaNode {
             stop: Some(stop),
             thread: Some(thread),
             node_id,
+            runtime,
+            caller,
         })
     }
 
@@ -182,33 +305,92 @@ impl MetaNode {
         .map_err(|e| failed(&e))?;
         let log = LogStore::open(&config.dir).map_err(|e| failed(&e))?;
         let (machine, view) = StateMachine::open(&config.dir).map_err(|e| failed(&e))?;
-        let raft = Raft::new(config.node_id, Arc::new(raft_config), NoPeers, log, machine)
+        let network = PeerNetwork {
+            caller: config.caller.clone(),
+        };
+        let raft = Raft::new(config.node_id, Arc::new(raft_config), network, log, machine)
             .await
             .map_err(|e| failed(&e))?;
-        if !raft.is_initialized().await.map_err(|e| failed(&e))? {
-            let members = BTreeMap::from([(
-                config.node_id,
-                BasicNode {
-                    addr: config.peer_addr.clone(),
-                },
-            )]);
+        // One node bootstraps: this one alone, or the member with the
+        // smallest id for the whole initial membership. The others learn it
+        // from that node's first messages.
+        let bootstraps = config
+            .members
+            .keys()
+            .next()
+            .is_none_or(|first| *first == config.node_id);
+        if bootstraps && !raft.is_initialized().await.map_err(|e| failed(&e))? {
+            let members: BTreeMap<NodeId, BasicNode> = if config.members.is_empty() {
+                BTreeMap::from([(
+                    config.node_id,
+                    BasicNode {
+                        addr: config.peer_addr.clone(),
+                    },
+                )])
+            } else {
+                config
+                    .members
+                    .iter()
+                    .map(|(id, addr)| (*id, BasicNode { addr: addr.clone() }))
+                    .collect()
+            };
             raft.initialize(members).await.map_err(|e| failed(&e))?;
         }
         Ok((raft, view))
     }
 
-    /// Proposes a command and waits until it is applied.
+    /// Proposes a command and waits until it is applied: at this node if it
+    /// leads, else forwarded to the leader. `NoQuorum` when no leader takes
+    /// it within a few seconds. Can be awaited from any executor.
     pub async fn propose(&self, command: Command) -> Result<Applied, MetaError> {
-        match self.raft.client_write(command).await {
-            Ok(response) => Ok(response.data?),
-            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => Err(
-                MetaError::NoQuorum(format!("the leader is {:?}", forward.leader_id)),
-            ),
-            Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => {
-                Err(MetaError::Failed(e.to_string()))
+        let (raft, caller) = (self.raft.clone(), self.caller.clone());
+        let task = self.runtime.spawn(async move {
+            match tokio::time::timeout(PROPOSE_TIMEOUT, propose_at_leader(raft, caller, command))
+                .await
+            {
+                Ok(result) => result,
+                Err(_) => Err(MetaError::NoQuorum(format!(
+                    "no leader committed the change within {PROPOSE_TIMEOUT:?}"
+                ))),
             }
-            Err(RaftError::Fatal(fatal)) => Err(MetaError::Failed(fatal.to_string())),
-        }
+        });
+        task.await
+            .map_err(|e| MetaError::Failed(format!("the metastore thread: {e}")))?
+    }
+
+    /// Answers a request from another node (see the `KIND_` constants).
+    pub fn serve(&self, kind: u8, payload: Vec<u8>) -> BoxFuture<Result<Vec<u8>, String>> {
+        let raft = self.raft.clone();
+        Box::pin(async move {
+            let bad = |e: serde_json::Error| format!("bad request of kind {kind}: {e}");
+            let answer = match kind {
+                KIND_APPEND_ENTRIES => {
+                    let request = serde_json::from_slice(&payload).map_err(bad)?;
+                    serde_json::to_vec(&raft.append_entries(request).await)
+                }
+                KIND_VOTE => {
+                    let request = serde_json::from_slice(&payload).map_err(bad)?;
+                    serde_json::to_vec(&raft.vote(request).await)
+                }
+                KIND_INSTALL_SNAPSHOT => {
+                    let request = serde_json::from_slice(&payload).map_err(bad)?;
+                    serde_json::to_vec(&raft.install_snapshot(request).await)
+                }
+                KIND_FORWARD_WRITE => {
+                    let command: Command = serde_json::from_slice(&payload).map_err(bad)?;
+                    // Only the leader takes forwarded writes: no second hop.
+                    let result = match raft.client_write(command).await {
+                        Ok(response) => response.data.map_err(MetaError::from),
+                        Err(error) => Err(MetaError::NoQuorum(format!(
+                            "the node forwarded to could not take the write: {error}"
+                        ))),
+                    };
+                    serde_json::to_vec(&result)
+                }
+                other => return Err(format!("no metastore request of kind {other}")),
+            };
+            answer.map_err(|e| e.to_string())
+        })
     }
 
     /// The applied state, swapped whole on each apply.
