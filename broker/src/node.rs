@@ -3,18 +3,20 @@
 //! its listener on the shared client port, and a graceful stop on SIGTERM or
 //! SIGINT.
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, OnceLock};
 use std::time::Duration;
 
 use glommio::net::TcpListener;
 use glommio::{LocalExecutorBuilder, Placement};
 use narad_net::http_server::{serve, Handler, HttpRequest, ServerLimits};
-use narad_raft::node::{MetaNode, MetaNodeConfig};
+use narad_net::peer::{PeerEndpoint, PeerHandler, PeerTls};
+use narad_raft::node::{BoxFuture, MetaNode, MetaNodeConfig, PeerCaller};
 use narad_storage::clock::{SharedClock, SystemClock};
 use narad_storage::io::faulty::{remove_unsynced_files, FaultControl};
 use narad_storage::io::glommio_fs::GlommioFs;
@@ -31,6 +33,8 @@ pub const FAULT_CONTROL_FILE: &str = "fault-control";
 const FAULT_POLL_INTERVAL: Duration = Duration::from_millis(10);
 const RECEIPT_KEY_FILE: &str = "receipt.key";
 const IO_MEMORY_BYTES: usize = 16 * 1024 * 1024;
+/// How long a clustered node waits for a leader before it serves anyway.
+const CLUSTER_CATCH_UP_WAIT: Duration = Duration::from_secs(2);
 /// How long a starting node waits for its metastore to replay its log.
 const META_CATCH_UP_TIMEOUT: Duration = Duration::from_secs(60);
 const STOP_POLL_INTERVAL: Duration = Duration::from_millis(20);
@@ -164,6 +168,8 @@ enum Startup {
 /// of a graceful stop. Not on the data path.
 struct NodeShared {
     shards: usize,
+    /// The node has peers (it may start before the cluster has a leader).
+    clustered: bool,
     stop: Arc<AtomicBool>,
     /// Shards whose dispatcher drained (commits may still cross shards).
     drained: AtomicUsize,
@@ -267,13 +273,35 @@ pub fn run(config: Config) -> Result<(), String> {
     let faults = fault_control(&config, &data_dir)?;
     let stop = stop_on_signal()?;
     let peer = config.addr("peer_listen");
+    let members = parse_peers(&config, node_id)?;
+    let clustered = !members.is_empty();
     let mut meta_config =
         MetaNodeConfig::single(u64::from(node_id), data_dir.join("raft"), peer.to_string());
     meta_config.snapshot_after_entries = config.u64("raft.snapshot_after_entries");
+    // With peers: QUIC up first (the metastore talks through it), the
+    // metastore handed to its handler once started.
+    let served_meta: Arc<OnceLock<Arc<MetaNode>>> = Arc::default();
+    let endpoint = if clustered {
+        let tls = peer_tls(&config)?;
+        let handler_meta = served_meta.clone();
+        let handler: PeerHandler = Arc::new(move |kind, payload| match handler_meta.get() {
+            Some(meta) => meta.serve(kind, payload),
+            None => Box::pin(async { Err("the metastore is starting".to_string()) }),
+        });
+        let endpoint = PeerEndpoint::start(peer, &tls, handler)
+            .map_err(|e| format!("starting QUIC on {peer}: {e}"))?;
+        meta_config.members = members;
+        meta_config.caller = Some(Arc::new(QuicCaller(endpoint.clone())));
+        Some(endpoint)
+    } else {
+        None
+    };
     let meta = MetaNode::start(meta_config).map_err(|e| format!("starting the metastore: {e}"))?;
     let meta = Arc::new(meta);
+    let _ = served_meta.set(meta.clone());
     let node = Arc::new(NodeShared {
         shards,
+        clustered,
         stop,
         drained: AtomicUsize::new(0),
         finished: AtomicUsize::new(0),
@@ -343,10 +371,8 @@ pub fn run(config: Config) -> Result<(), String> {
         }
     }
     // Exactly API.md's line: scripts and tests parse it.
-    println!(
-        "listening client={listen} peer={}",
-        config.addr("peer_listen")
-    );
+    let peer_addr = endpoint.as_ref().map_or(peer, |e| e.local_addr());
+    println!("listening client={listen} peer={peer_addr}");
     let _ = std::io::stdout().flush();
     tracing::info!(client = %listen, shards, "serving");
     let mut result = Ok(());
@@ -357,10 +383,89 @@ pub fn run(config: Config) -> Result<(), String> {
             Err(error) => result = Err(format!("shard {index} ended badly: {error}")),
         }
     }
+    if let Some(endpoint) = &endpoint {
+        endpoint.shutdown();
+    }
+    drop(served_meta);
     if let Ok(meta) = Arc::try_unwrap(meta) {
         meta.shutdown();
     }
     result
+}
+
+/// The initial members from `peers` (`1=HOST:PORT,2=HOST:PORT`), this node
+/// included; empty without peers (a single-node cluster).
+fn parse_peers(config: &Config, node_id: u16) -> Result<BTreeMap<u64, String>, String> {
+    let Some(text) = config.text("peers") else {
+        return Ok(BTreeMap::new());
+    };
+    let mut members = BTreeMap::new();
+    for item in text.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let (id, addr) = item
+            .split_once('=')
+            .ok_or_else(|| format!("--peers: {item:?} is not ID=HOST:PORT"))?;
+        let id: u64 = id
+            .trim()
+            .parse()
+            .map_err(|_| format!("--peers: {id:?} is not a node id"))?;
+        let addr: SocketAddr = addr
+            .trim()
+            .parse()
+            .map_err(|_| format!("--peers: {addr:?} is not HOST:PORT with an IP address"))?;
+        if members.insert(id, addr.to_string()).is_some() {
+            return Err(format!("--peers names node {id} twice"));
+        }
+    }
+    if !members.contains_key(&u64::from(node_id)) {
+        return Err(format!(
+            "--peers must include this node (--node-id {node_id})"
+        ));
+    }
+    Ok(members)
+}
+
+/// Trust between nodes: operator files when all three are set, else the
+/// cluster secret (the config check already refused neither).
+fn peer_tls(config: &Config) -> Result<PeerTls, String> {
+    let files = (
+        config.text("cluster.tls.ca_file"),
+        config.text("cluster.tls.cert_file"),
+        config.text("cluster.tls.key_file"),
+    );
+    let tls = match (files, config.text("cluster.secret")) {
+        ((Some(ca), Some(cert), Some(key)), _) => PeerTls::from_files(ca, cert, key),
+        (_, Some(secret)) => PeerTls::from_secret(secret),
+        _ => {
+            return Err(
+                "--peers needs --cluster-secret or cluster.tls.ca_file, cert_file and key_file"
+                    .into(),
+            )
+        }
+    };
+    tls.map_err(|e| e.to_string())
+}
+
+/// The metastore's way to other nodes: this node's QUIC endpoint.
+struct QuicCaller(Arc<PeerEndpoint>);
+
+impl PeerCaller for QuicCaller {
+    fn call(
+        &self,
+        addr: &str,
+        kind: u8,
+        payload: Vec<u8>,
+        timeout: Duration,
+    ) -> BoxFuture<Result<Vec<u8>, String>> {
+        let endpoint = self.0.clone();
+        let addr = addr.parse::<SocketAddr>();
+        Box::pin(async move {
+            let addr = addr.map_err(|e| format!("a peer address: {e}"))?;
+            endpoint
+                .call(addr, kind, payload, timeout)
+                .await
+                .map_err(|e| e.to_string())
+        })
+    }
 }
 
 async fn run_shard(start: ShardStart) -> Result<(), String> {
@@ -400,9 +505,17 @@ async fn run_shard(start: ShardStart) -> Result<(), String> {
     let (wal, recovery) = Wal::open(&fs, &wal_dir.join(format!("shard-{index}")), wal_config)
         .await
         .map_err(|e| format!("opening the ingress WAL of shard {index}: {e}"))?;
-    meta.wait_caught_up(META_CATCH_UP_TIMEOUT)
-        .await
-        .map_err(|e| format!("metastore did not catch up: {e}"))?;
+    if node.clustered {
+        // A cluster may have no leader yet (its other nodes are starting):
+        // serve anyway; /readyz says no_leader until there is one.
+        if let Err(error) = meta.wait_caught_up(CLUSTER_CATCH_UP_WAIT).await {
+            tracing::info!(%error, "serving before the metastore has a leader");
+        }
+    } else {
+        meta.wait_caught_up(META_CATCH_UP_TIMEOUT)
+            .await
+            .map_err(|e| format!("metastore did not catch up: {e}"))?;
+    }
     let identity = ShardIdentity {
         node_id,
         shard_id: u16::try_from(index).map_err(|_| "too many shards".to_string())?,

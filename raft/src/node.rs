@@ -37,6 +37,9 @@ pub const KIND_VOTE: u8 = 2;
 pub const KIND_INSTALL_SNAPSHOT: u8 = 3;
 /// A control-plane write forwarded to the leader.
 pub const KIND_FORWARD_WRITE: u8 = 4;
+/// A leader whose last quorum acknowledgement is older than this is not
+/// counted as a leader (a few heartbeat rounds and election timeouts).
+const LEADER_QUORUM_STALE_MS: u64 = 2_000;
 /// How long a control-plane write may wait for a leader and a quorum.
 const PROPOSE_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -403,9 +406,18 @@ impl MetaNode {
         self.view.clone()
     }
 
-    /// The current leader, if any.
+    /// The current leader, if any. A leader that has not heard from a
+    /// quorum for a while does not count: it cannot commit anything.
     pub fn leader(&self) -> Option<NodeId> {
-        self.raft.metrics().borrow().current_leader
+        let metrics = self.raft.metrics();
+        let metrics = metrics.borrow();
+        match metrics.current_leader {
+            Some(leader) if leader == self.node_id => metrics
+                .millis_since_quorum_ack
+                .filter(|ms| *ms <= LEADER_QUORUM_STALE_MS)
+                .map(|_| leader),
+            other => other,
+        }
     }
 
     pub fn is_leader(&self) -> bool {
@@ -416,34 +428,41 @@ impl MetaNode {
         self.raft.metrics().borrow().current_term
     }
 
-    /// Waits until this node sees a leader, for at most `timeout`.
+    /// Waits until this node sees a leader, for at most `timeout`. Runs on
+    /// the metastore thread (its timer), awaitable from any executor.
     pub async fn wait_for_leader(&self, timeout: Duration) -> Result<NodeId, MetaError> {
-        let metrics = self
-            .raft
-            .wait(Some(timeout))
-            .metrics(|m| m.current_leader.is_some(), "a leader")
-            .await
-            .map_err(|e| MetaError::NoQuorum(e.to_string()))?;
-        metrics
-            .current_leader
-            .ok_or_else(|| MetaError::NoQuorum("no leader".into()))
+        let raft = self.raft.clone();
+        let task = self.runtime.spawn(async move {
+            raft.wait(Some(timeout))
+                .metrics(|m| m.current_leader.is_some(), "a leader")
+                .await
+                .map_err(|e| MetaError::NoQuorum(e.to_string()))?
+                .current_leader
+                .ok_or_else(|| MetaError::NoQuorum("no leader".into()))
+        });
+        task.await
+            .map_err(|e| MetaError::Failed(format!("the metastore thread: {e}")))?
     }
 
     /// Waits until every entry of the log is applied (at start, before the
-    /// state is trusted), for at most `timeout`.
+    /// state is trusted), for at most `timeout`; awaitable from any executor.
     pub async fn wait_caught_up(&self, timeout: Duration) -> Result<(), MetaError> {
-        self.raft
-            .wait(Some(timeout))
-            .metrics(
-                |m| {
-                    m.current_leader.is_some()
-                        && m.last_applied.map(|l| l.index) >= m.last_log_index
-                },
-                "applied the whole log",
-            )
-            .await
-            .map(|_| ())
-            .map_err(|e| MetaError::NoQuorum(e.to_string()))
+        let raft = self.raft.clone();
+        let task = self.runtime.spawn(async move {
+            raft.wait(Some(timeout))
+                .metrics(
+                    |m| {
+                        m.current_leader.is_some()
+                            && m.last_applied.map(|l| l.index) >= m.last_log_index
+                    },
+                    "applied the whole log",
+                )
+                .await
+                .map(|_| ())
+                .map_err(|e| MetaError::NoQuorum(e.to_string()))
+        });
+        task.await
+            .map_err(|e| MetaError::Failed(format!("the metastore thread: {e}")))?
     }
 
     /// Stops the node and waits for its thread.

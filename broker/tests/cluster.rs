@@ -1,0 +1,186 @@
+//! Process tests of a three-node cluster on loopback, started with the
+//! flags of API.md: the metastore across nodes over QUIC with mutual TLS
+//! from a cluster secret, writes at any node, failover, no quorum, and a
+//! node of another cluster refused.
+
+mod support;
+
+use std::time::Duration;
+
+use serde_json::json;
+use support::{eventually, Node};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+fn free_udp_port() -> u16 {
+    std::net::UdpSocket::bind("127.0.0.1:0")
+        .and_then(|s| s.local_addr())
+        .expect("udp port")
+        .port()
+}
+
+struct Cluster {
+    nodes: Vec<Node>,
+    peers: String,
+    ports: Vec<u16>,
+    _tmp: tempfile::TempDir,
+}
+
+fn flags(id: usize, port: u16, peers: &str, secret: &str) -> Vec<String> {
+    [
+        "--node-id",
+        &id.to_string(),
+        "--peer-listen",
+        &format!("127.0.0.1:{port}"),
+        "--peers",
+        peers,
+        "--cluster-secret",
+        secret,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+fn as_strs(flags: &[String]) -> Vec<&str> {
+    flags.iter().map(String::as_str).collect()
+}
+
+impl Cluster {
+    fn start(size: usize) -> Self {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let ports: Vec<u16> = (0..size).map(|_| free_udp_port()).collect();
+        let peers = ports
+            .iter()
+            .enumerate()
+            .map(|(i, p)| format!("{}=127.0.0.1:{p}", i + 1))
+            .collect::<Vec<_>>()
+            .join(",");
+        let nodes = (0..size)
+            .map(|i| {
+                let flags = flags(i + 1, ports[i], &peers, "dev-secret");
+                Node::start(&tmp.path().join(format!("n{}", i + 1)), &as_strs(&flags))
+            })
+            .collect();
+        Self {
+            nodes,
+            peers,
+            ports,
+            _tmp: tmp,
+        }
+    }
+
+    fn ready(&self, index: usize) -> bool {
+        self.nodes[index].request("GET", "/readyz", b"").0 == 200
+    }
+
+    /// The index of the node that says it leads.
+    fn leader(&self, among: &[usize]) -> Option<usize> {
+        among.iter().copied().find(|i| {
+            let (_, _, metrics) =
+                support::raw_request(&self.nodes[*i].addr, "GET", "/metrics", &[], b"");
+            String::from_utf8_lossy(&metrics).contains("\nnarad_raft_is_leader 1")
+        })
+    }
+}
+
+fn has_topic(node: &Node, name: &str) -> bool {
+    node.request("GET", &format!("/v1/topics/{name}"), b"").0 == 200
+}
+
+#[test]
+fn three_nodes_share_metadata_survive_a_lost_leader_and_refuse_without_quorum() {
+    let mut cluster = Cluster::start(3);
+    assert!(
+        eventually(WAIT, || (0..3).all(|i| cluster.ready(i))),
+        "every node ready once a leader exists"
+    );
+    // A control-plane write at any node reaches every node.
+    let (status, answer) =
+        cluster.nodes[1].json("PUT", "/v1/topics/orders", json!({"partitions": 3}));
+    assert_eq!(status, 201, "{answer}");
+    assert!(eventually(WAIT, || cluster
+        .nodes
+        .iter()
+        .all(|n| has_topic(n, "orders"))));
+
+    // The leader dies: the other two elect one and take writes.
+    let leader = cluster.leader(&[0, 1, 2]).expect("a leader");
+    cluster.nodes[leader].kill();
+    let survivors: Vec<usize> = (0..3).filter(|i| *i != leader).collect();
+    assert!(
+        eventually(WAIT, || cluster.leader(&survivors).is_some()),
+        "a new leader among the survivors"
+    );
+    let (status, answer) =
+        cluster.nodes[survivors[0]].json("PUT", "/v1/topics/payments", json!({"partitions": 1}));
+    assert_eq!(status, 201, "{answer}");
+
+    // One node alone: no quorum for writes, not ready.
+    cluster.nodes[survivors[0]].kill();
+    let alone = survivors[1];
+    assert!(eventually(WAIT, || {
+        let (status, answer) = cluster.nodes[alone].request("GET", "/readyz", b"");
+        status == 503 && answer["error"]["code"] == "no_leader"
+    }));
+    let (status, answer) =
+        cluster.nodes[alone].json("PUT", "/v1/topics/audit", json!({"partitions": 1}));
+    assert_eq!(
+        (status, answer["error"]["code"].as_str()),
+        (503, Some("no_quorum")),
+        "{answer}"
+    );
+
+    // Both come back: one cluster again, with every topic on every node.
+    cluster.nodes[leader].restart();
+    cluster.nodes[survivors[0]].restart();
+    assert!(eventually(WAIT, || (0..3).all(|i| cluster.ready(i))));
+    assert!(eventually(WAIT, || cluster
+        .nodes
+        .iter()
+        .all(|n| has_topic(n, "orders") && has_topic(n, "payments"))));
+    let (status, answer) =
+        cluster.nodes[alone].json("PUT", "/v1/topics/audit", json!({"partitions": 1}));
+    assert_eq!(status, 201, "{answer}");
+
+    // A node that comes back with another cluster's secret is refused.
+    cluster.nodes[alone].kill();
+    let wrong = flags(
+        alone + 1,
+        cluster.ports[alone],
+        &cluster.peers,
+        "another-secret",
+    );
+    cluster.nodes[alone].restart_with(&as_strs(&wrong));
+    assert!(
+        eventually(WAIT, || survivors_log_refusal(&cluster, alone)),
+        "the others log the refused peer"
+    );
+    let (status, _) = cluster.nodes[alone].request("GET", "/readyz", b"");
+    assert_eq!(status, 503, "a node nobody trusts has no leader");
+}
+
+fn survivors_log_refusal(cluster: &Cluster, outsider: usize) -> bool {
+    (0..cluster.nodes.len())
+        .filter(|i| *i != outsider)
+        .any(|i| cluster.nodes[i].stderr().contains("refused a peer"))
+}
+
+#[test]
+fn peers_without_a_secret_or_certificates_refuse_to_start() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_narad"))
+        .args(["serve", "--data-dir"])
+        .arg(tmp.path())
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--peers",
+            "1=127.0.0.1:9001,2=127.0.0.1:9002",
+        ])
+        .output()
+        .expect("run narad");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--cluster-secret"), "{stderr}");
+}
