@@ -184,3 +184,37 @@ fn peers_without_a_secret_or_certificates_refuse_to_start() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("--cluster-secret"), "{stderr}");
 }
+
+#[test]
+fn a_node_back_with_an_empty_folder_rejoins_the_cluster_it_left() {
+    let mut cluster = Cluster::start(3);
+    assert!(eventually(WAIT, || (0..3).all(|i| cluster.ready(i))));
+    let (status, answer) =
+        cluster.nodes[1].json("PUT", "/v1/topics/kept", json!({"partitions": 2}));
+    assert_eq!(status, 201, "{answer}");
+    assert!(eventually(WAIT, || cluster
+        .nodes
+        .iter()
+        .all(|n| has_topic(n, "kept"))));
+
+    // Node 1 bootstrapped the cluster; it loses its volume and comes back.
+    cluster.nodes[0].kill();
+    std::fs::remove_dir_all(&cluster.nodes[0].data_dir).expect("wipe");
+    cluster.nodes[0].restart();
+    assert!(
+        eventually(WAIT, || cluster.ready(0)
+            && has_topic(&cluster.nodes[0], "kept")),
+        "metadata comes back from the peers"
+    );
+    assert!(cluster.nodes[0].stderr().contains("lost volume"));
+    // Still one cluster: a write at the returned node reaches everyone.
+    let (status, answer) =
+        cluster.nodes[0].json("PUT", "/v1/topics/after", json!({"partitions": 1}));
+    assert_eq!(status, 201, "{answer}");
+    assert!(eventually(WAIT, || cluster
+        .nodes
+        .iter()
+        .all(|n| has_topic(n, "after"))));
+    let leaders = (0..3).filter(|i| cluster.leader(&[*i]).is_some()).count();
+    assert_eq!(leaders, 1, "one leader");
+}

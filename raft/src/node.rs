@@ -37,9 +37,16 @@ pub const KIND_VOTE: u8 = 2;
 pub const KIND_INSTALL_SNAPSHOT: u8 = 3;
 /// A control-plane write forwarded to the leader.
 pub const KIND_FORWARD_WRITE: u8 = 4;
+/// "Are you part of an initialized cluster, and at which term?"
+pub const KIND_PROBE: u8 = 5;
+/// How long a starting node with an empty folder asks its peers.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// A leader whose last quorum acknowledgement is older than this is not
 /// counted as a leader (a few heartbeat rounds and election timeouts).
 const LEADER_QUORUM_STALE_MS: u64 = 2_000;
+/// How long a leader without a fresh quorum acknowledgement waits for one
+/// before it refuses a write.
+const QUORUM_ACK_WAIT: Duration = Duration::from_secs(1);
 /// How long a control-plane write may wait for a leader and a quorum.
 const PROPOSE_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -197,8 +204,42 @@ async fn propose_at_leader(
     raft: Raft<TypeConfig>,
     caller: Option<Arc<dyn PeerCaller>>,
     command: Command,
+    node_id: NodeId,
+    submitted: &std::sync::atomic::AtomicBool,
 ) -> Result<Applied, MetaError> {
     loop {
+        // A leader cut off from its quorum refuses at once instead of
+        // appending a change that might commit much later.
+        let stale_leader = {
+            let metrics = raft.metrics();
+            let metrics = metrics.borrow();
+            metrics.current_leader == Some(node_id)
+                && !metrics
+                    .millis_since_quorum_ack
+                    .is_some_and(|ms| ms <= LEADER_QUORUM_STALE_MS)
+                && metrics.membership_config.membership().voter_ids().count() > 1
+        };
+        if stale_leader {
+            // A new leader hears from its quorum within a heartbeat or two.
+            let heard = raft
+                .wait(Some(QUORUM_ACK_WAIT))
+                .metrics(
+                    |m| {
+                        m.current_leader != Some(node_id)
+                            || m.millis_since_quorum_ack
+                                .is_some_and(|ms| ms <= LEADER_QUORUM_STALE_MS)
+                    },
+                    "a quorum acknowledgement",
+                )
+                .await;
+            if heard.is_err() {
+                return Err(MetaError::NoQuorum(
+                    "this node leads but has not heard from a quorum".into(),
+                ));
+            }
+            continue;
+        }
+        submitted.store(true, std::sync::atomic::Ordering::SeqCst);
         let forward = match raft.client_write(command.clone()).await {
             Ok(response) => return Ok(response.data?),
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => forward,
@@ -220,6 +261,7 @@ async fn propose_at_leader(
             }
             // No leader yet: wait for one (the caller's timeout bounds this).
             _ => {
+                submitted.store(false, std::sync::atomic::Ordering::SeqCst);
                 let _ = raft
                     .wait(Some(Duration::from_millis(500)))
                     .metrics(|m| m.current_leader.is_some(), "a leader")
@@ -239,6 +281,16 @@ pub struct MetaNode {
     /// The metastore thread's runtime: proposals run there, with its timer.
     runtime: tokio::runtime::Handle,
     caller: Option<Arc<dyn PeerCaller>>,
+    /// A node that came back with an empty folder may have voted, before it
+    /// lost it, in any term up to this one: it grants no vote in those terms.
+    refuse_votes_up_to: u64,
+}
+
+/// What a probe answers.
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
+struct ProbeAnswer {
+    initialized: bool,
+    term: u64,
 }
 
 impl MetaNode {
@@ -264,9 +316,9 @@ impl MetaNode {
                 };
                 runtime.block_on(async move {
                     match Self::boot(&config).await {
-                        Ok((raft, view)) => {
+                        Ok((raft, view, refuse)) => {
                             let handle = tokio::runtime::Handle::current();
-                            let _ = ready_sender.send(Ok((raft.clone(), view, handle)));
+                            let _ = ready_sender.send(Ok((raft.clone(), view, handle, refuse)));
                             let _ = stopped.await;
                             let _ = raft.shutdown().await;
                         }
@@ -277,7 +329,7 @@ impl MetaNode {
                 });
             })
             .map_err(|e| MetaError::Failed(e.to_string()))?;
-        let (raft, view, runtime) = ready
+        let (raft, view, runtime, refuse_votes_up_to) = ready
             .recv()
             .map_err(|e| MetaError::Failed(e.to_string()))??;
         Ok(Self {
@@ -288,12 +340,13 @@ impl MetaNode {
             node_id,
             runtime,
             caller,
+            refuse_votes_up_to,
         })
     }
 
     async fn boot(
         config: &MetaNodeConfig,
-    ) -> Result<(Raft<TypeConfig>, watch::Receiver<Arc<MetaView>>), MetaError> {
+    ) -> Result<(Raft<TypeConfig>, watch::Receiver<Arc<MetaView>>, u64), MetaError> {
         let failed = |e: &dyn std::fmt::Display| MetaError::Failed(e.to_string());
         let raft_config = Config {
             cluster_name: "narad".into(),
@@ -316,13 +369,31 @@ impl MetaNode {
             .map_err(|e| failed(&e))?;
         // One node bootstraps: this one alone, or the member with the
         // smallest id for the whole initial membership. The others learn it
-        // from that node's first messages.
+        // from that node's first messages. A node with an empty folder whose
+        // peers already form a cluster lost its volume: it bootstraps
+        // nothing, and grants no vote in a term it may have voted in before.
+        let initialized = raft.is_initialized().await.map_err(|e| failed(&e))?;
+        let (peers_initialized, peers_term) = if initialized {
+            (false, 0)
+        } else {
+            Self::probe_peers(config).await
+        };
+        let refuse_votes_up_to = if peers_initialized {
+            tracing::warn!(
+                node = config.node_id,
+                term = peers_term,
+                "rejoining an existing cluster with an empty data folder (lost volume): metadata comes from the peers"
+            );
+            peers_term
+        } else {
+            0
+        };
         let bootstraps = config
             .members
             .keys()
             .next()
             .is_none_or(|first| *first == config.node_id);
-        if bootstraps && !raft.is_initialized().await.map_err(|e| failed(&e))? {
+        if bootstraps && !initialized && !peers_initialized {
             let members: BTreeMap<NodeId, BasicNode> = if config.members.is_empty() {
                 BTreeMap::from([(
                     config.node_id,
@@ -339,7 +410,33 @@ impl MetaNode {
             };
             raft.initialize(members).await.map_err(|e| failed(&e))?;
         }
-        Ok((raft, view))
+        Ok((raft, view, refuse_votes_up_to))
+    }
+
+    /// Asks every other member whether it is part of an initialized cluster
+    /// and at which term (members that do not answer are skipped).
+    async fn probe_peers(config: &MetaNodeConfig) -> (bool, u64) {
+        let Some(caller) = &config.caller else {
+            return (false, 0);
+        };
+        let mut initialized = false;
+        let mut term = 0;
+        for (id, addr) in &config.members {
+            if *id == config.node_id {
+                continue;
+            }
+            let Ok(answer) = caller
+                .call(addr, KIND_PROBE, Vec::new(), PROBE_TIMEOUT)
+                .await
+            else {
+                continue;
+            };
+            if let Ok(probe) = serde_json::from_slice::<ProbeAnswer>(&answer) {
+                initialized |= probe.initialized;
+                term = term.max(probe.term);
+            }
+        }
+        (initialized, term)
     }
 
     /// Proposes a command and waits until it is applied: at this node if it
@@ -347,13 +444,21 @@ impl MetaNode {
     /// it within a few seconds. Can be awaited from any executor.
     pub async fn propose(&self, command: Command) -> Result<Applied, MetaError> {
         let (raft, caller) = (self.raft.clone(), self.caller.clone());
+        let node_id = self.node_id;
         let task = self.runtime.spawn(async move {
-            match tokio::time::timeout(PROPOSE_TIMEOUT, propose_at_leader(raft, caller, command))
-                .await
-            {
+            let submitted = std::sync::atomic::AtomicBool::new(false);
+            let proposing = propose_at_leader(raft, caller, command, node_id, &submitted);
+            match tokio::time::timeout(PROPOSE_TIMEOUT, proposing).await {
                 Ok(result) => result,
+                // Once in a leader's log, a change may still be committed
+                // later: say so rather than "it did not happen".
+                Err(_) if submitted.load(std::sync::atomic::Ordering::SeqCst) => {
+                    Err(MetaError::Failed(format!(
+                        "no quorum confirmed the change within {PROPOSE_TIMEOUT:?}; it may still apply"
+                    )))
+                }
                 Err(_) => Err(MetaError::NoQuorum(format!(
-                    "no leader committed the change within {PROPOSE_TIMEOUT:?}"
+                    "no leader with a quorum within {PROPOSE_TIMEOUT:?}"
                 ))),
             }
         });
@@ -364,6 +469,7 @@ impl MetaNode {
     /// Answers a request from another node (see the `KIND_` constants).
     pub fn serve(&self, kind: u8, payload: Vec<u8>) -> BoxFuture<Result<Vec<u8>, String>> {
         let raft = self.raft.clone();
+        let refuse_votes_up_to = self.refuse_votes_up_to;
         Box::pin(async move {
             let bad = |e: serde_json::Error| format!("bad request of kind {kind}: {e}");
             let answer = match kind {
@@ -372,8 +478,29 @@ impl MetaNode {
                     serde_json::to_vec(&raft.append_entries(request).await)
                 }
                 KIND_VOTE => {
-                    let request = serde_json::from_slice(&payload).map_err(bad)?;
-                    serde_json::to_vec(&raft.vote(request).await)
+                    let request: VoteRequest<NodeId> =
+                        serde_json::from_slice(&payload).map_err(bad)?;
+                    if request.vote.leader_id().term <= refuse_votes_up_to {
+                        // Not granted, and nothing recorded: see `boot`.
+                        let refused: Result<VoteResponse<NodeId>, RaftError<NodeId>> =
+                            Ok(VoteResponse::new(request.vote, None, false));
+                        serde_json::to_vec(&refused)
+                    } else {
+                        serde_json::to_vec(&raft.vote(request).await)
+                    }
+                }
+                KIND_PROBE => {
+                    let metrics = raft.metrics().borrow().clone();
+                    let initialized = metrics
+                        .membership_config
+                        .membership()
+                        .voter_ids()
+                        .next()
+                        .is_some();
+                    serde_json::to_vec(&ProbeAnswer {
+                        initialized,
+                        term: metrics.current_term,
+                    })
                 }
                 KIND_INSTALL_SNAPSHOT => {
                     let request = serde_json::from_slice(&payload).map_err(bad)?;
