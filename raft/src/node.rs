@@ -214,9 +214,9 @@ async fn propose_at_leader(
             let metrics = raft.metrics();
             let metrics = metrics.borrow();
             metrics.current_leader == Some(node_id)
-                && !metrics
+                && metrics
                     .millis_since_quorum_ack
-                    .is_some_and(|ms| ms <= LEADER_QUORUM_STALE_MS)
+                    .is_none_or(|ms| ms > LEADER_QUORUM_STALE_MS)
                 && metrics.membership_config.membership().voter_ids().count() > 1
         };
         if stale_leader {
