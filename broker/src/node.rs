@@ -383,6 +383,11 @@ pub fn run(config: Config) -> Result<(), String> {
             Err(error) => result = Err(format!("shard {index} ended badly: {error}")),
         }
     }
+    // Leadership last: every shard already stopped; the successor takes
+    // over before this node's QUIC goes away.
+    if let Some(successor) = meta.hand_over_leadership() {
+        tracing::info!(successor, "handed Raft leadership over");
+    }
     if let Some(endpoint) = &endpoint {
         endpoint.shutdown();
     }

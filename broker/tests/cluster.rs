@@ -218,3 +218,24 @@ fn a_node_back_with_an_empty_folder_rejoins_the_cluster_it_left() {
     let leaders = (0..3).filter(|i| cluster.leader(&[*i]).is_some()).count();
     assert_eq!(leaders, 1, "one leader");
 }
+
+#[test]
+fn a_leader_stopped_with_sigterm_hands_leadership_over_first() {
+    let mut cluster = Cluster::start(3);
+    assert!(eventually(WAIT, || (0..3).all(|i| cluster.ready(i))));
+    let leader = cluster.leader(&[0, 1, 2]).expect("a leader");
+    let survivors: Vec<usize> = (0..3).filter(|i| *i != leader).collect();
+    cluster.nodes[leader].terminate();
+    assert!(
+        cluster.nodes[leader]
+            .stderr()
+            .contains("handed Raft leadership over"),
+        "{}",
+        cluster.nodes[leader].stderr()
+    );
+    // The successor already leads when the old leader has exited.
+    assert!(cluster.leader(&survivors).is_some(), "a leader at once");
+    let (status, answer) =
+        cluster.nodes[survivors[0]].json("PUT", "/v1/topics/rolling", json!({"partitions": 1}));
+    assert_eq!(status, 201, "{answer}");
+}
