@@ -30,6 +30,7 @@ enum Route<'a> {
     Healthz,
     Readyz,
     Metrics,
+    Cluster,
     Topics,
     Topic(&'a str),
     Produce(&'a str),
@@ -45,6 +46,7 @@ impl Route<'_> {
             Route::Healthz => "healthz",
             Route::Readyz => "readyz",
             Route::Metrics => "metrics",
+            Route::Cluster => "cluster",
             Route::Topics => "topics",
             Route::Topic(_) => "topic",
             Route::Produce(_) => "produce",
@@ -61,7 +63,9 @@ impl Route<'_> {
 
     fn allowed(&self) -> &'static [Method] {
         match self {
-            Route::Healthz | Route::Readyz | Route::Metrics | Route::Topics => &[Method::GET],
+            Route::Healthz | Route::Readyz | Route::Metrics | Route::Topics | Route::Cluster => {
+                &[Method::GET]
+            }
             Route::Topic(_) => &[Method::GET, Method::PUT, Method::DELETE],
             Route::Produce(_) | Route::ProduceBatch(_) | Route::Consume(_) | Route::Settle(..) => {
                 &[Method::POST]
@@ -76,7 +80,9 @@ impl Route<'_> {
             | Route::ProduceBatch(t)
             | Route::Consume(t)
             | Route::Settle(t, ..) => Some(t),
-            Route::Healthz | Route::Readyz | Route::Metrics | Route::Topics => None,
+            Route::Healthz | Route::Readyz | Route::Metrics | Route::Topics | Route::Cluster => {
+                None
+            }
         }
     }
 }
@@ -94,6 +100,7 @@ fn route(path: &str) -> Option<Route<'_>> {
         ["readyz"] => Some(Route::Readyz),
         ["metrics"] => Some(Route::Metrics),
         ["v1", "topics"] => Some(Route::Topics),
+        ["v1", "cluster"] => Some(Route::Cluster),
         ["v1", "topics", t] => Some(Route::Topic(t)),
         ["v1", "topics", t, "messages"] => Some(Route::Produce(t)),
         ["v1", "topics", t, "messages", "batch"] => Some(Route::ProduceBatch(t)),
@@ -200,6 +207,7 @@ async fn dispatch(
             None => Ok(json_response(StatusCode::OK, &json!({"status": "ready"}))),
         },
         Route::Metrics => Ok(metrics(shard).await),
+        Route::Cluster => Ok(json_response(StatusCode::OK, &cluster_json(shard))),
         Route::Topics => {
             let topics: Vec<Value> = shard.topics().iter().map(topic_json).collect();
             Ok(json_response(StatusCode::OK, &json!({ "topics": topics })))
@@ -315,6 +323,39 @@ async fn settle_batch(shard: &Shard, topic: &Topic, settle: SettleRequest) -> Ht
         })
         .collect();
     json_response(StatusCode::OK, &SettleBatchResponse { results })
+}
+
+/// `GET /v1/cluster`: the members, their state as the controller last
+/// judged it (through Raft), and how many partitions each owns.
+fn cluster_json(shard: &Shard) -> Value {
+    let meta = shard.meta();
+    let view = meta.view();
+    let state = &view.state;
+    let nodes: Vec<Value> = meta
+        .members()
+        .into_iter()
+        .map(|(id, addr)| {
+            let alive = state.nodes.get(&id).is_none_or(|record| record.alive);
+            let partitions = state
+                .topics
+                .values()
+                .flat_map(|t| t.owners.iter())
+                .filter(|owner| **owner == id)
+                .count();
+            json!({
+                "id": id,
+                "addr": addr,
+                "state": if alive { "alive" } else { "dead" },
+                "partitions": partitions,
+            })
+        })
+        .collect();
+    json!({
+        "cluster_id": state.cluster_id,
+        "leader": meta.leader(),
+        "term": meta.term(),
+        "nodes": nodes,
+    })
 }
 
 fn topic_json(topic: &Topic) -> Value {

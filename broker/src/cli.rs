@@ -105,6 +105,46 @@ fn cell(value: &Value) -> String {
     }
 }
 
+/// What `narad cluster` does.
+#[derive(Subcommand, Debug)]
+pub enum ClusterAction {
+    /// The members, their state, the leader and the term.
+    Status,
+}
+
+pub fn cluster(args: &ClientArgs, action: &ClusterAction) -> Result<(), String> {
+    let client = client(args)?;
+    match action {
+        ClusterAction::Status => {
+            let status = client.cluster().map_err(failed)?;
+            match args.output {
+                Output::Json => print_json(&status),
+                Output::Human => {
+                    println!("cluster: {}", cell(&status["cluster_id"]));
+                    println!("leader: {}", cell(&status["leader"]));
+                    println!("term: {}", cell(&status["term"]));
+                    let rows: Vec<Vec<String>> = status["nodes"]
+                        .as_array()
+                        .map(|nodes| {
+                            nodes
+                                .iter()
+                                .map(|n| {
+                                    ["id", "addr", "state", "partitions"]
+                                        .iter()
+                                        .map(|k| cell(&n[*k]))
+                                        .collect()
+                                })
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    print_table(&["ID", "ADDR", "STATE", "PARTITIONS"], &rows);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 pub fn topic(args: &ClientArgs, action: &TopicAction) -> Result<(), String> {
     let client = client(args)?;
     match action {

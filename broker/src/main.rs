@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
-use narad_broker::cli::{self, ClientArgs, TopicAction};
+use narad_broker::cli::{self, ClientArgs, ClusterAction, TopicAction};
 use narad_broker::config::Config;
 
 /// mimalloc: per-thread free lists suit one executor per core; the system
@@ -30,6 +30,13 @@ enum Command {
     Topic {
         #[command(subcommand)]
         action: TopicAction,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// The cluster: `narad cluster status`.
+    Cluster {
+        #[command(subcommand)]
+        action: ClusterAction,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -151,6 +158,7 @@ fn main() -> ExitCode {
             serve(args)
         }
         Command::Topic { action, client } => cli::topic(client, action),
+        Command::Cluster { action, client } => cli::cluster(client, action),
         Command::Produce {
             topic,
             value,

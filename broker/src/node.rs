@@ -278,6 +278,8 @@ pub fn run(config: Config) -> Result<(), String> {
     let mut meta_config =
         MetaNodeConfig::single(u64::from(node_id), data_dir.join("raft"), peer.to_string());
     meta_config.snapshot_after_entries = config.u64("raft.snapshot_after_entries");
+    meta_config.liveness_interval_ms = config.u64("cluster.heartbeat_interval_ms");
+    meta_config.node_dead_after_ms = config.u64("cluster.node_dead_after_ms");
     // With peers: QUIC up first (the metastore talks through it), the
     // metastore handed to its handler once started.
     let served_meta: Arc<OnceLock<Arc<MetaNode>>> = Arc::default();

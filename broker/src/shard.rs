@@ -289,7 +289,7 @@ impl Shard {
         let (created, topic) = match applied {
             Applied::TopicCreated(topic) => (true, topic),
             Applied::TopicUpdated(topic) | Applied::TopicUnchanged(topic) => (false, topic),
-            Applied::TopicDeleted | Applied::Nothing => {
+            Applied::TopicDeleted | Applied::ClusterChanged | Applied::Nothing => {
                 return Err(ApiError::new(
                     ErrorCode::Internal,
                     "the metastore answered a topic change oddly",

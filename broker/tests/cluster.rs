@@ -48,6 +48,10 @@ fn as_strs(flags: &[String]) -> Vec<&str> {
 
 impl Cluster {
     fn start(size: usize) -> Self {
+        Self::start_with(size, &[])
+    }
+
+    fn start_with(size: usize, extra: &[&str]) -> Self {
         let tmp = tempfile::tempdir().expect("tmp");
         let ports: Vec<u16> = (0..size).map(|_| free_udp_port()).collect();
         let peers = ports
@@ -58,7 +62,8 @@ impl Cluster {
             .join(",");
         let nodes = (0..size)
             .map(|i| {
-                let flags = flags(i + 1, ports[i], &peers, "dev-secret");
+                let mut flags = flags(i + 1, ports[i], &peers, "dev-secret");
+                flags.extend(extra.iter().map(|s| s.to_string()));
                 Node::start(&tmp.path().join(format!("n{}", i + 1)), &as_strs(&flags))
             })
             .collect();
@@ -238,4 +243,68 @@ fn a_leader_stopped_with_sigterm_hands_leadership_over_first() {
     let (status, answer) =
         cluster.nodes[survivors[0]].json("PUT", "/v1/topics/rolling", json!({"partitions": 1}));
     assert_eq!(status, 201, "{answer}");
+}
+
+fn cluster_status(node: &Node) -> serde_json::Value {
+    let (status, answer) = node.request("GET", "/v1/cluster", b"");
+    assert_eq!(status, 200, "{answer}");
+    answer
+}
+
+fn node_state(status: &serde_json::Value, id: u64) -> Option<String> {
+    status["nodes"]
+        .as_array()?
+        .iter()
+        .find(|n| n["id"] == id)
+        .and_then(|n| n["state"].as_str().map(str::to_string))
+}
+
+#[test]
+fn cluster_status_names_the_members_and_marks_a_silent_node_dead_then_alive() {
+    let mut cluster = Cluster::start_with(3, &["--set", "cluster.node_dead_after_ms=2000"]);
+    assert!(eventually(WAIT, || (0..3).all(|i| cluster.ready(i))));
+    assert!(eventually(WAIT, || {
+        let status = cluster_status(&cluster.nodes[0]);
+        status["cluster_id"].is_string()
+            && status["leader"].is_u64()
+            && (1..=3).all(|id| node_state(&status, id).as_deref() == Some("alive"))
+    }));
+    let first = cluster_status(&cluster.nodes[0]);
+    assert_eq!(
+        cluster_status(&cluster.nodes[2])["cluster_id"],
+        first["cluster_id"]
+    );
+
+    // A follower goes silent: marked dead through Raft, on every node.
+    let leader = cluster.leader(&[0, 1, 2]).expect("leader");
+    let victim = (0..3).find(|i| *i != leader).expect("follower");
+    let victim_id = victim as u64 + 1;
+    cluster.nodes[victim].kill();
+    assert!(
+        eventually(WAIT, || node_state(
+            &cluster_status(&cluster.nodes[leader]),
+            victim_id
+        )
+        .as_deref()
+            == Some("dead")),
+        "marked dead after cluster.node_dead_after_ms"
+    );
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_narad"))
+        .args(["cluster", "status", "--server"])
+        .arg(format!("http://{}", cluster.nodes[leader].addr))
+        .output()
+        .expect("narad cluster status");
+    let table = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success() && table.contains("dead"), "{table}");
+
+    cluster.nodes[victim].restart();
+    assert!(
+        eventually(WAIT, || node_state(
+            &cluster_status(&cluster.nodes[leader]),
+            victim_id
+        )
+        .as_deref()
+            == Some("alive")),
+        "alive again once it returns"
+    );
 }

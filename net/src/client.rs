@@ -256,6 +256,11 @@ impl Client {
         )
     }
 
+    /// `GET /v1/cluster`.
+    pub fn cluster(&self) -> Result<Value, ClientError> {
+        Ok(self.call("GET", "/v1/cluster", &[], b"")?.body)
+    }
+
     pub fn list_topics(&self) -> Result<Value, ClientError> {
         Ok(self.call("GET", "/v1/topics", &[], b"")?.body)
     }

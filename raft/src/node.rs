@@ -39,6 +39,8 @@ pub const KIND_INSTALL_SNAPSHOT: u8 = 3;
 pub const KIND_FORWARD_WRITE: u8 = 4;
 /// "Are you part of an initialized cluster, and at which term?"
 pub const KIND_PROBE: u8 = 5;
+/// A node's liveness heartbeat to the leader.
+pub const KIND_HEARTBEAT: u8 = 7;
 /// "Stand for election now": a leaving leader's request to its successor.
 pub const KIND_ELECT: u8 = 6;
 /// How long a leaving leader waits for its successor to take over.
@@ -86,6 +88,11 @@ pub struct MetaNodeConfig {
     pub heartbeat_interval_ms: u64,
     pub election_timeout_min_ms: u64,
     pub election_timeout_max_ms: u64,
+    /// How often a node tells the leader it lives (`cluster.heartbeat_interval_ms`).
+    pub liveness_interval_ms: u64,
+    /// Silence after which the controller marks a node dead
+    /// (`cluster.node_dead_after_ms`).
+    pub node_dead_after_ms: u64,
 }
 
 impl MetaNodeConfig {
@@ -100,6 +107,8 @@ impl MetaNodeConfig {
             heartbeat_interval_ms: 100,
             election_timeout_min_ms: 300,
             election_timeout_max_ms: 600,
+            liveness_interval_ms: 1000,
+            node_dead_after_ms: 30_000,
         }
     }
 }
@@ -288,6 +297,142 @@ pub struct MetaNode {
     /// A node that came back with an empty folder may have voted, before it
     /// lost it, in any term up to this one: it grants no vote in those terms.
     refuse_votes_up_to: u64,
+    /// Heartbeats this node received while it leads.
+    heard: Heard,
+}
+
+/// When the leader last heard from each node, and its address.
+type Heard = Arc<std::sync::Mutex<BTreeMap<NodeId, (std::time::Instant, String)>>>;
+
+/// A node's heartbeat to the leader.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct Heartbeat {
+    id: NodeId,
+    addr: String,
+}
+
+/// Runs on every node: sends this node's heartbeat to the leader, and, on
+/// the leader, names the cluster once and marks nodes dead or alive through
+/// Raft when their heartbeats stop or start again.
+struct Controller {
+    raft: Raft<TypeConfig>,
+    view: watch::Receiver<Arc<MetaView>>,
+    caller: Option<Arc<dyn PeerCaller>>,
+    node_id: NodeId,
+    addr: String,
+    interval: Duration,
+    dead_after: Duration,
+    heard: Heard,
+}
+
+impl Controller {
+    async fn run(self) {
+        let mut leading_since: Option<std::time::Instant> = None;
+        loop {
+            tokio::time::sleep(self.interval).await;
+            let (leader, members) = {
+                let metrics = self.raft.metrics();
+                let metrics = metrics.borrow();
+                let members: Vec<(NodeId, String)> = metrics
+                    .membership_config
+                    .membership()
+                    .nodes()
+                    .map(|(id, node)| (*id, node.addr.clone()))
+                    .collect();
+                (metrics.current_leader, members)
+            };
+            if leader != Some(self.node_id) {
+                leading_since = None;
+                self.send_heartbeat(leader, &members).await;
+                continue;
+            }
+            let since = *leading_since.get_or_insert_with(std::time::Instant::now);
+            self.judge(since, &members).await;
+        }
+    }
+
+    async fn send_heartbeat(&self, leader: Option<NodeId>, members: &[(NodeId, String)]) {
+        let (Some(leader), Some(caller)) = (leader, &self.caller) else {
+            return;
+        };
+        let Some((_, addr)) = members.iter().find(|(id, _)| *id == leader) else {
+            return;
+        };
+        let beat = Heartbeat {
+            id: self.node_id,
+            addr: self.addr.clone(),
+        };
+        if let Ok(payload) = serde_json::to_vec(&beat) {
+            let _ = caller
+                .call(addr, KIND_HEARTBEAT, payload, self.interval)
+                .await;
+        }
+    }
+
+    /// On the leader: what the state should say about each member.
+    async fn judge(&self, leading_since: std::time::Instant, members: &[(NodeId, String)]) {
+        let view = self.view.borrow().clone();
+        if view.state.cluster_id.is_none() {
+            let seed = format!(
+                "{}-{:?}-{}",
+                self.node_id,
+                std::time::SystemTime::now(),
+                std::process::id()
+            );
+            let id = blake3::hash(seed.as_bytes()).to_hex();
+            self.propose(Command::InitCluster {
+                cluster_id: id.as_str().get(..32).unwrap_or_default().to_string(),
+            })
+            .await;
+        }
+        let now = std::time::Instant::now();
+        let heard = self.heard.lock().map(|h| h.clone()).unwrap_or_default();
+        for (id, addr) in members {
+            // A new leader gives everyone a full interval before judging.
+            let last = heard
+                .get(id)
+                .map_or(leading_since, |(at, _)| (*at).max(leading_since));
+            let alive = *id == self.node_id || now.duration_since(last) < self.dead_after;
+            let known = view.state.nodes.get(id);
+            if known.is_some_and(|k| k.alive == alive && k.addr == *addr) {
+                continue;
+            }
+            if !alive {
+                tracing::warn!(
+                    node = id,
+                    "no heartbeat for {:?}: marking the node dead",
+                    self.dead_after
+                );
+            }
+            self.propose(Command::SetNodeState {
+                id: *id,
+                addr: addr.clone(),
+                alive,
+                now_ms: wall_ms(),
+            })
+            .await;
+        }
+    }
+
+    async fn propose(&self, command: Command) {
+        let submitted = std::sync::atomic::AtomicBool::new(false);
+        let proposing = propose_at_leader(
+            self.raft.clone(),
+            self.caller.clone(),
+            command,
+            self.node_id,
+            &submitted,
+        );
+        if let Ok(Err(error)) = tokio::time::timeout(PROPOSE_TIMEOUT, proposing).await {
+            tracing::debug!(%error, "controller change not applied");
+        }
+    }
+}
+
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// What a probe answers.
@@ -305,6 +450,8 @@ impl MetaNode {
         let (stop, stopped) = oneshot::channel::<()>();
         let node_id = config.node_id;
         let caller = config.caller.clone();
+        let heard: Heard = Arc::default();
+        let served_heard = heard.clone();
         let thread = std::thread::Builder::new()
             .name("narad-raft".into())
             .spawn(move || {
@@ -322,6 +469,17 @@ impl MetaNode {
                     match Self::boot(&config).await {
                         Ok((raft, view, refuse)) => {
                             let handle = tokio::runtime::Handle::current();
+                            let controller = Controller {
+                                raft: raft.clone(),
+                                view: view.clone(),
+                                caller: config.caller.clone(),
+                                node_id: config.node_id,
+                                addr: config.peer_addr.clone(),
+                                interval: Duration::from_millis(config.liveness_interval_ms),
+                                dead_after: Duration::from_millis(config.node_dead_after_ms),
+                                heard: heard.clone(),
+                            };
+                            tokio::spawn(controller.run());
                             let _ = ready_sender.send(Ok((raft.clone(), view, handle, refuse)));
                             let _ = stopped.await;
                             let _ = raft.shutdown().await;
@@ -345,6 +503,7 @@ impl MetaNode {
             runtime,
             caller,
             refuse_votes_up_to,
+            heard: served_heard,
         })
     }
 
@@ -473,6 +632,7 @@ impl MetaNode {
     /// Answers a request from another node (see the `KIND_` constants).
     pub fn serve(&self, kind: u8, payload: Vec<u8>) -> BoxFuture<Result<Vec<u8>, String>> {
         let raft = self.raft.clone();
+        let heard = self.heard.clone();
         let refuse_votes_up_to = self.refuse_votes_up_to;
         Box::pin(async move {
             let bad = |e: serde_json::Error| format!("bad request of kind {kind}: {e}");
@@ -492,6 +652,13 @@ impl MetaNode {
                     } else {
                         serde_json::to_vec(&raft.vote(request).await)
                     }
+                }
+                KIND_HEARTBEAT => {
+                    let beat: Heartbeat = serde_json::from_slice(&payload).map_err(bad)?;
+                    if let Ok(mut heard) = heard.lock() {
+                        heard.insert(beat.id, (std::time::Instant::now(), beat.addr));
+                    }
+                    Ok(Vec::new())
                 }
                 KIND_ELECT => {
                     raft.trigger().elect().await.map_err(|e| e.to_string())?;
@@ -553,6 +720,18 @@ impl MetaNode {
                 .map(|_| leader),
             other => other,
         }
+    }
+
+    /// The members of the cluster with their peer addresses.
+    pub fn members(&self) -> Vec<(NodeId, String)> {
+        let metrics = self.raft.metrics();
+        let metrics = metrics.borrow();
+        metrics
+            .membership_config
+            .membership()
+            .nodes()
+            .map(|(id, node)| (*id, node.addr.clone()))
+            .collect()
     }
 
     pub fn is_leader(&self) -> bool {

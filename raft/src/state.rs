@@ -48,6 +48,26 @@ pub enum Command {
     DeleteTopic {
         name: String,
     },
+    /// Names the cluster once (the first leader does it).
+    InitCluster {
+        cluster_id: String,
+    },
+    /// The controller saw a node start or stop answering heartbeats.
+    SetNodeState {
+        id: NodeId,
+        addr: String,
+        alive: bool,
+        now_ms: u64,
+    },
+}
+
+/// What the controller knows about a node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeRecord {
+    pub addr: String,
+    pub alive: bool,
+    /// When the state last changed.
+    pub since_ms: u64,
 }
 
 /// What applying a command did.
@@ -57,6 +77,8 @@ pub enum Applied {
     TopicUpdated(Topic),
     TopicUnchanged(Topic),
     TopicDeleted,
+    /// A cluster or node record changed.
+    ClusterChanged,
     /// A Raft entry with no command (a leader's blank entry, a membership change).
     Nothing,
 }
@@ -85,6 +107,13 @@ pub enum Refused {
 pub struct MetaState {
     pub topics: BTreeMap<String, Topic>,
     pub next_incarnation: u64,
+    /// Set once by the first leader; absent in folders of older builds
+    /// until a leader sets it.
+    #[serde(default)]
+    pub cluster_id: Option<String>,
+    /// Liveness of every node the controller has judged.
+    #[serde(default)]
+    pub nodes: BTreeMap<NodeId, NodeRecord>,
 }
 
 impl MetaState {
@@ -97,6 +126,32 @@ impl MetaState {
                 now_ms,
             } => self.put_topic(name, config, new_owners, *now_ms),
             Command::DeleteTopic { name } => self.delete_topic(name),
+            Command::InitCluster { cluster_id } => {
+                if self.cluster_id.is_none() {
+                    self.cluster_id = Some(cluster_id.clone());
+                    return Ok(Applied::ClusterChanged);
+                }
+                Ok(Applied::Nothing)
+            }
+            Command::SetNodeState {
+                id,
+                addr,
+                alive,
+                now_ms,
+            } => {
+                let record = NodeRecord {
+                    addr: addr.clone(),
+                    alive: *alive,
+                    since_ms: *now_ms,
+                };
+                match self.nodes.get(id) {
+                    Some(old) if old.alive == *alive && old.addr == *addr => Ok(Applied::Nothing),
+                    _ => {
+                        self.nodes.insert(*id, record);
+                        Ok(Applied::ClusterChanged)
+                    }
+                }
+            }
         }
     }
 
