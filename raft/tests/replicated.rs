@@ -139,6 +139,14 @@ fn three_nodes_agree_forward_writes_and_survive_one_loss() {
         .expect("nodes")
         .remove(&members[&other]);
     drop(nodes.remove(&other));
+    // Once it knows it has no quorum (a leader that stopped hearing from
+    // one, or a follower whose leader went away), a write is refused
+    // without being appended. (Sent in the moment before, it would be
+    // appended and answer "may still apply".)
+    assert!(
+        eventually(|| nodes[&lone].leader().is_none()),
+        "the lone node sees no leader"
+    );
     let started = std::time::Instant::now();
     let refused = put(&nodes[&lone], "audit");
     assert!(
