@@ -238,8 +238,12 @@ fn a_leader_stopped_with_sigterm_hands_leadership_over_first() {
         "{}",
         cluster.nodes[leader].stderr()
     );
-    // The successor already leads when the old leader has exited.
-    assert!(cluster.leader(&survivors).is_some(), "a leader at once");
+    // The log line above is written only once the successor led; here it
+    // also has to have heard from its quorum to say so.
+    assert!(
+        eventually(WAIT, || cluster.leader(&survivors).is_some()),
+        "a leader among the survivors"
+    );
     let (status, answer) =
         cluster.nodes[survivors[0]].json("PUT", "/v1/topics/rolling", json!({"partitions": 1}));
     assert_eq!(status, 201, "{answer}");
