@@ -79,6 +79,16 @@ impl Cluster {
         self.nodes[index].request("GET", "/readyz", b"").0 == 200
     }
 
+    /// The Raft term a node reports.
+    fn term(&self, index: usize) -> String {
+        let (_, _, metrics) =
+            support::raw_request(&self.nodes[index].addr, "GET", "/metrics", &[], b"");
+        String::from_utf8_lossy(&metrics)
+            .lines()
+            .find_map(|l| l.strip_prefix("narad_raft_term ").map(str::to_string))
+            .unwrap_or_default()
+    }
+
     /// The index of the node that says it leads.
     fn leader(&self, among: &[usize]) -> Option<usize> {
         among.iter().copied().find(|i| {
@@ -228,7 +238,14 @@ fn a_node_back_with_an_empty_folder_rejoins_the_cluster_it_left() {
 fn a_leader_stopped_with_sigterm_hands_leadership_over_first() {
     let mut cluster = Cluster::start(3);
     assert!(eventually(WAIT, || (0..3).all(|i| cluster.ready(i))));
-    let leader = cluster.leader(&[0, 1, 2]).expect("a leader");
+    // Settled: every node in the same term, one of them leading.
+    let mut leader = None;
+    assert!(eventually(WAIT, || {
+        let terms: Vec<String> = (0..3).map(|i| cluster.term(i)).collect();
+        leader = cluster.leader(&[0, 1, 2]);
+        leader.is_some() && terms.iter().all(|t| *t == terms[0])
+    }));
+    let leader = leader.expect("a leader");
     let survivors: Vec<usize> = (0..3).filter(|i| *i != leader).collect();
     cluster.nodes[leader].terminate();
     assert!(

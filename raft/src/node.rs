@@ -105,8 +105,10 @@ impl MetaNodeConfig {
             caller: None,
             snapshot_after_entries: 1000,
             heartbeat_interval_ms: 100,
-            election_timeout_min_ms: 300,
-            election_timeout_max_ms: 600,
+            // Loaded two-core machines (CI runs many nodes at once) miss
+            // 300 ms deadlines: shorter timeouts made leadership churn.
+            election_timeout_min_ms: 500,
+            election_timeout_max_ms: 1000,
             liveness_interval_ms: 1000,
             node_dead_after_ms: 30_000,
         }
@@ -792,6 +794,7 @@ impl MetaNode {
                 let metrics = raft.metrics();
                 let metrics = metrics.borrow();
                 if metrics.current_leader != Some(node_id) {
+                    tracing::info!("not the Raft leader at stop: nothing to hand over");
                     let _ = done.send(None);
                     return;
                 }
