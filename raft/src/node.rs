@@ -104,11 +104,12 @@ impl MetaNodeConfig {
             members: BTreeMap::new(),
             caller: None,
             snapshot_after_entries: 1000,
-            heartbeat_interval_ms: 100,
-            // Loaded two-core machines (CI runs many nodes at once) miss
-            // 300 ms deadlines: shorter timeouts made leadership churn.
-            election_timeout_min_ms: 500,
-            election_timeout_max_ms: 1000,
+            // openraft gives an AppendEntries one heartbeat interval to
+            // answer; loaded two-core machines (CI runs many nodes at once)
+            // missed 100 ms and leadership churned.
+            heartbeat_interval_ms: 250,
+            election_timeout_min_ms: 1000,
+            election_timeout_max_ms: 2000,
             liveness_interval_ms: 1000,
             node_dead_after_ms: 30_000,
         }
@@ -835,6 +836,12 @@ impl MetaNode {
                 .await
                 .ok()
                 .and_then(|m| m.current_leader);
+            if moved.is_none() {
+                tracing::warn!(
+                    successor,
+                    "could not hand leadership over: no new leader in time"
+                );
+            }
             let _ = done.send(moved);
         });
         result.recv_timeout(HANDOVER_TIMEOUT * 2).ok().flatten()
