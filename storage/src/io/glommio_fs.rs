@@ -31,7 +31,11 @@ impl GlommioFs {
     /// makes every later O_DIRECT read of the process fail with EOPNOTSUPP.
     pub async fn new(data_dir: &Path) -> io::Result<Self> {
         std::fs::create_dir_all(data_dir)?;
-        let probe_path = data_dir.join(IO_PROBE_FILE_NAME);
+        // One probe file per call: shards of one node start together, and a
+        // probe another shard is rewriting would be read empty.
+        static PROBES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let probe = PROBES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let probe_path = data_dir.join(format!("{IO_PROBE_FILE_NAME}-{probe}"));
         let block = vec![0x4e_u8; usize::try_from(BLOCK_BYTES).unwrap_or(4096)];
         std::fs::write(&probe_path, &block)?;
         std::fs::File::open(&probe_path)?.sync_all()?;
@@ -45,6 +49,7 @@ impl GlommioFs {
             .await
             .map_err(io::Error::from)?;
         probe.close().await.map_err(io::Error::from)?;
+        let _ = std::fs::remove_file(&probe_path);
         if read.len() != block.len() {
             return Err(io::Error::other("O_DIRECT probe read came back short"));
         }
