@@ -293,9 +293,12 @@ fn cluster_status_names_the_members_and_marks_a_silent_node_dead_then_alive() {
             && status["leader"].is_u64()
             && (1..=3).all(|id| node_state(&status, id).as_deref() == Some("alive"))
     }));
+    // Every node learns the same cluster id once it has applied the leader's log.
     let first = cluster_status(&cluster.nodes[0]);
-    assert_eq!(
-        cluster_status(&cluster.nodes[2])["cluster_id"],
+    assert!(
+        eventually(WAIT, || cluster_status(&cluster.nodes[2])["cluster_id"]
+            == first["cluster_id"]),
+        "node 3 never learned cluster id {}",
         first["cluster_id"]
     );
 
