@@ -26,5 +26,6 @@ pub mod node;
 pub mod owner;
 pub mod partitioner;
 pub mod receipt;
+pub mod remote;
 pub mod shard;
 pub mod signal;

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, OnceLock};
 use std::time::Duration;
 
+use futures_channel::mpsc::UnboundedReceiver;
 use glommio::net::TcpListener;
 use glommio::{LocalExecutorBuilder, Placement};
 use narad_net::http_server::{serve, Handler, HttpRequest, ServerLimits};
@@ -25,6 +26,7 @@ use narad_storage::wal::{Wal, WalConfig};
 use crate::config::Config;
 use crate::mesh::{self, MeshEnds};
 use crate::receipt::ReceiptKey;
+use crate::remote::{self, DataInbox, Inbound, Peers};
 use crate::shard::{every, NodeFs, Shard, ShardIdentity, ShardParts};
 
 const EPOCH_FILE: &str = "node.epoch";
@@ -207,6 +209,8 @@ struct ShardStart {
     ends: MeshEnds,
     startup: mpsc::Sender<Startup>,
     faults: Arc<FaultControl>,
+    peers: Option<Arc<Peers>>,
+    inbox: Option<UnboundedReceiver<Inbound>>,
 }
 
 /// The number of shards: `shards`, or every online CPU when 0.
@@ -283,15 +287,29 @@ pub fn run(config: Config) -> Result<(), String> {
     // With peers: QUIC up first (the metastore talks through it), the
     // metastore handed to its handler once started.
     let served_meta: Arc<OnceLock<Arc<MetaNode>>> = Arc::default();
+    // Data-plane requests from other nodes go to the shards through this.
+    let inbox = Arc::new(DataInbox::new());
+    let mut peers = None;
     let endpoint = if clustered {
         let tls = peer_tls(&config)?;
         let handler_meta = served_meta.clone();
-        let handler: PeerHandler = Arc::new(move |kind, payload| match handler_meta.get() {
-            Some(meta) => meta.serve(kind, payload),
-            None => Box::pin(async { Err("the metastore is starting".to_string()) }),
+        let handler_inbox = inbox.clone();
+        let handler: PeerHandler = Arc::new(move |kind, payload| {
+            if remote::is_data_kind(kind) {
+                return handler_inbox.handle(payload);
+            }
+            match handler_meta.get() {
+                Some(meta) => meta.serve(kind, payload),
+                None => Box::pin(async { Err("the metastore is starting".to_string()) }),
+            }
         });
         let endpoint = PeerEndpoint::start(peer, &tls, handler)
             .map_err(|e| format!("starting QUIC on {peer}: {e}"))?;
+        peers = Some(Arc::new(Peers::new(
+            u64::from(node_id),
+            endpoint.clone(),
+            &members,
+        )?));
         meta_config.members = members;
         meta_config.caller = Some(Arc::new(QuicCaller(endpoint.clone())));
         Some(endpoint)
@@ -312,6 +330,7 @@ pub fn run(config: Config) -> Result<(), String> {
     let (startup, started) = mpsc::channel();
     let mut listen = config.addr("listen");
     let mut handles = Vec::with_capacity(shards);
+    let mut inboxes = inbox.wire(shards).into_iter();
     for (index, ends) in mesh::wire(shards).into_iter().enumerate() {
         let start = ShardStart {
             index,
@@ -327,6 +346,8 @@ pub fn run(config: Config) -> Result<(), String> {
             ends,
             startup: startup.clone(),
             faults: faults.clone(),
+            peers: peers.clone(),
+            inbox: inboxes.next(),
         };
         // One shard per core is the production shape: pin each to its core.
         // Fewer shards than cores (tests, small hosts) leave placement to
@@ -490,6 +511,8 @@ async fn run_shard(start: ShardStart) -> Result<(), String> {
         ends,
         startup,
         faults,
+        peers,
+        inbox: remote_inbox,
     } = start;
     let config = Rc::new(config);
     // Connecting waits for every peer to connect too: start it first, so a
@@ -539,11 +562,16 @@ async fn run_shard(start: ShardStart) -> Result<(), String> {
         receipt_key: key,
         metrics: metrics.clone(),
         mesh,
+        peers,
     });
     for inbox in inbox {
         glommio::spawn_local(shard.clone().serve_peers(inbox)).detach();
     }
     glommio::spawn_local(shard.clone().watch_topics()).detach();
+    if let Some(remote_inbox) = remote_inbox {
+        glommio::spawn_local(shard.clone().serve_remote(remote_inbox)).detach();
+    }
+    glommio::spawn_local(shard.clone().notify_peers()).detach();
     if !recovery.records.is_empty() {
         tracing::info!(
             shard = index,

@@ -4,11 +4,13 @@
 //!
 //! A request may need partitions of another shard: commits, consumes,
 //! settles and figures then go to the owning shard as one [`ShardMsg`]
-//! (`mesh.rs`). The owner seam (`commit_batch`) is also where commits to
-//! another node will go.
+//! (`mesh.rs`). A partition of another node is reached over QUIC
+//! (`remote.rs`): the dispatcher commits to its owner there, unpinned
+//! consumes lease from it after this node's own partitions, and receipts
+//! are settled where they were issued.
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -18,7 +20,7 @@ use narad_net::types::{ConsumeRequest, ConsumedMessage, SettleAction, TopicPatch
 use narad_net::value::JsonValue;
 use narad_net::{ApiError, ErrorCode};
 use narad_raft::node::MetaNode;
-use narad_raft::state::{Applied, Command, Topic, TopicConfig};
+use narad_raft::state::{Applied, Command, NodeId, Topic, TopicConfig};
 use narad_raft::store::MetaView;
 use narad_storage::clock::SharedClock;
 use narad_storage::consumer::{ConsumerConfig, ConsumerState};
@@ -30,12 +32,19 @@ use narad_storage::log::{LogConfig, Message, PartitionLog};
 use narad_storage::wal::{Wal, WalConfig, WalRecord, WalRecordRef};
 
 use crate::config::Config;
-use crate::dispatcher::{CommitBatch, Destination, DispatchRecord, Dispatcher, DispatcherConfig};
+use crate::dispatcher::{
+    CommitBatch, Destination, DispatchRecord, Dispatcher, DispatcherConfig, FailureOutcome,
+};
 use crate::errors::{from_meta, from_owner, from_storage};
-use crate::mesh::{Mesh, SettleOutcome, ShardGauges, ShardMsg};
+use crate::mesh::{shard_for, Mesh, SettleOutcome, ShardGauges, ShardMsg};
 use crate::owner::{OwnerConfig, PartitionOwner, PartitionStats};
 use crate::partitioner::partition_for_key;
 use crate::receipt::{Receipt, ReceiptKey};
+use crate::remote::{
+    CallError, DataAnswer, DataRequest, Inbound, Peers, WireConsumed, WireMessage, WireOutcome,
+    WireStats, AVAILABLE_CALL_TIMEOUT, AVAILABLE_COALESCE, COLLECT_CALL_TIMEOUT,
+    COMMIT_CALL_TIMEOUT, SETTLE_CALL_TIMEOUT, STATS_CALL_TIMEOUT,
+};
 use crate::signal::Signal;
 
 /// Bytes of recent messages each partition keeps in memory.
@@ -93,6 +102,8 @@ pub struct ShardParts {
     pub receipt_key: ReceiptKey,
     pub metrics: metrics_exporter_prometheus::PrometheusHandle,
     pub mesh: Mesh,
+    /// The other nodes of the cluster; `None` for a single node.
+    pub peers: Option<Arc<Peers>>,
 }
 
 pub struct Shard {
@@ -119,6 +130,9 @@ pub struct Shard {
     /// since nothing would write them.
     acks_closed: Cell<bool>,
     metrics: metrics_exporter_prometheus::PrometheusHandle,
+    peers: Option<Arc<Peers>>,
+    /// Raised when messages became available here, for other nodes.
+    peer_notice: Signal,
 }
 
 impl Shard {
@@ -134,6 +148,7 @@ impl Shard {
             receipt_key,
             metrics,
             mesh,
+            peers,
         } = parts;
         let dispatcher = Dispatcher::new(DispatcherConfig {
             max_linger_ms: config.u64("dispatcher.max_linger_ms"),
@@ -166,6 +181,8 @@ impl Shard {
             stopping: Cell::new(false),
             acks_closed: Cell::new(false),
             metrics,
+            peers,
+            peer_notice: Signal::default(),
         })
     }
 
@@ -192,6 +209,85 @@ impl Shard {
 
     fn now(&self) -> u64 {
         self.clock.now_ms()
+    }
+
+    // ------------------------------------------------------------ nodes
+
+    fn me(&self) -> NodeId {
+        NodeId::from(self.identity.node_id)
+    }
+
+    /// The node that owns a partition (per the metastore).
+    fn owner_node(&self, topic: &Topic, partition: u32) -> NodeId {
+        topic
+            .owners
+            .get(partition as usize)
+            .copied()
+            .unwrap_or_else(|| self.me())
+    }
+
+    /// Whether the controller marked a node dead.
+    fn is_dead(&self, node: NodeId) -> bool {
+        node != self.me()
+            && self
+                .meta
+                .view()
+                .state
+                .nodes
+                .get(&node)
+                .is_some_and(|record| !record.alive)
+    }
+
+    /// Every node of the cluster the controller has not marked dead, in id
+    /// order (this node always among them).
+    fn live_nodes(&self) -> Vec<NodeId> {
+        let mut nodes = vec![self.me()];
+        if let Some(peers) = &self.peers {
+            nodes.extend(peers.others().filter(|n| !self.is_dead(*n)));
+        }
+        nodes.sort_unstable();
+        nodes
+    }
+
+    fn owner_dead(node: NodeId) -> ApiError {
+        ApiError::new(
+            ErrorCode::OwnerDead,
+            format!("the partition's owner, node {node}, is marked dead; its messages wait for it"),
+        )
+    }
+
+    /// Partitions split into this node's and each other node's, each list
+    /// keeping the order it was given in.
+    fn by_node(
+        &self,
+        topic: &Topic,
+        partitions: impl IntoIterator<Item = u32>,
+    ) -> (Vec<u32>, BTreeMap<NodeId, Vec<u32>>) {
+        let me = self.me();
+        let mut local = Vec::new();
+        let mut remote: BTreeMap<NodeId, Vec<u32>> = BTreeMap::new();
+        for partition in partitions {
+            match self.owner_node(topic, partition) {
+                node if node == me => local.push(partition),
+                node => remote.entry(node).or_default().push(partition),
+            }
+        }
+        (local, remote)
+    }
+
+    /// Calls another node of the cluster.
+    async fn call_node(
+        &self,
+        node: NodeId,
+        request: &DataRequest,
+        timeout: Duration,
+    ) -> Result<DataAnswer, CallError> {
+        match &self.peers {
+            Some(peers) => peers.call(node, request, timeout).await,
+            None => Err(CallError::Unreachable(format!(
+                "node {node} is not a member of this single-node cluster"
+            ))),
+        }
     }
 
     // ------------------------------------------------------------ topics
@@ -274,7 +370,14 @@ impl Shard {
         }
         let existing_partitions = existing.as_ref().map_or(0, |t| t.config.partitions);
         let added = config.partitions.saturating_sub(existing_partitions);
-        let new_owners = vec![u64::from(self.identity.node_id); added as usize];
+        // The controller's placement: new partitions go round the live
+        // nodes from a per-topic start, so topics spread evenly and a node
+        // marked dead gets none.
+        let live = self.live_nodes();
+        let start = shard_for(name, existing_partitions, live.len());
+        let new_owners = (0..added as usize)
+            .map(|i| live[(start + i) % live.len()])
+            .collect();
         let command = Command::PutTopic {
             name: name.to_string(),
             config,
@@ -352,10 +455,47 @@ impl Shard {
     }
 
     /// Per-partition figures of a topic (opening its partitions if needed),
-    /// asking the shard that owns each.
+    /// asking the shard and node that owns each. A node that does not
+    /// answer leaves its partitions' figures at zero.
     pub async fn partition_stats(&self, topic: &Topic) -> Result<Vec<PartitionStats>, ApiError> {
         let mut stats = vec![PartitionStats::default(); topic.config.partitions as usize];
-        for (shard, partitions) in self.by_shard(topic, 0..topic.config.partitions) {
+        let (local, remote) = self.by_node(topic, 0..topic.config.partitions);
+        let mut figures = self.stats_on_node(topic, local).await?;
+        for (node, partitions) in remote {
+            if self.is_dead(node) {
+                continue;
+            }
+            let request = DataRequest::Stats {
+                topic: topic.name.clone(),
+                incarnation: topic.incarnation,
+                partitions,
+            };
+            match self.call_node(node, &request, STATS_CALL_TIMEOUT).await {
+                Ok(DataAnswer::Stats(list)) => {
+                    figures.extend(list.iter().map(WireStats::to_stats));
+                }
+                Ok(_) => tracing::warn!(node, "partition figures: an odd answer"),
+                Err(error) => {
+                    tracing::debug!(node, ?error, "partition figures: no answer from a node")
+                }
+            }
+        }
+        for (partition, figures) in figures {
+            if let Some(slot) = stats.get_mut(partition as usize) {
+                *slot = figures;
+            }
+        }
+        Ok(stats)
+    }
+
+    /// Figures of partitions of this node, from the shards that own them.
+    async fn stats_on_node(
+        &self,
+        topic: &Topic,
+        partitions: Vec<u32>,
+    ) -> Result<Vec<(u32, PartitionStats)>, ApiError> {
+        let mut stats = Vec::with_capacity(partitions.len());
+        for (shard, partitions) in self.by_shard(topic, partitions) {
             let figures = if shard == self.mesh.me() {
                 self.local_stats(topic, &partitions).await?
             } else {
@@ -368,11 +508,7 @@ impl Shard {
                     })
                     .await??
             };
-            for (partition, figures) in figures {
-                if let Some(slot) = stats.get_mut(partition as usize) {
-                    *slot = figures;
-                }
-            }
+            stats.extend(figures);
         }
         Ok(stats)
     }
@@ -741,7 +877,10 @@ impl Shard {
         }
     }
 
-    /// Commits one batch to the shard that owns its partition.
+    /// Commits one batch to the shard and node that own its partition.
+    /// When the owner is marked dead, or its commits have failed for
+    /// `dispatcher.reroute_after_ms`, the records go to a live sibling
+    /// partition instead; the WAL keeps them until some owner confirms.
     async fn commit_batch(&self, batch: CommitBatch) {
         let topic = self
             .meta
@@ -750,6 +889,7 @@ impl Shard {
             .topics
             .get(batch.destination.topic.as_ref())
             .cloned();
+        let mut dead_owner = None;
         let result = match topic {
             // The topic was deleted after the produce: nothing to deliver to.
             None => {
@@ -761,30 +901,43 @@ impl Shard {
                 Ok(())
             }
             Some(topic) => {
-                let messages: Vec<Message> = batch
-                    .records
-                    .iter()
-                    .map(|r| Message {
-                        id: r.id,
-                        produced_at_ms: r.accept_ms,
-                        key: r.key.clone(),
-                        value: r.value.clone(),
-                    })
-                    .collect();
                 let partition = batch.destination.partition;
-                let shard = self.mesh.owner_of(&topic.name, partition);
-                if shard == self.mesh.me() {
-                    self.commit_local(&topic, partition, messages).await
-                } else {
-                    self.mesh
-                        .call(shard, None, |reply| ShardMsg::Commit {
-                            topic,
-                            partition,
-                            messages,
-                            reply,
+                let node = self.owner_node(&topic, partition);
+                if node == self.me() {
+                    let messages: Vec<Message> = batch
+                        .records
+                        .iter()
+                        .map(|r| Message {
+                            id: r.id,
+                            produced_at_ms: r.accept_ms,
+                            key: r.key.clone(),
+                            value: r.value.clone(),
                         })
+                        .collect();
+                    self.commit_on_node(&topic, partition, messages).await
+                } else if self.is_dead(node) {
+                    dead_owner = Some(node);
+                    Err(Self::owner_dead(node))
+                } else {
+                    let request = DataRequest::Commit {
+                        topic: topic.name.clone(),
+                        incarnation: topic.incarnation,
+                        partition,
+                        messages: batch
+                            .records
+                            .iter()
+                            .map(|r| WireMessage {
+                                id: r.id,
+                                produced_at_ms: r.accept_ms,
+                                key: r.key.clone(),
+                                value: r.value.to_vec(),
+                            })
+                            .collect(),
+                    };
+                    self.call_node(node, &request, COMMIT_CALL_TIMEOUT)
                         .await
-                        .and_then(|answer| answer)
+                        .map(|_| ())
+                        .map_err(|e| e.to_api(node))
                 }
             }
         };
@@ -801,13 +954,88 @@ impl Shard {
                 }
             }
             Err(error) => {
-                tracing::warn!(topic = %batch.destination.topic, partition = batch.destination.partition, %error, "commit failed; will retry");
-                self.dispatcher
+                if dead_owner.is_none() {
+                    tracing::warn!(topic = %batch.destination.topic, partition = batch.destination.partition, %error, "commit failed; will retry");
+                }
+                let outcome = self
+                    .dispatcher
                     .borrow_mut()
                     .on_failed(batch.batch_id, self.now());
+                if dead_owner.is_some()
+                    || matches!(outcome, Some(FailureOutcome::RerouteDue { .. }))
+                {
+                    self.reroute(&batch.destination);
+                }
             }
         }
         self.dispatch_signal.notify();
+    }
+
+    /// Moves the records waiting for a destination whose owner is dead or
+    /// keeps failing to a sibling partition of the same topic: one of this
+    /// node's if it has any, else one whose owner is alive. With no such
+    /// sibling they keep waiting for their owner.
+    fn reroute(&self, from: &Destination) {
+        let Ok(topic) = self.topic(&from.topic) else {
+            return;
+        };
+        let failing = self.owner_node(&topic, from.partition);
+        let siblings = |accept: &dyn Fn(NodeId) -> bool| -> Vec<u32> {
+            (0..topic.config.partitions)
+                .filter(|p| *p != from.partition && accept(self.owner_node(&topic, *p)))
+                .collect()
+        };
+        let me = self.me();
+        let mut candidates = siblings(&|node| node == me);
+        if candidates.is_empty() {
+            candidates = siblings(&|node| node != failing && !self.is_dead(node));
+        }
+        if candidates.is_empty() {
+            return;
+        }
+        let turn = self.round_robin.get().wrapping_add(1);
+        self.round_robin.set(turn);
+        let sibling = candidates[turn as usize % candidates.len()];
+        let records = self.dispatcher.borrow_mut().take_pending(from);
+        if records.is_empty() {
+            return;
+        }
+        let count = records.len();
+        let to = Destination {
+            topic: from.topic.clone(),
+            partition: sibling,
+        };
+        let now = self.now();
+        let mut dispatcher = self.dispatcher.borrow_mut();
+        for record in records {
+            dispatcher.push(to.clone(), record, now);
+        }
+        drop(dispatcher);
+        metrics::counter!("narad_dispatcher_reroutes_total").increment(count as u64);
+        tracing::warn!(topic = %from.topic, partition = from.partition, owner = failing, to = sibling, records = count, "rerouted records around an unavailable owner");
+    }
+
+    /// Appends a batch to a partition of this node, at the shard that owns it.
+    async fn commit_on_node(
+        &self,
+        topic: &Topic,
+        partition: u32,
+        messages: Vec<Message>,
+    ) -> Result<(), ApiError> {
+        let shard = self.mesh.owner_of(&topic.name, partition);
+        if shard == self.mesh.me() {
+            return self.commit_local(topic, partition, messages).await;
+        }
+        let topic = topic.clone();
+        self.mesh
+            .call(shard, None, |reply| ShardMsg::Commit {
+                topic,
+                partition,
+                messages,
+                reply,
+            })
+            .await
+            .and_then(|answer| answer)
     }
 
     /// Appends a batch to a partition of this shard and wakes long polls on
@@ -827,10 +1055,43 @@ impl Shard {
         Ok(())
     }
 
-    /// Messages became available here: wake long polls on every shard.
+    /// Messages became available here: wake long polls on every shard and
+    /// tell the other nodes.
     fn announce_available(&self) {
         self.availability.notify();
         self.mesh.announce_available();
+        self.peer_notice.notify();
+    }
+
+    /// Tells the other nodes when messages became available on this shard,
+    /// at most every `AVAILABLE_COALESCE`, so their long polls wake. At most
+    /// one notice is in flight to each node, so a node that does not answer
+    /// costs nothing but its own notices.
+    pub async fn notify_peers(self: Rc<Self>) {
+        let Some(peers) = self.peers.clone() else {
+            return;
+        };
+        let in_flight: Rc<RefCell<HashSet<NodeId>>> = Rc::default();
+        let mut seen = self.peer_notice.version();
+        loop {
+            self.peer_notice.changed(seen).await;
+            seen = self.peer_notice.version();
+            for node in peers.others() {
+                if self.is_dead(node) || !in_flight.borrow_mut().insert(node) {
+                    continue;
+                }
+                let (peers, in_flight) = (peers.clone(), in_flight.clone());
+                let request = DataRequest::Available { from: peers.me() };
+                glommio::spawn_local(async move {
+                    if let Err(error) = peers.call(node, &request, AVAILABLE_CALL_TIMEOUT).await {
+                        tracing::debug!(node, ?error, "an availability notice was not delivered");
+                    }
+                    in_flight.borrow_mut().remove(&node);
+                })
+                .detach();
+            }
+            glommio::timer::sleep(AVAILABLE_COALESCE).await;
+        }
     }
 
     pub fn dispatcher_pending(&self) -> usize {
@@ -873,8 +1134,11 @@ impl Shard {
         }
     }
 
-    /// Leases from the topic's partitions, going round the shards from a
-    /// rotating start so that no shard's partitions starve.
+    /// Leases from the topic's partitions: this node's first (going round
+    /// its shards from a rotating start), then other nodes' that may have
+    /// messages, from a rotating start too, so no partition starves. A
+    /// pinned partition of another node is asked directly: 502 if its
+    /// owner does not answer, 503 once the owner is marked dead.
     async fn collect(
         &self,
         topic: &Topic,
@@ -890,10 +1154,111 @@ impl Shard {
                 (0..n).map(|i| rotation.wrapping_add(i) % n).collect()
             }
         };
+        let max = request.max_messages as usize;
+        let (local, remote) = self.by_node(topic, partitions);
+        if request.partition.is_some() {
+            if let Some((node, partitions)) = remote.clone().into_iter().next() {
+                if self.is_dead(node) {
+                    return Err(Self::owner_dead(node));
+                }
+                return self
+                    .collect_remote(topic, node, partitions, max, visibility)
+                    .await
+                    .map_err(|e| e.to_api(node));
+            }
+        }
+        let mut out = match self
+            .collect_on_node(topic, local, max, visibility, rotation)
+            .await
+        {
+            Ok(out) => out,
+            Err(error) if remote.is_empty() => return Err(error),
+            Err(error) => {
+                tracing::warn!(%error, "consume: this node's partitions failed; asking the others");
+                Vec::new()
+            }
+        };
+        let Some(peers) = self.peers.clone() else {
+            return Ok(out);
+        };
+        let mut nodes: Vec<(NodeId, Vec<u32>)> = remote.into_iter().collect();
+        let turn = rotation as usize % nodes.len().max(1);
+        nodes.rotate_left(turn);
+        for (node, partitions) in nodes {
+            let room = max - out.len();
+            if room == 0 {
+                break;
+            }
+            let asked_at = self.now();
+            if self.is_dead(node) || !peers.worth_asking(node, asked_at) {
+                continue;
+            }
+            match self
+                .collect_remote(topic, node, partitions, room, visibility)
+                .await
+            {
+                Ok(got) if got.is_empty() => peers.found_empty(node, asked_at),
+                Ok(got) => {
+                    peers.found_messages(node);
+                    out.extend(got);
+                }
+                Err(CallError::Unreachable(reason)) => {
+                    tracing::debug!(
+                        node,
+                        reason,
+                        "consume: a node did not answer; skipping it for a while"
+                    );
+                    peers.unreachable(node, self.now());
+                }
+                Err(CallError::Refused(error)) => {
+                    tracing::debug!(node, %error, "consume: a node refused");
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Leases up to `max` messages from partitions of another node.
+    async fn collect_remote(
+        &self,
+        topic: &Topic,
+        node: NodeId,
+        partitions: Vec<u32>,
+        max: usize,
+        visibility: u64,
+    ) -> Result<Vec<ConsumedMessage>, CallError> {
+        let request = DataRequest::Collect {
+            topic: topic.name.clone(),
+            incarnation: topic.incarnation,
+            partitions,
+            max: u32::try_from(max).unwrap_or(u32::MAX),
+            visibility_ms: visibility,
+        };
+        match self.call_node(node, &request, COLLECT_CALL_TIMEOUT).await? {
+            DataAnswer::Collected(messages) => Ok(messages
+                .into_iter()
+                .map(|m| m.into_consumed(&topic.name))
+                .collect()),
+            _ => Err(CallError::Refused(ApiError::new(
+                ErrorCode::Internal,
+                format!("node {node} answered a consume oddly"),
+            ))),
+        }
+    }
+
+    /// Leases from partitions of this node, going round its shards from a
+    /// rotating start.
+    async fn collect_on_node(
+        &self,
+        topic: &Topic,
+        partitions: Vec<u32>,
+        max: usize,
+        visibility: u64,
+        rotation: u32,
+    ) -> Result<Vec<ConsumedMessage>, ApiError> {
         let mut groups = self.by_shard(topic, partitions);
         let turn = rotation as usize % groups.len().max(1);
         groups.rotate_left(turn);
-        let max = request.max_messages as usize;
         let mut out = Vec::new();
         for (shard, partitions) in groups {
             let room = max - out.len();
@@ -1082,12 +1447,79 @@ impl Shard {
 
     // ------------------------------------------------------------ settle
 
-    /// Ack, nack or extend receipts, each at the shard that owns its
-    /// partition. Answers in the order given; extend answers the new lease end.
+    /// Ack, nack or extend receipts, each at the node and shard that own
+    /// its partition (where it was issued and is authenticated). Answers in
+    /// the order given; extend answers the new lease end.
     pub async fn settle(
         &self,
         topic: &Topic,
         receipts: &[String],
+        action: SettleAction,
+    ) -> Vec<SettleOutcome> {
+        let mut outcomes: Vec<Option<SettleOutcome>> = vec![None; receipts.len()];
+        let me = self.me();
+        let mut groups: BTreeMap<NodeId, Vec<(usize, String)>> = BTreeMap::new();
+        for (index, text) in receipts.iter().enumerate() {
+            match Receipt::peek(text, &topic.name) {
+                // A partition beyond the topic's is "this node's": it is
+                // authenticated here, then answered 410.
+                Ok(receipt) => groups
+                    .entry(self.owner_node(topic, receipt.partition))
+                    .or_default()
+                    .push((index, text.clone())),
+                Err(error) => outcomes[index] = Some(Err(error)),
+            }
+        }
+        for (node, group) in groups {
+            let (indexes, texts): (Vec<usize>, Vec<String>) = group.into_iter().unzip();
+            let count = texts.len();
+            let answers = if node == me {
+                self.settle_on_node(topic, texts, action).await
+            } else if self.is_dead(node) {
+                vec![Err(Self::owner_dead(node)); count]
+            } else {
+                let request = DataRequest::Settle {
+                    topic: topic.name.clone(),
+                    incarnation: topic.incarnation,
+                    receipts: texts,
+                    action: action.into(),
+                };
+                match self.call_node(node, &request, SETTLE_CALL_TIMEOUT).await {
+                    Ok(DataAnswer::Settled(list)) if list.len() == count => list
+                        .into_iter()
+                        .map(|o| match o.error {
+                            Some(error) => Err(error.to_api()),
+                            None => Ok(o.lease_expires_at_ms),
+                        })
+                        .collect(),
+                    Ok(_) => vec![
+                        Err(ApiError::new(
+                            ErrorCode::Internal,
+                            format!("node {node} answered a settle oddly"),
+                        ));
+                        count
+                    ],
+                    Err(error) => vec![Err(error.to_api(node)); count],
+                }
+            };
+            for (index, answer) in indexes.into_iter().zip(answers) {
+                outcomes[index] = Some(answer);
+            }
+        }
+        outcomes
+            .into_iter()
+            .map(|o| {
+                o.unwrap_or_else(|| Err(ApiError::new(ErrorCode::Internal, "receipt not settled")))
+            })
+            .collect()
+    }
+
+    /// Settles receipts of this node's partitions, each at the shard that
+    /// owns its partition.
+    async fn settle_on_node(
+        &self,
+        topic: &Topic,
+        receipts: Vec<String>,
         action: SettleAction,
     ) -> Vec<SettleOutcome> {
         let mut outcomes: Vec<Option<SettleOutcome>> = vec![None; receipts.len()];
@@ -1288,6 +1720,165 @@ impl Shard {
             }
             let shard = self.clone();
             glommio::spawn_local(async move { shard.answer(message).await }).detach();
+        }
+    }
+
+    /// Answers what other nodes ask of this one (the QUIC thread hands
+    /// their requests to this shard), until the node stops.
+    pub async fn serve_remote(
+        self: Rc<Self>,
+        mut inbox: futures_channel::mpsc::UnboundedReceiver<Inbound>,
+    ) {
+        use futures_lite::StreamExt;
+        while let Some(Inbound { request, reply }) = inbox.next().await {
+            let shard = self.clone();
+            glommio::spawn_local(async move {
+                // A caller that gave up dropped its end: leases it would have
+                // received expire and the messages are delivered again.
+                let _ = reply.send(shard.answer_remote(request).await);
+            })
+            .detach();
+        }
+    }
+
+    /// The topic another node names, if this node knows that incarnation.
+    fn topic_for_peer(&self, name: &str, incarnation: u64) -> Result<Rc<Topic>, ApiError> {
+        let topic = self.topic(name)?;
+        if topic.incarnation != incarnation {
+            return Err(ApiError::new(
+                ErrorCode::TopicNotFound,
+                format!(
+                    "node {} holds incarnation {} of topic {name:?}, not {incarnation}",
+                    self.me(),
+                    topic.incarnation
+                ),
+            ));
+        }
+        Ok(topic)
+    }
+
+    async fn answer_remote(&self, request: DataRequest) -> DataAnswer {
+        let failed = |error: ApiError| DataAnswer::failed(&error);
+        match request {
+            DataRequest::Commit {
+                topic,
+                incarnation,
+                partition,
+                messages,
+            } => {
+                let topic = match self.topic_for_peer(&topic, incarnation) {
+                    Ok(topic) => topic,
+                    Err(error) => return failed(error),
+                };
+                if partition >= topic.config.partitions
+                    || self.owner_node(&topic, partition) != self.me()
+                {
+                    return failed(ApiError::new(
+                        ErrorCode::Conflict,
+                        format!("node {} does not own partition {partition}", self.me()),
+                    ));
+                }
+                let messages = messages
+                    .into_iter()
+                    .map(|m| Message {
+                        id: m.id,
+                        produced_at_ms: m.produced_at_ms,
+                        key: m.key,
+                        value: m.value.into(),
+                    })
+                    .collect();
+                match self.commit_on_node(&topic, partition, messages).await {
+                    Ok(()) => DataAnswer::Done,
+                    Err(error) => failed(error),
+                }
+            }
+            DataRequest::Collect {
+                topic,
+                incarnation,
+                partitions,
+                max,
+                visibility_ms,
+            } => {
+                let topic = match self.topic_for_peer(&topic, incarnation) {
+                    Ok(topic) => topic,
+                    Err(error) => return failed(error),
+                };
+                let me = self.me();
+                let partitions: Vec<u32> = partitions
+                    .into_iter()
+                    .filter(|p| *p < topic.config.partitions && self.owner_node(&topic, *p) == me)
+                    .collect();
+                let rotation = self.round_robin.get().wrapping_add(1);
+                self.round_robin.set(rotation);
+                match self
+                    .collect_on_node(&topic, partitions, max as usize, visibility_ms, rotation)
+                    .await
+                {
+                    Ok(got) => DataAnswer::Collected(
+                        got.into_iter().map(WireConsumed::from_consumed).collect(),
+                    ),
+                    Err(error) => failed(error),
+                }
+            }
+            DataRequest::Settle {
+                topic,
+                incarnation,
+                receipts,
+                action,
+            } => {
+                let topic = match self.topic_for_peer(&topic, incarnation) {
+                    Ok(topic) => topic,
+                    Err(error) => return failed(error),
+                };
+                let outcomes = self
+                    .settle_on_node(&topic, receipts, action.into())
+                    .await
+                    .into_iter()
+                    .map(|outcome| match outcome {
+                        Ok(lease_expires_at_ms) => WireOutcome {
+                            error: None,
+                            lease_expires_at_ms,
+                        },
+                        Err(error) => WireOutcome {
+                            error: Some((&error).into()),
+                            lease_expires_at_ms: None,
+                        },
+                    })
+                    .collect();
+                DataAnswer::Settled(outcomes)
+            }
+            DataRequest::Stats {
+                topic,
+                incarnation,
+                partitions,
+            } => {
+                let topic = match self.topic_for_peer(&topic, incarnation) {
+                    Ok(topic) => topic,
+                    Err(error) => return failed(error),
+                };
+                let me = self.me();
+                let partitions: Vec<u32> = partitions
+                    .into_iter()
+                    .filter(|p| *p < topic.config.partitions && self.owner_node(&topic, *p) == me)
+                    .collect();
+                match self.stats_on_node(&topic, partitions).await {
+                    Ok(stats) => DataAnswer::Stats(
+                        stats
+                            .iter()
+                            .map(|(partition, figures)| WireStats::new(*partition, figures))
+                            .collect(),
+                    ),
+                    Err(error) => failed(error),
+                }
+            }
+            DataRequest::Available { from } => {
+                if let Some(peers) = &self.peers {
+                    peers.heard_available(from, self.now());
+                }
+                self.availability.notify();
+                self.mesh.announce_available();
+                DataAnswer::Done
+            }
         }
     }
 
