@@ -271,6 +271,7 @@ pub fn run(config: Config) -> Result<(), String> {
     let epoch = next_epoch(&data_dir)?;
     let metrics = install_metrics()?;
     metrics::gauge!("narad_node_alive", "node" => node_id.to_string()).set(1.0);
+    metrics::gauge!("narad_consume_long_polls_waiting").set(0.0);
     metrics::counter!("narad_dispatcher_reroutes_total").absolute(0);
     metrics::counter!("narad_storage_corrupt_records_total").increment(0);
     let key = receipt_key(&data_dir)?;

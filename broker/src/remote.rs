@@ -35,12 +35,16 @@ pub const KIND_SETTLE: u8 = 18;
 pub const KIND_STATS: u8 = 19;
 pub const KIND_AVAILABLE: u8 = 20;
 
-/// A dispatcher commit to a remote owner: append, fdatasync, read back.
-pub const COMMIT_CALL_TIMEOUT: Duration = Duration::from_secs(2);
+/// A dispatcher commit to a remote owner: append, fdatasync, read back
+/// (milliseconds when healthy). Short, so that a dead owner is retried a
+/// few times within `dispatcher.reroute_after_ms` before the reroute.
+pub const COMMIT_CALL_TIMEOUT: Duration = Duration::from_secs(1);
 /// Leasing from a remote owner never waits for messages, so it answers fast.
 pub const COLLECT_CALL_TIMEOUT: Duration = Duration::from_millis(1500);
 pub const SETTLE_CALL_TIMEOUT: Duration = Duration::from_secs(2);
-pub const STATS_CALL_TIMEOUT: Duration = Duration::from_secs(2);
+/// Figures are a convenience of describe (and of the answer to a topic
+/// PUT): a node that does not answer quickly leaves its figures at zero.
+pub const STATS_CALL_TIMEOUT: Duration = Duration::from_millis(300);
 pub const AVAILABLE_CALL_TIMEOUT: Duration = Duration::from_millis(500);
 /// A shard tells other nodes "messages are available here" at most this
 /// often; everything that became available in between rides along.
@@ -434,6 +438,13 @@ impl Peers {
             DataAnswer::Failed(error) => Err(CallError::Refused(error.to_api())),
             answer => Ok(answer),
         }
+    }
+
+    /// Whether `node` recently failed to answer (skip optional calls).
+    pub fn recently_unreachable(&self, node: NodeId, now_ms: u64) -> bool {
+        self.hints
+            .get(&node)
+            .is_some_and(|hint| now_ms < hint.skip_until.load(Ordering::Relaxed))
     }
 
     /// Whether an unpinned consume should ask `node` now.

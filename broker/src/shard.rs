@@ -133,6 +133,9 @@ pub struct Shard {
     peers: Option<Arc<Peers>>,
     /// Raised when messages became available here, for other nodes.
     peer_notice: Signal,
+    /// Requests of other nodes being answered, and a signal when one ends.
+    remote_in_flight: Cell<usize>,
+    remote_done: Signal,
 }
 
 impl Shard {
@@ -183,6 +186,8 @@ impl Shard {
             metrics,
             peers,
             peer_notice: Signal::default(),
+            remote_in_flight: Cell::new(0),
+            remote_done: Signal::default(),
         })
     }
 
@@ -462,7 +467,11 @@ impl Shard {
         let (local, remote) = self.by_node(topic, 0..topic.config.partitions);
         let mut figures = self.stats_on_node(topic, local).await?;
         for (node, partitions) in remote {
-            if self.is_dead(node) {
+            let unreachable = self
+                .peers
+                .as_ref()
+                .is_some_and(|p| p.recently_unreachable(node, self.now()));
+            if self.is_dead(node) || unreachable {
                 continue;
             }
             let request = DataRequest::Stats {
@@ -475,8 +484,14 @@ impl Shard {
                     figures.extend(list.iter().map(WireStats::to_stats));
                 }
                 Ok(_) => tracing::warn!(node, "partition figures: an odd answer"),
-                Err(error) => {
-                    tracing::debug!(node, ?error, "partition figures: no answer from a node")
+                Err(CallError::Unreachable(reason)) => {
+                    tracing::debug!(node, reason, "partition figures: no answer from a node");
+                    if let Some(peers) = &self.peers {
+                        peers.unreachable(node, self.now());
+                    }
+                }
+                Err(CallError::Refused(error)) => {
+                    tracing::debug!(node, %error, "partition figures: a node refused")
                 }
             }
         }
@@ -1129,6 +1144,7 @@ impl Shard {
                 return Ok(got);
             }
             let wait = Duration::from_millis(deadline - now);
+            let _parked = LongPollGauge::park();
             futures_lite::future::or(self.availability.changed(seen), glommio::timer::sleep(wait))
                 .await;
         }
@@ -1731,11 +1747,22 @@ impl Shard {
     ) {
         use futures_lite::StreamExt;
         while let Some(Inbound { request, reply }) = inbox.next().await {
+            // Once stopping, commits are refused before they touch a log:
+            // the sender keeps the records and commits them again later,
+            // rather than a commit landing whose answer never leaves.
+            if self.stopping.get() && matches!(request, DataRequest::Commit { .. }) {
+                let stopping = ApiError::new(ErrorCode::Stopping, "the owner is stopping");
+                let _ = reply.send(DataAnswer::failed(&stopping));
+                continue;
+            }
             let shard = self.clone();
+            shard.remote_in_flight.set(shard.remote_in_flight.get() + 1);
             glommio::spawn_local(async move {
                 // A caller that gave up dropped its end: leases it would have
                 // received expire and the messages are delivered again.
                 let _ = reply.send(shard.answer_remote(request).await);
+                shard.remote_in_flight.set(shard.remote_in_flight.get() - 1);
+                shard.remote_done.notify();
             })
             .detach();
         }
@@ -1951,6 +1978,15 @@ impl Shard {
             )
             .await;
         }
+        // Commits other nodes sent before the stop finish and are answered.
+        while self.remote_in_flight.get() > 0 && std::time::Instant::now() < deadline {
+            let seen = self.remote_done.version();
+            futures_lite::future::or(
+                self.remote_done.changed(seen),
+                glommio::timer::sleep(Duration::from_millis(50)),
+            )
+            .await;
+        }
         let left = self.dispatcher.borrow().pending_records();
         if left > 0 {
             tracing::warn!(
@@ -1973,6 +2009,23 @@ impl Shard {
                 tracing::error!(%error, "flushing acks at stop failed");
             }
         }
+    }
+}
+
+/// Counts long polls parked waiting for messages
+/// (`narad_consume_long_polls_waiting`), also when the client goes away.
+struct LongPollGauge;
+
+impl LongPollGauge {
+    fn park() -> Self {
+        metrics::gauge!("narad_consume_long_polls_waiting").increment(1.0);
+        Self
+    }
+}
+
+impl Drop for LongPollGauge {
+    fn drop(&mut self) {
+        metrics::gauge!("narad_consume_long_polls_waiting").decrement(1.0);
     }
 }
 

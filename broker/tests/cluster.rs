@@ -8,96 +8,10 @@ mod support;
 use std::time::Duration;
 
 use serde_json::json;
+use support::cluster::{as_strs, flags, Cluster};
 use support::{eventually, Node};
 
 const WAIT: Duration = Duration::from_secs(30);
-
-fn free_udp_port() -> u16 {
-    std::net::UdpSocket::bind("127.0.0.1:0")
-        .and_then(|s| s.local_addr())
-        .expect("udp port")
-        .port()
-}
-
-struct Cluster {
-    nodes: Vec<Node>,
-    peers: String,
-    ports: Vec<u16>,
-    _tmp: tempfile::TempDir,
-}
-
-fn flags(id: usize, port: u16, peers: &str, secret: &str) -> Vec<String> {
-    [
-        "--node-id",
-        &id.to_string(),
-        "--peer-listen",
-        &format!("127.0.0.1:{port}"),
-        "--peers",
-        peers,
-        "--cluster-secret",
-        secret,
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect()
-}
-
-fn as_strs(flags: &[String]) -> Vec<&str> {
-    flags.iter().map(String::as_str).collect()
-}
-
-impl Cluster {
-    fn start(size: usize) -> Self {
-        Self::start_with(size, &[])
-    }
-
-    fn start_with(size: usize, extra: &[&str]) -> Self {
-        let tmp = tempfile::tempdir().expect("tmp");
-        let ports: Vec<u16> = (0..size).map(|_| free_udp_port()).collect();
-        let peers = ports
-            .iter()
-            .enumerate()
-            .map(|(i, p)| format!("{}=127.0.0.1:{p}", i + 1))
-            .collect::<Vec<_>>()
-            .join(",");
-        let nodes = (0..size)
-            .map(|i| {
-                let mut flags = flags(i + 1, ports[i], &peers, "dev-secret");
-                flags.extend(extra.iter().map(|s| s.to_string()));
-                Node::start(&tmp.path().join(format!("n{}", i + 1)), &as_strs(&flags))
-            })
-            .collect();
-        Self {
-            nodes,
-            peers,
-            ports,
-            _tmp: tmp,
-        }
-    }
-
-    fn ready(&self, index: usize) -> bool {
-        self.nodes[index].request("GET", "/readyz", b"").0 == 200
-    }
-
-    /// The Raft term a node reports.
-    fn term(&self, index: usize) -> String {
-        let (_, _, metrics) =
-            support::raw_request(&self.nodes[index].addr, "GET", "/metrics", &[], b"");
-        String::from_utf8_lossy(&metrics)
-            .lines()
-            .find_map(|l| l.strip_prefix("narad_raft_term ").map(str::to_string))
-            .unwrap_or_default()
-    }
-
-    /// The index of the node that says it leads.
-    fn leader(&self, among: &[usize]) -> Option<usize> {
-        among.iter().copied().find(|i| {
-            let (_, _, metrics) =
-                support::raw_request(&self.nodes[*i].addr, "GET", "/metrics", &[], b"");
-            String::from_utf8_lossy(&metrics).contains("\nnarad_raft_is_leader 1")
-        })
-    }
-}
 
 fn has_topic(node: &Node, name: &str) -> bool {
     node.request("GET", &format!("/v1/topics/{name}"), b"").0 == 200

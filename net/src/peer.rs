@@ -22,6 +22,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -34,6 +35,10 @@ const ALPN: &[u8] = b"narad-peer/1";
 const MESSAGE_BYTES_MAX: usize = 64 * 1024 * 1024;
 const KEEP_ALIVE: Duration = Duration::from_millis(500);
 const IDLE_TIMEOUT: Duration = Duration::from_secs(5);
+/// At shutdown, answers still being written get this long to reach their
+/// callers (a commit whose answer is lost is committed again).
+const ANSWER_DRAIN_TIMEOUT: Duration = Duration::from_secs(1);
+const ANSWER_DRAIN_POLL: Duration = Duration::from_millis(5);
 /// PKCS#8 v1 wrapping of a raw Ed25519 seed (RFC 8410).
 const ED25519_PKCS8_PREFIX: [u8; 16] = [
     0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04, 0x20,
@@ -239,10 +244,17 @@ impl PeerEndpoint {
                         tokio::runtime::Handle::current(),
                         stop,
                     )));
-                    let accepting = accept_loop(endpoint.clone(), handler);
+                    let answering = Arc::new(AtomicUsize::new(0));
+                    let accepting = accept_loop(endpoint.clone(), handler, answering.clone());
                     tokio::select! {
                         () = accepting => {}
                         _ = stopped => {}
+                    }
+                    let deadline = tokio::time::Instant::now() + ANSWER_DRAIN_TIMEOUT;
+                    while answering.load(Ordering::SeqCst) > 0
+                        && tokio::time::Instant::now() < deadline
+                    {
+                        tokio::time::sleep(ANSWER_DRAIN_POLL).await;
                     }
                     endpoint.close(0u32.into(), b"stopping");
                     endpoint.wait_idle().await;
@@ -376,9 +388,10 @@ impl PeerEndpoint {
     }
 }
 
-async fn accept_loop(endpoint: quinn::Endpoint, handler: PeerHandler) {
+async fn accept_loop(endpoint: quinn::Endpoint, handler: PeerHandler, answering: Arc<AtomicUsize>) {
     while let Some(incoming) = endpoint.accept().await {
         let handler = handler.clone();
+        let answering = answering.clone();
         tokio::spawn(async move {
             let remote = incoming.remote_address();
             let connection = match incoming.await {
@@ -390,7 +403,12 @@ async fn accept_loop(endpoint: quinn::Endpoint, handler: PeerHandler) {
             };
             while let Ok((send, recv)) = connection.accept_bi().await {
                 let handler = handler.clone();
-                tokio::spawn(serve_stream(send, recv, handler));
+                let answering = answering.clone();
+                answering.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    serve_stream(send, recv, handler).await;
+                    answering.fetch_sub(1, Ordering::SeqCst);
+                });
             }
         });
     }

@@ -55,6 +55,12 @@ const LEADER_QUORUM_STALE_MS: u64 = 2_000;
 const QUORUM_ACK_WAIT: Duration = Duration::from_secs(1);
 /// How long a control-plane write may wait for a leader and a quorum.
 const PROPOSE_TIMEOUT: Duration = Duration::from_secs(5);
+/// A write forwarded to a leader that does not answer within this is sent
+/// again to whichever node leads by then (a leader that just stopped must
+/// not hold writes for the whole `PROPOSE_TIMEOUT`).
+const FORWARD_TIMEOUT: Duration = Duration::from_secs(1);
+/// After a failed forward, how long to wait for another leader to show.
+const FORWARD_RETRY_WAIT: Duration = Duration::from_millis(500);
 
 /// A future that may cross threads.
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -268,12 +274,25 @@ async fn propose_at_leader(
             (Some(leader), Some(caller)) => {
                 let payload =
                     serde_json::to_vec(&command).map_err(|e| MetaError::Failed(e.to_string()))?;
-                let answer = caller
-                    .call(&leader.addr, KIND_FORWARD_WRITE, payload, PROPOSE_TIMEOUT)
+                match caller
+                    .call(&leader.addr, KIND_FORWARD_WRITE, payload, FORWARD_TIMEOUT)
                     .await
-                    .map_err(|e| MetaError::NoQuorum(format!("the leader did not answer: {e}")))?;
-                return serde_json::from_slice::<Result<Applied, MetaError>>(&answer)
-                    .map_err(|e| MetaError::Failed(format!("the leader's answer: {e}")))?;
+                {
+                    Ok(answer) => {
+                        return serde_json::from_slice::<Result<Applied, MetaError>>(&answer)
+                            .map_err(|e| MetaError::Failed(format!("the leader's answer: {e}")))?
+                    }
+                    // The leader may have just stopped: try whoever leads
+                    // next (the caller's timeout bounds the retries).
+                    Err(error) => {
+                        tracing::debug!(%error, "a forwarded write got no answer; trying again");
+                        let tried = forward.leader_id;
+                        let _ = raft
+                            .wait(Some(FORWARD_RETRY_WAIT))
+                            .metrics(|m| m.current_leader != tried, "another leader")
+                            .await;
+                    }
+                }
             }
             // No leader yet: wait for one (the caller's timeout bounds this).
             _ => {

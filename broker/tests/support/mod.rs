@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+pub mod cluster;
+
 pub const START_DEADLINE: Duration = Duration::from_secs(60);
 pub const REQUEST_DEADLINE: Duration = Duration::from_secs(30);
 /// Pause between two checks of a condition that has no blocking wait.
