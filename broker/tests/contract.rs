@@ -1,6 +1,7 @@
 //! The delivery-contract suites: producers and consumers record every
 //! operation in a history (`narad-check`), a seeded nemesis stops, kills,
-//! pauses and power-cuts the node, and the checker judges the history.
+//! pauses and power-cuts nodes of a three-node cluster, and the checker
+//! judges the history.
 //!
 //! - Suite 1, healthy: nothing is broken; any loss, duplicate, stray message
 //!   or message on the wrong topic fails.
@@ -9,8 +10,9 @@
 //!   message may appear that was never produced or on the wrong topic.
 //!   Duplicates are counted and reported.
 //!
-//! This build runs the suites against one node with two shards; the cluster
-//! issue grows them to three nodes. `NARAD_SUITE_SEED` replays a run;
+//! Both run three nodes on loopback with producers and consumers spread over
+//! them; a client whose node does not answer moves to the next one, as
+//! behind a load balancer. `NARAD_SUITE_SEED` replays a run;
 //! `NARAD_SOAK_SECONDS` runs the fault suite for longer. A failure prints the
 //! seed and the path of the history file.
 
@@ -26,7 +28,8 @@ use narad_check::{
     check, now_ms, Delivery, History, NemesisAction, Op, Outcome, Report, SettleAction, Strictness,
 };
 use serde_json::{json, Value};
-use support::{eventually, try_request, Node};
+use support::cluster::Cluster;
+use support::{eventually, try_request};
 
 /// How long a client waits for one answer before recording it as unknown.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -38,6 +41,7 @@ const FAULT_SUITE_SECONDS: u64 = 20;
 const FAULT_INTERVAL_MAX_MS: u64 = 4_000;
 const FAULT_INTERVAL_MIN_MS: u64 = 1_000;
 const TOPICS: [&str; 3] = ["orders", "payments", "audit"];
+const CLUSTER_NODES: usize = 3;
 
 /// xorshift64*: the suites' only source of randomness, from the seed.
 struct Rng(u64);
@@ -70,10 +74,10 @@ fn seed() -> u64 {
         .unwrap_or_else(|| now_ms() ^ u64::from(std::process::id()))
 }
 
-/// What the clients share: the node's address (it changes on restart), the
-/// history, and the ids answered 202 and acked.
+/// What the clients share: the nodes' addresses (one changes when its node
+/// restarts), the history, and the ids answered 202 and acked.
 struct Shared {
-    addr: Mutex<String>,
+    addrs: Mutex<Vec<String>>,
     history: History,
     accepted: Mutex<HashSet<String>>,
     acked: Mutex<HashSet<String>>,
@@ -82,8 +86,9 @@ struct Shared {
 }
 
 impl Shared {
-    fn addr(&self) -> String {
-        self.addr.lock().expect("addr").clone()
+    fn addr(&self, node: usize) -> String {
+        let addrs = self.addrs.lock().expect("addrs");
+        addrs[node % addrs.len()].clone()
     }
 
     fn all_acked(&self) -> bool {
@@ -109,15 +114,22 @@ fn outcome_of<T>(
     }
 }
 
-/// Sends `count` messages (or until told to stop), round robin over topics.
-fn producer(shared: Arc<Shared>, client: String, count: Option<u64>) {
+/// Whether a client should try another node next (no answer, or a node
+/// that is stopping, failed or without a leader).
+fn move_on<T>(answer: &Result<(u16, T), String>) -> bool {
+    !matches!(answer, Ok((status, _)) if *status < 500)
+}
+
+/// Sends `count` messages (or until told to stop), round robin over topics,
+/// starting at node `node`.
+fn producer(shared: Arc<Shared>, client: String, count: Option<u64>, mut node: usize) {
     let mut i = 0u64;
     while count.is_none_or(|c| i < c) && !shared.stop_producers.load(Ordering::SeqCst) {
         let topic = TOPICS[(i % TOPICS.len() as u64) as usize];
         let value = format!("{client}-{i}");
         let start = now_ms();
         let answer = try_request(
-            &shared.addr(),
+            &shared.addr(node),
             "POST",
             &format!("/v1/topics/{topic}/messages"),
             value.as_bytes(),
@@ -125,6 +137,9 @@ fn producer(shared: Arc<Shared>, client: String, count: Option<u64>) {
         );
         let outcome = outcome_of(&answer, |b| b["id"].as_str().unwrap_or("").to_string());
         let accepted = matches!(answer, Ok((202, _)));
+        if move_on(&answer) {
+            node += 1;
+        }
         if let Outcome::Ok { value: id } = &outcome {
             shared.accepted.lock().expect("accepted").insert(id.clone());
         }
@@ -172,6 +187,7 @@ fn deliveries_of(body: &Value) -> Vec<Delivery> {
 fn settle(
     shared: &Shared,
     client: &str,
+    node: usize,
     topic: &str,
     action: SettleAction,
     items: &[(Delivery, String)],
@@ -190,7 +206,7 @@ fn settle(
     };
     let start = now_ms();
     let answer = try_request(
-        &shared.addr(),
+        &shared.addr(node),
         "POST",
         &format!("/v1/topics/{topic}/{path}/batch"),
         body.to_string().as_bytes(),
@@ -240,7 +256,7 @@ fn settle(
 
 /// Long-polls every topic in turn and settles what it gets: mostly acks,
 /// with `nack_percent` nacks and a few extends before the ack.
-fn consumer(shared: Arc<Shared>, client: String, seed: u64, nack_percent: u64) {
+fn consumer(shared: Arc<Shared>, client: String, seed: u64, nack_percent: u64, mut node: usize) {
     let mut rng = Rng::new(seed);
     let mut turn = 0usize;
     while !shared.stop_consumers.load(Ordering::SeqCst) {
@@ -248,7 +264,7 @@ fn consumer(shared: Arc<Shared>, client: String, seed: u64, nack_percent: u64) {
         turn += 1;
         let start = now_ms();
         let answer = try_request(
-            &shared.addr(),
+            &shared.addr(node),
             "POST",
             &format!("/v1/topics/{topic}/consume"),
             json!({"max_messages": 25, "wait_ms": 200})
@@ -280,8 +296,9 @@ fn consumer(shared: Arc<Shared>, client: String, seed: u64, nack_percent: u64) {
                 outcome,
             },
         );
-        if answer.is_err() {
-            // The node is down or paused: try again.
+        if move_on(&answer) {
+            // The node is down, paused or stopping: try the next one.
+            node += 1;
             continue;
         }
         let (mut acks, mut nacks, mut extends) = (Vec::new(), Vec::new(), Vec::new());
@@ -295,9 +312,16 @@ fn consumer(shared: Arc<Shared>, client: String, seed: u64, nack_percent: u64) {
                 _ => acks.push(item),
             }
         }
-        settle(&shared, &client, topic, SettleAction::Nack, &nacks);
-        settle(&shared, &client, topic, SettleAction::Extend, &extends);
-        settle(&shared, &client, topic, SettleAction::Ack, &acks);
+        settle(&shared, &client, node, topic, SettleAction::Nack, &nacks);
+        settle(
+            &shared,
+            &client,
+            node,
+            topic,
+            SettleAction::Extend,
+            &extends,
+        );
+        settle(&shared, &client, node, topic, SettleAction::Ack, &acks);
     }
 }
 
@@ -328,11 +352,11 @@ fn judge(suite: &str, seed: u64, shared: &Shared, strictness: Strictness) -> Rep
     report
 }
 
-fn create_topics(node: &Node, visibility_timeout_ms: u64) {
-    for topic in TOPICS {
-        node.create_topic(
+fn create_topics(cluster: &Cluster, visibility_timeout_ms: u64) {
+    for (i, topic) in TOPICS.iter().enumerate() {
+        cluster.nodes[i % cluster.nodes.len()].create_topic(
             topic,
-            json!({"partitions": 4, "visibility_timeout_ms": visibility_timeout_ms}),
+            json!({"partitions": 6, "visibility_timeout_ms": visibility_timeout_ms}),
         );
     }
 }
@@ -351,14 +375,16 @@ fn start_clients(
     let producing = (0..producers)
         .map(|p| {
             let shared = shared.clone();
-            std::thread::spawn(move || producer(shared, format!("p{p}"), per_producer))
+            std::thread::spawn(move || producer(shared, format!("p{p}"), per_producer, p))
         })
         .collect();
     let consuming = (0..consumers)
         .map(|c| {
             let shared = shared.clone();
             let client_seed = seed.wrapping_add(1 + c as u64);
-            std::thread::spawn(move || consumer(shared, format!("c{c}"), client_seed, nack_percent))
+            std::thread::spawn(move || {
+                consumer(shared, format!("c{c}"), client_seed, nack_percent, c)
+            })
         })
         .collect();
     (producing, consuming)
@@ -386,9 +412,9 @@ fn finish(
     }
 }
 
-fn shared_for(node: &Node) -> Arc<Shared> {
+fn shared_for(cluster: &Cluster) -> Arc<Shared> {
     Arc::new(Shared {
-        addr: Mutex::new(node.addr.clone()),
+        addrs: Mutex::new(cluster.addrs()),
         history: History::new(),
         accepted: Mutex::default(),
         acked: Mutex::default(),
@@ -398,46 +424,57 @@ fn shared_for(node: &Node) -> Arc<Shared> {
 }
 
 #[test]
-fn suite_1_healthy_node_delivers_every_message_once() {
+fn suite_1_healthy_cluster_delivers_every_message_once() {
     let seed = seed();
-    let tmp = tempfile::tempdir().expect("tmp");
-    let node = Node::start(&tmp.path().join("n1"), &["--shards", "2"]);
-    create_topics(&node, 30_000);
-    let shared = shared_for(&node);
+    let cluster = Cluster::start(3);
+    cluster.wait_ready(SETTLE_DEADLINE);
+    create_topics(&cluster, 30_000);
+    let shared = shared_for(&cluster);
     let (producing, consuming) = start_clients(&shared, seed, 4, Some(300), 3, 0);
     finish(&shared, producing, consuming, false);
     let report = judge("suite1-healthy", seed, &shared, Strictness::Healthy);
     assert_eq!(report.accepted, 1200, "every produce answered 202");
 }
 
-/// The nemesis' plan: every kind once, in a seeded order, then random kinds.
-fn fault_plan(rng: &mut Rng, count: usize) -> Vec<NemesisAction> {
-    let mut plan = vec![
+/// One fault of the nemesis: what, and to which node (0-based).
+type Fault = (NemesisAction, usize);
+
+/// The nemesis' plan: every kind once, in a seeded order, then random kinds,
+/// each on a seeded node.
+fn fault_plan(rng: &mut Rng, count: usize, nodes: usize) -> Vec<Fault> {
+    let mut kinds = vec![
         NemesisAction::Kill,
         NemesisAction::PowerCut,
         NemesisAction::Terminate,
         NemesisAction::Pause,
     ];
-    for i in (1..plan.len()).rev() {
-        plan.swap(i, rng.below(i as u64 + 1) as usize);
+    for i in (1..kinds.len()).rev() {
+        kinds.swap(i, rng.below(i as u64 + 1) as usize);
     }
-    while plan.len() < count {
-        plan.push(plan[rng.below(4) as usize]);
+    while kinds.len() < count {
+        kinds.push(kinds[rng.below(4) as usize]);
     }
-    plan
+    kinds
+        .into_iter()
+        .map(|kind| (kind, rng.below(nodes as u64) as usize))
+        .collect()
 }
 
-/// Whether the next fault that stops the node is a power cut.
-fn next_crash_is_power_cut(plan: &[NemesisAction]) -> bool {
-    plan.iter().find(|f| **f != NemesisAction::Pause) == Some(&NemesisAction::PowerCut)
+/// Whether the next fault that stops `node` is a power cut.
+fn next_crash_is_power_cut(plan: &[Fault], node: usize) -> bool {
+    plan.iter()
+        .find(|(kind, target)| *target == node && *kind != NemesisAction::Pause)
+        .is_some_and(|(kind, _)| *kind == NemesisAction::PowerCut)
 }
 
-fn node_flags(power_loss: bool) -> Vec<&'static str> {
-    let mut flags = vec!["--shards", "2"];
+/// A power cut needs a node that kept its unsynced writes in memory: a node
+/// runs in power-loss mode from a start whose next crash is a power cut.
+fn node_flags(power_loss: bool) -> Vec<String> {
     if power_loss {
-        flags.extend(["--set", "testing.faults=power_loss"]);
+        vec!["--set".into(), "testing.faults=power_loss".into()]
+    } else {
+        Vec::new()
     }
-    flags
 }
 
 #[test]
@@ -449,17 +486,14 @@ fn suite_2_faults_every_accepted_message_is_acked_in_the_end() {
         .unwrap_or(FAULT_SUITE_SECONDS);
     let mut rng = Rng::new(seed);
     let faults = (seconds * 1000 / FAULT_INTERVAL_MIN_MS) as usize + 4;
-    let plan = fault_plan(&mut rng, faults);
-    let tmp = tempfile::tempdir().expect("tmp");
-    // A power cut needs a node that kept its unsynced writes in memory: each
-    // start runs in power-loss mode when the next fault is a power cut.
-    let mut node = Node::start(
-        &tmp.path().join("n1"),
-        &node_flags(next_crash_is_power_cut(&plan)),
-    );
+    let plan = fault_plan(&mut rng, faults, CLUSTER_NODES);
+    let mut cluster = Cluster::start_each(CLUSTER_NODES, |i| {
+        node_flags(next_crash_is_power_cut(&plan, i))
+    });
+    cluster.wait_ready(SETTLE_DEADLINE);
     // Short leases, so pauses also end leases and late acks get tested.
-    create_topics(&node, 2_000);
-    let shared = shared_for(&node);
+    create_topics(&cluster, 2_000);
+    let shared = shared_for(&cluster);
     let (producing, consuming) = start_clients(&shared, seed, 4, None, 3, 5);
 
     let started = Instant::now();
@@ -467,7 +501,7 @@ fn suite_2_faults_every_accepted_message_is_acked_in_the_end() {
     while started.elapsed() < Duration::from_secs(seconds) || done.len() < 4 {
         let wait = rng.between(FAULT_INTERVAL_MIN_MS, FAULT_INTERVAL_MAX_MS);
         std::thread::sleep(Duration::from_millis(wait));
-        let Some(&fault) = plan.get(done.len()) else {
+        let Some(&(fault, victim)) = plan.get(done.len()) else {
             break;
         };
         let begin = now_ms();
@@ -477,28 +511,28 @@ fn suite_2_faults_every_accepted_message_is_acked_in_the_end() {
                 begin,
                 Op::Nemesis {
                     action,
-                    node: "n1".into(),
+                    node: format!("n{}", victim + 1),
                 },
             );
         };
         match fault {
             NemesisAction::Pause => {
-                node.pause();
+                cluster.nodes[victim].pause();
                 record(NemesisAction::Pause);
                 std::thread::sleep(Duration::from_millis(rng.between(500, 3_000)));
-                node.resume();
+                cluster.nodes[victim].resume();
                 record(NemesisAction::Resume);
             }
             crash => {
                 if crash == NemesisAction::Terminate {
-                    node.terminate();
+                    cluster.nodes[victim].terminate();
                 } else {
-                    node.kill();
+                    cluster.nodes[victim].kill();
                 }
                 record(crash);
-                let power_loss = next_crash_is_power_cut(&plan[done.len() + 1..]);
-                node.restart_with(&node_flags(power_loss));
-                *shared.addr.lock().expect("addr") = node.addr.clone();
+                let power_loss = next_crash_is_power_cut(&plan[done.len() + 1..], victim);
+                cluster.restart_node(victim, &node_flags(power_loss));
+                *shared.addrs.lock().expect("addrs") = cluster.addrs();
                 record(NemesisAction::Start);
             }
         }
@@ -515,5 +549,5 @@ fn suite_2_faults_every_accepted_message_is_acked_in_the_end() {
     }
     let report = judge("suite2-faults", seed, &shared, Strictness::Faults);
     assert!(report.accepted > 0, "produces went through between faults");
-    eprintln!("suite2: faults {done:?}");
+    eprintln!("suite2: faults {:?}", &plan[..done.len()]);
 }

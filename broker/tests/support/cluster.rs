@@ -54,6 +54,11 @@ impl Cluster {
     }
 
     pub fn start_with(size: usize, extra: &[&str]) -> Self {
+        Self::start_each(size, |_| extra.iter().map(|s| s.to_string()).collect())
+    }
+
+    /// Starts `size` nodes, node `i` (0-based) with the flags `extra(i)`.
+    pub fn start_each(size: usize, extra: impl Fn(usize) -> Vec<String>) -> Self {
         let tmp = tempfile::tempdir().expect("tmp");
         let ports: Vec<u16> = (0..size).map(|_| free_udp_port()).collect();
         let peers = ports
@@ -65,7 +70,7 @@ impl Cluster {
         let nodes = (0..size)
             .map(|i| {
                 let mut flags = flags(i + 1, ports[i], &peers, CLUSTER_SECRET);
-                flags.extend(extra.iter().map(|s| s.to_string()));
+                flags.extend(extra(i));
                 Node::start(&tmp.path().join(format!("n{}", i + 1)), &as_strs(&flags))
             })
             .collect();
@@ -98,6 +103,13 @@ impl Cluster {
                 super::raw_request(&self.nodes[*i].addr, "GET", "/metrics", &[], b"");
             String::from_utf8_lossy(&metrics).contains("\nnarad_raft_is_leader 1")
         })
+    }
+
+    /// Restarts node `index` (0-based) with its cluster flags and `extra`.
+    pub fn restart_node(&mut self, index: usize, extra: &[String]) {
+        let mut all = flags(index + 1, self.ports[index], &self.peers, CLUSTER_SECRET);
+        all.extend(extra.iter().cloned());
+        self.nodes[index].restart_with(&as_strs(&all));
     }
 
     /// Waits until every node has a Raft leader.
