@@ -119,12 +119,42 @@ fn a_node_back_with_an_empty_folder_rejoins_the_cluster_it_left() {
     let mut cluster = Cluster::start(3);
     assert!(eventually(WAIT, || (0..3).all(|i| cluster.ready(i))));
     let (status, answer) =
-        cluster.nodes[1].json("PUT", "/v1/topics/kept", json!({"partitions": 2}));
+        cluster.nodes[1].json("PUT", "/v1/topics/kept", json!({"partitions": 3}));
     assert_eq!(status, 201, "{answer}");
     assert!(eventually(WAIT, || cluster
         .nodes
         .iter()
         .all(|n| has_topic(n, "kept"))));
+    // One partition per node: node 1's holds messages before it loses them.
+    let owners = cluster.owners("kept");
+    let on_node_1 = owners
+        .iter()
+        .position(|o| *o == 0)
+        .expect("node 1 owns one");
+    for i in 0..30 {
+        let (status, _) = cluster.nodes[0].request(
+            "POST",
+            "/v1/topics/kept/messages",
+            format!("m{i}").as_bytes(),
+        );
+        assert_eq!(status, 202);
+    }
+    let stored = |cluster: &Cluster| {
+        cluster.describe(1, "kept")["partition_stats"][on_node_1]["high_watermark"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    let total = |cluster: &Cluster| {
+        cluster.describe(1, "kept")["partition_stats"]
+            .as_array()
+            .map_or(0, |p| {
+                p.iter()
+                    .filter_map(|p| p["high_watermark"].as_u64())
+                    .sum::<u64>()
+            })
+    };
+    assert!(eventually(WAIT, || total(&cluster) == 30));
+    assert!(stored(&cluster) > 0, "node 1's partition got messages");
 
     // Node 1 bootstrapped the cluster; it loses its volume and comes back.
     cluster.nodes[0].kill();
@@ -136,6 +166,10 @@ fn a_node_back_with_an_empty_folder_rejoins_the_cluster_it_left() {
         "metadata comes back from the peers"
     );
     assert!(cluster.nodes[0].stderr().contains("lost volume"));
+    // Its partition is empty now, and produce goes on.
+    assert_eq!(stored(&cluster), 0, "the lost volume's messages are gone");
+    let (status, answer) = cluster.nodes[0].request("POST", "/v1/topics/kept/messages", b"again");
+    assert_eq!(status, 202, "{answer}");
     // Still one cluster: a write at the returned node reaches everyone.
     let (status, answer) =
         cluster.nodes[0].json("PUT", "/v1/topics/after", json!({"partitions": 1}));
