@@ -13,15 +13,7 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"; }
 trap cleanup EXIT
 
-address_of() { # name: waits (with a deadline) for its "listening client=" line, prints the address
-  for _ in $(seq 1 600); do
-    if grep -q 'listening client=' "$work/$1.out" 2>/dev/null; then
-      grep -o 'client=[^ ]*' "$work/$1.out" | cut -d= -f2; return 0
-    fi
-    sleep 0.1
-  done
-  echo "$1 did not start" >&2; cat "$work/$1.err" >&2; return 1
-}
+. bench/lib.sh
 
 target/release/narad serve --data-dir "$work/narad" --listen 127.0.0.1:0 --shards "$shards" >"$work/narad.out" 2>"$work/narad.err" &
 pids+=($!)

@@ -1784,6 +1784,16 @@ impl Shard {
         Ok(topic)
     }
 
+    /// The partitions of a request from another node that this node owns
+    /// (the sender's metadata may be older or newer than ours).
+    fn own_partitions(&self, topic: &Topic, partitions: Vec<u32>) -> Vec<u32> {
+        let me = self.me();
+        partitions
+            .into_iter()
+            .filter(|p| *p < topic.config.partitions && self.owner_node(topic, *p) == me)
+            .collect()
+    }
+
     async fn answer_remote(&self, request: DataRequest) -> DataAnswer {
         let failed = |error: ApiError| DataAnswer::failed(&error);
         match request {
@@ -1830,11 +1840,7 @@ impl Shard {
                     Ok(topic) => topic,
                     Err(error) => return failed(error),
                 };
-                let me = self.me();
-                let partitions: Vec<u32> = partitions
-                    .into_iter()
-                    .filter(|p| *p < topic.config.partitions && self.owner_node(&topic, *p) == me)
-                    .collect();
+                let partitions = self.own_partitions(&topic, partitions);
                 let rotation = self.round_robin.get().wrapping_add(1);
                 self.round_robin.set(rotation);
                 match self
@@ -1883,11 +1889,7 @@ impl Shard {
                     Ok(topic) => topic,
                     Err(error) => return failed(error),
                 };
-                let me = self.me();
-                let partitions: Vec<u32> = partitions
-                    .into_iter()
-                    .filter(|p| *p < topic.config.partitions && self.owner_node(&topic, *p) == me)
-                    .collect();
+                let partitions = self.own_partitions(&topic, partitions);
                 match self.stats_on_node(&topic, partitions).await {
                     Ok(stats) => DataAnswer::Stats(
                         stats

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use support::cluster::Cluster;
-use support::{eventually, try_request, Node};
+use support::{ack_batch, eventually, try_request, Node};
 
 const WAIT: Duration = Duration::from_secs(30);
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -41,25 +41,6 @@ fn high_watermark(cluster: &Cluster, topic: &str, partition: usize) -> u64 {
         .unwrap_or(0)
 }
 
-fn ack_all(node: &Node, topic: &str, messages: &[Value]) -> Vec<u64> {
-    let receipts: Vec<&str> = messages
-        .iter()
-        .filter_map(|m| m["receipt"].as_str())
-        .collect();
-    let (status, answer) = node.json(
-        "POST",
-        &format!("/v1/topics/{topic}/ack/batch"),
-        json!({ "receipts": receipts }),
-    );
-    assert_eq!(status, 200, "{answer}");
-    answer["results"]
-        .as_array()
-        .expect("results")
-        .iter()
-        .map(|r| r["status"].as_u64().unwrap_or(0))
-        .collect()
-}
-
 #[test]
 fn consumes_lease_from_other_nodes_and_long_polls_wake_within_milliseconds() {
     let cluster = Cluster::start(3);
@@ -83,12 +64,12 @@ fn consumes_lease_from_other_nodes_and_long_polls_wake_within_milliseconds() {
     assert_eq!(got.len(), 100, "one consume on another node");
     assert!(got.iter().all(|m| m["partition"] == 0));
     // Receipts are settled at the owner, whichever node they are sent to.
-    assert!(ack_all(&cluster.nodes[far], "solo", &got)
+    assert!(ack_batch(&cluster.nodes[far], "solo", &got)
         .iter()
         .all(|s| *s == 204));
     let rest = cluster.nodes[far].consume("solo", json!({"max_messages": 100}));
     assert_eq!(rest.len(), 50);
-    assert!(ack_all(&cluster.nodes[near], "solo", &rest)
+    assert!(ack_batch(&cluster.nodes[near], "solo", &rest)
         .iter()
         .all(|s| *s == 204));
 
@@ -126,7 +107,7 @@ fn consumes_lease_from_other_nodes_and_long_polls_wake_within_milliseconds() {
         assert_eq!(status, 200);
         let got = body["messages"].as_array().cloned().unwrap_or_default();
         assert_eq!(got.len(), 1, "{body}");
-        ack_all(&cluster.nodes[owner], "solo", &got);
+        ack_batch(&cluster.nodes[owner], "solo", &got);
         wakes.push(returned.duration_since(sent));
     }
     wakes.sort();
@@ -219,7 +200,7 @@ fn drain_until(
         let node = nodes[turn % nodes.len()];
         let got = node.consume(topic, json!({"max_messages": 200, "wait_ms": 100}));
         if !got.is_empty() {
-            ack_all(node, topic, &got);
+            ack_batch(node, topic, &got);
         }
         for message in &got {
             *seen

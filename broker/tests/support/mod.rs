@@ -398,16 +398,7 @@ pub fn consume_all(node: &Node, topic: &str) -> std::collections::BTreeMap<Strin
             serde_json::json!({"max_messages": 500, "wait_ms": 100}),
         );
         if !messages.is_empty() {
-            let receipts: Vec<&str> = messages
-                .iter()
-                .filter_map(|m| m["receipt"].as_str())
-                .collect();
-            let (status, answer) = node.json(
-                "POST",
-                &format!("/v1/topics/{topic}/ack/batch"),
-                serde_json::json!({ "receipts": receipts }),
-            );
-            assert_eq!(status, 200, "{answer}");
+            ack_batch(node, topic, &messages);
         }
         for message in &messages {
             if let Some(id) = message["id"].as_str() {
@@ -426,4 +417,27 @@ pub fn consume_all(node: &Node, topic: &str) -> std::collections::BTreeMap<Strin
     });
     assert!(emptied, "{topic} did not empty");
     seen
+}
+
+/// Acks delivered messages with one batch request; returns each status.
+pub fn ack_batch(node: &Node, topic: &str, messages: &[Value]) -> Vec<u64> {
+    let receipts: Vec<&str> = messages
+        .iter()
+        .filter_map(|m| m["receipt"].as_str())
+        .collect();
+    let (status, answer) = node.json(
+        "POST",
+        &format!("/v1/topics/{topic}/ack/batch"),
+        serde_json::json!({ "receipts": receipts }),
+    );
+    assert_eq!(status, 200, "{answer}");
+    answer["results"]
+        .as_array()
+        .map(|results| {
+            results
+                .iter()
+                .map(|r| r["status"].as_u64().unwrap_or(0))
+                .collect()
+        })
+        .unwrap_or_default()
 }
