@@ -435,6 +435,16 @@ fn a_rolling_restart_under_load_loses_nothing_and_redelivers_no_acked_message() 
         assert!(eventually(WAIT, || load.accepted() >= 100));
         cluster.nodes[round].terminate();
         gaps.push(control_plane_gap(&cluster, (round + 1) % 3, round));
+        if gaps[round] > Duration::from_secs(1) && std::env::var("NARAD_DEBUG_HANDOVER").is_ok() {
+            for i in 0..3 {
+                let log = cluster.nodes[i].stderr();
+                let lines: Vec<&str> = log
+                    .lines()
+                    .filter(|l| l.contains("vote") || l.contains("hand") || l.contains("elect") || l.contains("leader"))
+                    .collect();
+                eprintln!("=== node {i}\n{}", lines[lines.len().saturating_sub(40)..].join("\n"));
+            }
+        }
         cluster.nodes[round].restart();
         *addrs.lock().expect("lock") = cluster.addrs();
         cluster.wait_ready(WAIT);
