@@ -18,7 +18,7 @@
 //!   is parked and handed back for dead-lettering instead of redelivery.
 
 use std::cell::{Cell, RefCell};
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 
 use narad_storage::consumer::ConsumerState;
 use narad_storage::io::FileSystem;
@@ -26,6 +26,10 @@ use narad_storage::log::{Message, PartitionLog, StoredMessage};
 use narad_storage::StorageError;
 
 use crate::leases::{Lease, LeaseGone, LeaseTable};
+
+/// Record ids a partition remembers to drop a repeated commit: more than
+/// the largest dispatcher batch, so a whole batch sent again is caught.
+const RECENT_IDS_MAX: usize = 8192;
 use crate::signal::{Changed, Signal};
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -105,16 +109,27 @@ impl TailCache {
     }
 }
 
-/// The right to append, given back on drop (also when the commit future is
-/// dropped half way).
-struct AppendTurn<'a> {
-    appending: &'a Cell<bool>,
+/// The right to one kind of I/O (appending, or writing acks), given back on
+/// drop (also when the future holding it is dropped half way).
+struct Turn<'a> {
+    busy: &'a Cell<bool>,
     done: &'a Signal,
 }
 
-impl Drop for AppendTurn<'_> {
+impl<'a> Turn<'a> {
+    async fn take(busy: &'a Cell<bool>, done: &'a Signal) -> Turn<'a> {
+        while busy.get() {
+            let seen = done.version();
+            done.changed(seen).await;
+        }
+        busy.set(true);
+        Turn { busy, done }
+    }
+}
+
+impl Drop for Turn<'_> {
     fn drop(&mut self) {
-        self.appending.set(false);
+        self.busy.set(false);
         self.done.notify();
     }
 }
@@ -128,11 +143,41 @@ pub struct PartitionOwner<F: FileSystem> {
     /// Set while an append runs: commits from several shards take turns.
     appending: Cell<bool>,
     append_done: Signal,
+    /// Set while acks are written: the periodic flush and the one at stop
+    /// take turns.
+    writing_acks: Cell<bool>,
+    acks_written: Signal,
     /// The topic's `max_deliveries`, which a topic update may change.
     max_deliveries: Cell<u32>,
     /// Produce time of each unacked offset is in the log; this remembers the
     /// append time of the oldest batches for the age figure.
     commit_times: RefCell<VecDeque<(u64, u64)>>,
+    /// Ids of the records appended last, to drop a repeated commit.
+    recent_ids: RefCell<RecentIds>,
+}
+
+/// Ids of the last [`RECENT_IDS_MAX`] records appended to a partition.
+#[derive(Debug, Default)]
+struct RecentIds {
+    order: VecDeque<u128>,
+    set: HashSet<u128>,
+}
+
+impl RecentIds {
+    fn contains(&self, id: u128) -> bool {
+        self.set.contains(&id)
+    }
+
+    fn insert(&mut self, id: u128) {
+        if self.set.insert(id) {
+            self.order.push_back(id);
+            if self.order.len() > RECENT_IDS_MAX {
+                if let Some(old) = self.order.pop_front() {
+                    self.set.remove(&old);
+                }
+            }
+        }
+    }
 }
 
 impl<F: FileSystem> PartitionOwner<F> {
@@ -148,8 +193,11 @@ impl<F: FileSystem> PartitionOwner<F> {
             signal: Signal::default(),
             appending: Cell::new(false),
             append_done: Signal::default(),
+            writing_acks: Cell::new(false),
+            acks_written: Signal::default(),
             max_deliveries: Cell::new(config.max_deliveries),
             commit_times: RefCell::new(VecDeque::new()),
+            recent_ids: RefCell::default(),
         }
     }
 
@@ -166,7 +214,36 @@ impl<F: FileSystem> PartitionOwner<F> {
     /// a time.
     pub async fn commit(&self, messages: &[Message], now_ms: u64) -> Result<u64, OwnerError> {
         let _turn = self.take_append_turn().await;
+        // A dispatcher that did not hear the answer to a commit sends the
+        // same records again: append only those not appended recently.
+        let fresh: Vec<Message>;
+        let messages = {
+            let recent = self.recent_ids.borrow();
+            if messages.iter().any(|m| recent.contains(m.id)) {
+                fresh = messages
+                    .iter()
+                    .filter(|m| !recent.contains(m.id))
+                    .cloned()
+                    .collect();
+                tracing::debug!(
+                    skipped = messages.len() - fresh.len(),
+                    "a commit repeated records already appended"
+                );
+                &fresh[..]
+            } else {
+                messages
+            }
+        };
+        if messages.is_empty() {
+            return Ok(self.high_watermark());
+        }
         let base = self.log.append(messages).await?;
+        {
+            let mut recent = self.recent_ids.borrow_mut();
+            for message in messages {
+                recent.insert(message.id);
+            }
+        }
         {
             let mut cache = self.cache.borrow_mut();
             for (offset, message) in (base..).zip(messages) {
@@ -181,16 +258,8 @@ impl<F: FileSystem> PartitionOwner<F> {
         Ok(base)
     }
 
-    async fn take_append_turn(&self) -> AppendTurn<'_> {
-        while self.appending.get() {
-            let seen = self.append_done.version();
-            self.append_done.changed(seen).await;
-        }
-        self.appending.set(true);
-        AppendTurn {
-            appending: &self.appending,
-            done: &self.append_done,
-        }
+    async fn take_append_turn(&self) -> Turn<'_> {
+        Turn::take(&self.appending, &self.append_done).await
     }
 
     /// The current availability version, to wait on with [`Self::changed`].
@@ -359,7 +428,10 @@ impl<F: FileSystem> PartitionOwner<F> {
     /// Persists acks on their intervals and applies retention. Returns how
     /// many unacked offsets retention made the frontier skip.
     pub async fn maintain(&self) -> Result<u64, OwnerError> {
-        self.acks.maintain().await?;
+        {
+            let _turn = Turn::take(&self.writing_acks, &self.acks_written).await;
+            self.acks.maintain().await?;
+        }
         let outcome = self.log.enforce_retention().await?;
         let skipped = self.acks.skip_to_retained(outcome.log_start_offset);
         if skipped > 0 {
@@ -377,6 +449,7 @@ impl<F: FileSystem> PartitionOwner<F> {
 
     /// Writes every ack to disk now (graceful stop).
     pub async fn flush_acks(&self) -> Result<(), OwnerError> {
+        let _turn = Turn::take(&self.writing_acks, &self.acks_written).await;
         Ok(self.acks.flush_now().await?)
     }
 
@@ -499,6 +572,22 @@ mod tests {
             ),
             (5, 5, 0, 0)
         );
+    }
+
+    #[test]
+    fn a_commit_sent_again_appends_only_what_is_new() {
+        let fs = SimFs::new(7);
+        let clock = ManualClock::new(0);
+        let owner = open(&fs, &clock, CONFIG);
+        block_on(owner.commit(&messages(3), 0)).expect("commit");
+        // The dispatcher did not hear the answer: the same batch, plus one.
+        block_on(owner.commit(&messages(4), 1)).expect("again");
+        assert_eq!(owner.high_watermark(), 4, "ids 0..3 once, id 3 added");
+        block_on(owner.commit(&messages(4), 2)).expect("all known");
+        assert_eq!(owner.high_watermark(), 4);
+        let got = block_on(owner.consume(10, 1000, 3)).expect("consume");
+        let ids: Vec<u128> = got.iter().map(|d| d.message.id).collect();
+        assert_eq!(ids, vec![0, 1, 2, 3]);
     }
 
     #[test]

@@ -354,6 +354,10 @@ fn a_rolling_restart_under_load_loses_nothing_and_redelivers_no_acked_message() 
         "roll",
         json!({"partitions": 6, "visibility_timeout_ms": 5000}),
     );
+    assert!(eventually(WAIT, || cluster
+        .nodes
+        .iter()
+        .all(|n| n.request("GET", "/v1/topics/roll", b"").0 == 200)));
     let acked: Arc<Mutex<HashSet<String>>> = Arc::default();
     let redelivered: Arc<Mutex<Vec<String>>> = Arc::default();
     let stop = Arc::new(AtomicBool::new(false));
@@ -440,9 +444,17 @@ fn a_rolling_restart_under_load_loses_nothing_and_redelivers_no_acked_message() 
                 let log = cluster.nodes[i].stderr();
                 let lines: Vec<&str> = log
                     .lines()
-                    .filter(|l| l.contains("vote") || l.contains("hand") || l.contains("elect") || l.contains("leader"))
+                    .filter(|l| {
+                        l.contains("vote")
+                            || l.contains("hand")
+                            || l.contains("elect")
+                            || l.contains("leader")
+                    })
                     .collect();
-                eprintln!("=== node {i}\n{}", lines[lines.len().saturating_sub(40)..].join("\n"));
+                eprintln!(
+                    "=== node {i}\n{}",
+                    lines[lines.len().saturating_sub(40)..].join("\n")
+                );
             }
         }
         cluster.nodes[round].restart();
@@ -461,6 +473,32 @@ fn a_rolling_restart_under_load_loses_nothing_and_redelivers_no_acked_message() 
         let _ = consumer.join();
     }
     let acked = acked.lock().expect("lock");
+    if !delivered {
+        let missing: Vec<&String> = all.iter().filter(|id| !acked.contains(*id)).collect();
+        eprintln!("never acked: {missing:?}");
+        for (i, node) in cluster.nodes.iter().enumerate() {
+            let (_, topic) = node.request("GET", "/v1/topics/roll", b"");
+            eprintln!("node {} sees {}", i + 1, topic["partition_stats"]);
+            let (_, _, metrics) = support::raw_request(&node.addr, "GET", "/metrics", &[], b"");
+            for line in String::from_utf8_lossy(&metrics).lines() {
+                if line.starts_with("narad_dispatcher_pending")
+                    || line.starts_with("narad_wal_used")
+                {
+                    eprintln!("node {} {line}", i + 1);
+                }
+            }
+            let log = node.stderr();
+            let warnings: Vec<&str> = log
+                .lines()
+                .filter(|l| (l.contains("WARN") || l.contains("ERROR")) && l.contains("narad"))
+                .collect();
+            eprintln!(
+                "=== node {} warnings\n{}",
+                i + 1,
+                warnings[warnings.len().saturating_sub(15)..].join("\n")
+            );
+        }
+    }
     assert!(
         delivered,
         "{} of {} accepted messages acked",
@@ -468,6 +506,20 @@ fn a_rolling_restart_under_load_loses_nothing_and_redelivers_no_acked_message() 
         all.len()
     );
     let redelivered = redelivered.lock().expect("lock");
+    if !redelivered.is_empty() {
+        for (i, node) in cluster.nodes.iter().enumerate() {
+            let log = node.stderr();
+            let warnings: Vec<&str> = log
+                .lines()
+                .filter(|l| l.contains("WARN") && l.contains("narad"))
+                .collect();
+            eprintln!(
+                "=== node {} warnings\n{}",
+                i + 1,
+                warnings[warnings.len().saturating_sub(30)..].join("\n")
+            );
+        }
+    }
     assert!(
         redelivered.is_empty(),
         "acked messages delivered again: {:?}",

@@ -45,6 +45,9 @@ pub const KIND_HEARTBEAT: u8 = 7;
 pub const KIND_ELECT: u8 = 6;
 /// How long a leaving leader waits for its successor to take over.
 const HANDOVER_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long one handover election may take before the successor is asked
+/// to stand again.
+const HANDOVER_ATTEMPT_WAIT: Duration = Duration::from_millis(300);
 /// How long a starting node with an empty folder asks its peers.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// A leader whose last quorum acknowledgement is older than this is not
@@ -838,23 +841,48 @@ impl MetaNode {
                 let _ = done.send(None);
                 return;
             };
-            let asked = caller
-                .call(&addr, KIND_ELECT, Vec::new(), HANDOVER_TIMEOUT)
-                .await;
-            if let Err(error) = asked {
-                tracing::warn!(successor, %error, "could not hand leadership over");
-                let _ = done.send(None);
-                return;
-            }
-            let moved = raft
-                .wait(Some(HANDOVER_TIMEOUT))
+            // The successor must hold every entry this node has, or this
+            // node refuses it its vote: let replication catch it up first.
+            let _ = raft
+                .wait(Some(HANDOVER_ATTEMPT_WAIT))
                 .metrics(
-                    |m| m.current_leader.is_some_and(|l| l != node_id),
-                    "another leader",
+                    |m| {
+                        let matched = m
+                            .replication
+                            .as_ref()
+                            .and_then(|r| r.get(&successor).copied().flatten())
+                            .map(|l| l.index);
+                        matched.is_some() && matched == m.last_log_index
+                    },
+                    "the successor caught up",
                 )
-                .await
-                .ok()
-                .and_then(|m| m.current_leader);
+                .await;
+            // The first election often fails: a leader elected less than
+            // a lease ago (and every follower) refuses votes while its vote
+            // is fresh. But seeing the higher term makes this node step
+            // down, leaving its vote uncommitted, so the successor's next
+            // election gets its vote: ask again until one wins.
+            let deadline = tokio::time::Instant::now() + HANDOVER_TIMEOUT;
+            let mut moved = None;
+            while moved.is_none() && tokio::time::Instant::now() < deadline {
+                let asked = caller
+                    .call(&addr, KIND_ELECT, Vec::new(), HANDOVER_ATTEMPT_WAIT)
+                    .await;
+                if let Err(error) = asked {
+                    tracing::warn!(successor, %error, "could not hand leadership over");
+                    let _ = done.send(None);
+                    return;
+                }
+                moved = raft
+                    .wait(Some(HANDOVER_ATTEMPT_WAIT))
+                    .metrics(
+                        |m| m.current_leader.is_some_and(|l| l != node_id),
+                        "another leader",
+                    )
+                    .await
+                    .ok()
+                    .and_then(|m| m.current_leader);
+            }
             if moved.is_none() {
                 tracing::warn!(
                     successor,
