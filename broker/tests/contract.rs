@@ -81,6 +81,8 @@ struct Shared {
     history: History,
     accepted: Mutex<HashSet<String>>,
     acked: Mutex<HashSet<String>>,
+    /// Acked without an answer (or answered 502): it may have landed.
+    maybe_acked: Mutex<HashSet<String>>,
     stop_producers: AtomicBool,
     stop_consumers: AtomicBool,
 }
@@ -94,7 +96,10 @@ impl Shared {
     fn all_acked(&self) -> bool {
         let accepted = self.accepted.lock().expect("accepted");
         let acked = self.acked.lock().expect("acked");
-        accepted.iter().all(|id| acked.contains(id))
+        let maybe = self.maybe_acked.lock().expect("maybe acked");
+        accepted
+            .iter()
+            .all(|id| acked.contains(id) || maybe.contains(id))
     }
 }
 
@@ -233,12 +238,24 @@ fn settle(
             }
             (answer, _) => outcome_of(answer, |_| None),
         };
-        if action == SettleAction::Ack && matches!(outcome, Outcome::Ok { .. }) {
-            shared
-                .acked
-                .lock()
-                .expect("acked")
-                .insert(delivery.id.clone());
+        if action == SettleAction::Ack {
+            match &outcome {
+                Outcome::Ok { .. } => {
+                    shared
+                        .acked
+                        .lock()
+                        .expect("acked")
+                        .insert(delivery.id.clone());
+                }
+                Outcome::Unknown { .. } | Outcome::Refused { status: 502, .. } => {
+                    shared
+                        .maybe_acked
+                        .lock()
+                        .expect("maybe acked")
+                        .insert(delivery.id.clone());
+                }
+                Outcome::Refused { .. } => {}
+            }
         }
         shared.history.record(
             client,
@@ -418,6 +435,7 @@ fn shared_for(cluster: &Cluster) -> Arc<Shared> {
         history: History::new(),
         accepted: Mutex::default(),
         acked: Mutex::default(),
+        maybe_acked: Mutex::default(),
         stop_producers: AtomicBool::new(false),
         stop_consumers: AtomicBool::new(false),
     })

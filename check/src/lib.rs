@@ -304,6 +304,7 @@ pub fn check(events: &[Event]) -> Report {
     // Receipt → settle events that succeeded with it.
     let mut settled: HashMap<&str, Vec<Settled<'_>>> = HashMap::new();
     let mut acked_ids: BTreeSet<&str> = BTreeSet::new();
+    let mut maybe_acked_ids: BTreeSet<&str> = BTreeSet::new();
     let mut crashes: Vec<u64> = Vec::new();
     let mut lease_ends: Vec<u64> = Vec::new();
     for event in events {
@@ -345,6 +346,17 @@ pub fn check(events: &[Event]) -> Report {
                     .entry(receipt)
                     .or_default()
                     .push((*action, event, *value));
+            }
+            // An ack without an answer, or answered 502, may have landed:
+            // its message is not "never acked" (if it did not land, the
+            // lease brings the message back and a later ack counts).
+            Op::Settle {
+                action: SettleAction::Ack,
+                id,
+                outcome: Outcome::Unknown { .. } | Outcome::Refused { status: 502, .. },
+                ..
+            } => {
+                maybe_acked_ids.insert(id);
             }
             Op::Settle { .. } => {}
             Op::Nemesis { action, .. } => {
@@ -480,7 +492,7 @@ pub fn check(events: &[Event]) -> Report {
         }
     }
     for (id, (topic, _)) in &accepted {
-        if !acked_ids.contains(id) {
+        if !acked_ids.contains(id) && !maybe_acked_ids.contains(id) {
             report
                 .never_acked
                 .add(|| format!("{id} on {topic}: 202, never acked"));

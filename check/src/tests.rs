@@ -348,3 +348,40 @@ fn histories_round_trip_through_their_file() {
     assert_eq!(History::read(&path).expect("read"), history.events());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn an_ack_without_an_answer_may_have_landed_but_a_refused_one_did_not() {
+    let unanswered_ack = |outcome: Outcome<Option<u64>>| {
+        let mut h = Builder::default();
+        let d = delivery("a", "t", 0, 1, 30_000);
+        h.produce(1, "a", "t").consume(5, vec![d.clone()]).push(
+            6,
+            7,
+            Op::Settle {
+                action: SettleAction::Ack,
+                topic: d.topic.clone(),
+                id: d.id.clone(),
+                receipt: d.receipt.clone(),
+                outcome,
+            },
+        );
+        h.report()
+    };
+    // No answer, or 502: it may have landed, and nothing came back.
+    let report = unanswered_ack(Outcome::Unknown {
+        reason: "timed out".into(),
+    });
+    assert_eq!(report.never_acked.count, 0, "{}", report.summary());
+    let report = unanswered_ack(Outcome::Refused {
+        status: 502,
+        code: "owner_unreachable".into(),
+    });
+    assert_eq!(report.never_acked.count, 0, "{}", report.summary());
+    // 503: it did not land, and the message was never acked.
+    let report = unanswered_ack(Outcome::Refused {
+        status: 503,
+        code: "owner_dead".into(),
+    });
+    assert_eq!(report.never_acked.count, 1, "{}", report.summary());
+    assert!(!report.violations(Strictness::Faults).is_empty());
+}

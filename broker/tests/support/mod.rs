@@ -441,3 +441,15 @@ pub fn ack_batch(node: &Node, topic: &str, messages: &[Value]) -> Vec<u64> {
         })
         .unwrap_or_default()
 }
+
+/// The value of one metric line (`name` with its labels, as exported), or 0.
+pub fn metric(node: &Node, name: &str) -> f64 {
+    let (_, _, body) = raw_request(&node.addr, "GET", "/metrics", &[], b"");
+    String::from_utf8_lossy(&body)
+        .lines()
+        .find_map(|line| {
+            let (key, value) = line.rsplit_once(' ')?;
+            (key == name).then(|| value.parse().ok())?
+        })
+        .unwrap_or(0.0)
+}
