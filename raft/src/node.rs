@@ -567,10 +567,12 @@ impl MetaNode {
             Self::probe_peers(config).await
         };
         let refuse_votes_up_to = if peers_initialized {
+            // A member's first start after the others formed the cluster
+            // looks the same: say both, so a first start does not alarm.
             tracing::warn!(
                 node = config.node_id,
                 term = peers_term,
-                "rejoining an existing cluster with an empty data folder (lost volume): metadata comes from the peers"
+                "joining an existing cluster with an empty data folder (this node's first start, or a lost volume): metadata comes from the peers"
             );
             peers_term
         } else {
