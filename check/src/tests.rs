@@ -385,3 +385,44 @@ fn an_ack_without_an_answer_may_have_landed_but_a_refused_one_did_not() {
     assert_eq!(report.never_acked.count, 1, "{}", report.summary());
     assert!(!report.violations(Strictness::Faults).is_empty());
 }
+
+#[test]
+fn a_redelivery_is_explained_only_if_it_may_have_come_after_the_lease_ended() {
+    let run = |second_start: u64, second_end: u64| {
+        let mut h = Builder::default();
+        let first = delivery("a", "t", 0, 1, 2_000);
+        let again = delivery("a", "t", 0, 2, 6_000);
+        h.produce(1, "a", "t")
+            .consume(5, vec![first])
+            .push(
+                second_start,
+                second_end,
+                Op::Consume {
+                    topic: "t".into(),
+                    outcome: Outcome::Ok {
+                        value: vec![again.clone()],
+                    },
+                },
+            )
+            .settle(second_end + 1, SettleAction::Ack, &again, None);
+        h.report()
+    };
+    // Sent before the lease ended, answered after (a paused node served it
+    // late): the owner may have leased it again after the end.
+    let report = run(1_000, 2_100);
+    assert_eq!(
+        report.duplicates_unexplained.count,
+        0,
+        "{}",
+        report.summary()
+    );
+    // Answered before the first lease ended: two leases overlapped.
+    let report = run(1_000, 1_500);
+    assert_eq!(
+        report.duplicates_unexplained.count,
+        1,
+        "{}",
+        report.summary()
+    );
+    assert!(!report.violations(Strictness::Faults).is_empty());
+}
