@@ -244,7 +244,7 @@ fn an_extended_lease_is_still_running() {
 }
 
 #[test]
-fn a_copy_at_another_offset_needs_a_crash() {
+fn a_copy_at_another_offset_needs_a_crash_or_an_outage() {
     let mut h = Builder::default();
     let first = delivery("a", "t", 0, 1, 30_000);
     let copy = delivery("a", "t", 7, 1, 30_000);
@@ -273,6 +273,15 @@ fn a_copy_at_another_offset_needs_a_crash() {
         report.summary()
     );
     assert_eq!(report.duplicates_explained.count, 1);
+    // A paused owner: its late commit and the reroute both stored it.
+    let mut h = Builder::default();
+    h.produce(1, "a", "t")
+        .consume(10, vec![first.clone()])
+        .settle(11, SettleAction::Ack, &first, None)
+        .nemesis(15, NemesisAction::Pause)
+        .consume(20, vec![copy.clone()])
+        .settle(21, SettleAction::Ack, &copy, None);
+    assert_eq!(h.report().duplicates_unexplained.count, 0, "a reroute");
 }
 
 #[test]
