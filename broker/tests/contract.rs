@@ -454,11 +454,15 @@ fn suite_1_healthy_cluster_delivers_every_message_once() {
     assert_eq!(report.accepted, 1200, "every produce answered 202");
 }
 
-/// One fault of the nemesis: what, and to which node (0-based).
-type Fault = (NemesisAction, usize);
+/// One fault of the nemesis: what, and to which nodes (0-based): one, or
+/// sometimes two at once.
+type Fault = (NemesisAction, Vec<usize>);
+
+/// How often (one in N) a fault that stops nodes stops two at once.
+const TWO_AT_ONCE_ONE_IN: u64 = 4;
 
 /// The nemesis' plan: every kind once, in a seeded order, then random kinds,
-/// each on a seeded node.
+/// each on a seeded node (crashes sometimes on two nodes at once).
 fn fault_plan(rng: &mut Rng, count: usize, nodes: usize) -> Vec<Fault> {
     let mut kinds = vec![
         NemesisAction::Kill,
@@ -474,14 +478,21 @@ fn fault_plan(rng: &mut Rng, count: usize, nodes: usize) -> Vec<Fault> {
     }
     kinds
         .into_iter()
-        .map(|kind| (kind, rng.below(nodes as u64) as usize))
+        .map(|kind| {
+            let first = rng.below(nodes as u64) as usize;
+            let mut targets = vec![first];
+            if kind != NemesisAction::Pause && rng.below(TWO_AT_ONCE_ONE_IN) == 0 {
+                targets.push((first + 1 + rng.below(nodes as u64 - 1) as usize) % nodes);
+            }
+            (kind, targets)
+        })
         .collect()
 }
 
 /// Whether the next fault that stops `node` is a power cut.
 fn next_crash_is_power_cut(plan: &[Fault], node: usize) -> bool {
     plan.iter()
-        .find(|(kind, target)| *target == node && *kind != NemesisAction::Pause)
+        .find(|(kind, targets)| targets.contains(&node) && *kind != NemesisAction::Pause)
         .is_some_and(|(kind, _)| *kind == NemesisAction::PowerCut)
 }
 
@@ -519,11 +530,11 @@ fn suite_2_faults_every_accepted_message_is_acked_in_the_end() {
     while started.elapsed() < Duration::from_secs(seconds) || done.len() < 4 {
         let wait = rng.between(FAULT_INTERVAL_MIN_MS, FAULT_INTERVAL_MAX_MS);
         std::thread::sleep(Duration::from_millis(wait));
-        let Some(&(fault, victim)) = plan.get(done.len()) else {
+        let Some((fault, victims)) = plan.get(done.len()).cloned() else {
             break;
         };
         let begin = now_ms();
-        let record = |action| {
+        let record = |action, victim: usize| {
             shared.history.record(
                 "nemesis",
                 begin,
@@ -535,23 +546,30 @@ fn suite_2_faults_every_accepted_message_is_acked_in_the_end() {
         };
         match fault {
             NemesisAction::Pause => {
+                let victim = victims[0];
                 cluster.nodes[victim].pause();
-                record(NemesisAction::Pause);
+                record(NemesisAction::Pause, victim);
                 std::thread::sleep(Duration::from_millis(rng.between(500, 3_000)));
                 cluster.nodes[victim].resume();
-                record(NemesisAction::Resume);
+                record(NemesisAction::Resume, victim);
             }
             crash => {
-                if crash == NemesisAction::Terminate {
-                    cluster.nodes[victim].terminate();
-                } else {
-                    cluster.nodes[victim].kill();
+                // Two at once: both go down before either comes back (with
+                // two of three down there is no quorum for a while).
+                for &victim in &victims {
+                    if crash == NemesisAction::Terminate {
+                        cluster.nodes[victim].terminate();
+                    } else {
+                        cluster.nodes[victim].kill();
+                    }
+                    record(crash, victim);
                 }
-                record(crash);
-                let power_loss = next_crash_is_power_cut(&plan[done.len() + 1..], victim);
-                cluster.restart_node(victim, &node_flags(power_loss));
+                for &victim in &victims {
+                    let power_loss = next_crash_is_power_cut(&plan[done.len() + 1..], victim);
+                    cluster.restart_node(victim, &node_flags(power_loss));
+                    record(NemesisAction::Start, victim);
+                }
                 *shared.addrs.lock().expect("addrs") = cluster.addrs();
-                record(NemesisAction::Start);
             }
         }
         done.push(fault);
