@@ -906,6 +906,12 @@ impl Shard {
             .cloned();
         let mut dead_owner = None;
         let result = match topic {
+            // A node that restarted without a quorum may not have applied
+            // the topic yet: its records wait until the metadata is known.
+            None | Some(_) if !self.meta.caught_up() && !self.knows(&batch) => Err(ApiError::new(
+                ErrorCode::NoLeader,
+                "the metadata is not caught up; the records wait",
+            )),
             // The topic was deleted after the produce: nothing to deliver to.
             None => {
                 tracing::debug!(topic = %batch.destination.topic, "commit: topic gone");
@@ -984,6 +990,16 @@ impl Shard {
             }
         }
         self.dispatch_signal.notify();
+    }
+
+    /// Whether the metadata this node holds knows the batch's destination.
+    fn knows(&self, batch: &CommitBatch) -> bool {
+        self.meta
+            .view()
+            .state
+            .topics
+            .get(batch.destination.topic.as_ref())
+            .is_some_and(|t| batch.destination.partition < t.config.partitions)
     }
 
     /// Moves the records waiting for a destination whose owner is dead or

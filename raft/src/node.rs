@@ -787,6 +787,15 @@ impl MetaNode {
 
     /// Waits until every entry of the log is applied (at start, before the
     /// state is trusted), for at most `timeout`; awaitable from any executor.
+    /// Whether this node has a leader and applied every entry it holds: only
+    /// then does a topic missing from its state mean the topic is gone.
+    pub fn caught_up(&self) -> bool {
+        let metrics = self.raft.metrics();
+        let metrics = metrics.borrow();
+        metrics.current_leader.is_some()
+            && metrics.last_applied.map(|l| l.index) >= metrics.last_log_index
+    }
+
     pub async fn wait_caught_up(&self, timeout: Duration) -> Result<(), MetaError> {
         let raft = self.raft.clone();
         let task = self.runtime.spawn(async move {
