@@ -1538,12 +1538,7 @@ impl Shard {
                 outcomes[index] = Some(answer);
             }
         }
-        outcomes
-            .into_iter()
-            .map(|o| {
-                o.unwrap_or_else(|| Err(ApiError::new(ErrorCode::Internal, "receipt not settled")))
-            })
-            .collect()
+        Self::in_request_order(outcomes)
     }
 
     /// Settles receipts of this node's partitions, each at the shard that
@@ -1593,6 +1588,12 @@ impl Shard {
                 outcomes[index] = Some(answer);
             }
         }
+        Self::in_request_order(outcomes)
+    }
+
+    /// Outcomes gathered per owner, back in request order (a receipt left
+    /// unanswered would be a bug: it answers 500 rather than vanishing).
+    fn in_request_order(outcomes: Vec<Option<SettleOutcome>>) -> Vec<SettleOutcome> {
         outcomes
             .into_iter()
             .map(|o| {
