@@ -19,6 +19,7 @@ use narad_net::http_server::{serve, Handler, HttpRequest, ServerLimits};
 use narad_net::peer::{PeerEndpoint, PeerHandler, PeerTls};
 use narad_raft::node::{BoxFuture, MetaNode, MetaNodeConfig, PeerCaller};
 use narad_storage::clock::{SharedClock, SystemClock};
+use narad_storage::io::blocking::BlockingFs;
 use narad_storage::io::faulty::{remove_unsynced_files, FaultControl};
 use narad_storage::io::glommio_fs::GlommioFs;
 use narad_storage::wal::{Wal, WalConfig};
@@ -77,45 +78,35 @@ fn install_metrics() -> Result<metrics_exporter_prometheus::PrometheusHandle, St
 /// JSON framing and base64 can grow a batch's values; leave room for it.
 const BODY_BYTES_SLACK: u64 = 64 * 1024;
 
-/// Writes `bytes` to `dir/name` whole: tmp file, fsync, rename, fsync dir.
-fn write_whole(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
-    let tmp = dir.join(format!("{name}.tmp"));
-    let mut file = std::fs::File::create(&tmp)?;
-    file.write_all(bytes)?;
-    file.sync_all()?;
-    std::fs::rename(&tmp, dir.join(name))?;
-    std::fs::File::open(dir)?.sync_all()
-}
-
 /// Reads, increments and persists the node's start counter.
-fn next_epoch(dir: &Path) -> Result<u32, String> {
-    let previous = match std::fs::read_to_string(dir.join(EPOCH_FILE)) {
-        Ok(text) => text
-            .trim()
-            .parse::<u32>()
-            .map_err(|e| format!("{EPOCH_FILE} is damaged: {e}"))?,
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => 0,
+fn next_epoch(fs: &BlockingFs, dir: &Path) -> Result<u32, String> {
+    let previous = match fs.read(&dir.join(EPOCH_FILE)) {
+        Ok(Some(bytes)) => std::str::from_utf8(&bytes)
+            .ok()
+            .and_then(|text| text.trim().parse::<u32>().ok())
+            .ok_or_else(|| format!("{EPOCH_FILE} is damaged: not a number"))?,
+        Ok(None) => 0,
         Err(error) => return Err(format!("reading {EPOCH_FILE}: {error}")),
     };
     let epoch = previous
         .checked_add(1)
         .ok_or("the node's start counter overflowed")?;
-    write_whole(dir, EPOCH_FILE, epoch.to_string().as_bytes())
+    fs.write_whole(dir, EPOCH_FILE, epoch.to_string().as_bytes())
         .map_err(|e| format!("writing {EPOCH_FILE}: {e}"))?;
     Ok(epoch)
 }
 
 /// The key that authenticates receipts; made once, kept across restarts.
-fn receipt_key(dir: &Path) -> Result<ReceiptKey, String> {
+fn receipt_key(fs: &BlockingFs, dir: &Path) -> Result<ReceiptKey, String> {
     let path = dir.join(RECEIPT_KEY_FILE);
-    let bytes = match std::fs::read(&path) {
-        Ok(bytes) => bytes,
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+    let bytes = match fs.read(&path) {
+        Ok(Some(bytes)) => bytes,
+        Ok(None) => {
             let mut key = [0u8; 32];
             std::fs::File::open("/dev/urandom")
                 .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut key))
                 .map_err(|e| format!("reading /dev/urandom: {e}"))?;
-            write_whole(dir, RECEIPT_KEY_FILE, &key)
+            fs.write_whole(dir, RECEIPT_KEY_FILE, &key)
                 .map_err(|e| format!("writing {RECEIPT_KEY_FILE}: {e}"))?;
             key.to_vec()
         }
@@ -268,15 +259,18 @@ pub fn run(config: Config) -> Result<(), String> {
     let shards = shard_count(&config);
     let node_id = u16::try_from(config.u64("node_id"))
         .map_err(|_| "node_id must fit in 16 bits".to_string())?;
-    let epoch = next_epoch(&data_dir)?;
+    // Signals are blocked before any thread starts, so every thread
+    // inherits the mask and only the signal thread takes SIGTERM.
+    let stop = stop_on_signal()?;
+    let faults = fault_control(&config, &data_dir)?;
+    let blocking_fs = BlockingFs::with_faults(faults.clone());
+    let epoch = next_epoch(&blocking_fs, &data_dir)?;
     let metrics = install_metrics()?;
     metrics::gauge!("narad_node_alive", "node" => node_id.to_string()).set(1.0);
     metrics::gauge!("narad_consume_long_polls_waiting").set(0.0);
     metrics::counter!("narad_dispatcher_reroutes_total").absolute(0);
     metrics::counter!("narad_storage_corrupt_records_total").increment(0);
-    let key = receipt_key(&data_dir)?;
-    let faults = fault_control(&config, &data_dir)?;
-    let stop = stop_on_signal()?;
+    let key = receipt_key(&blocking_fs, &data_dir)?;
     let peer = config.addr("peer_listen");
     let members = parse_peers(&config, node_id)?;
     let clustered = !members.is_empty();
@@ -285,6 +279,7 @@ pub fn run(config: Config) -> Result<(), String> {
     meta_config.snapshot_after_entries = config.u64("raft.snapshot_after_entries");
     meta_config.liveness_interval_ms = config.u64("cluster.heartbeat_interval_ms");
     meta_config.node_dead_after_ms = config.u64("cluster.node_dead_after_ms");
+    meta_config.fs = blocking_fs;
     // With peers: QUIC up first (the metastore talks through it), the
     // metastore handed to its handler once started.
     let served_meta: Arc<OnceLock<Arc<MetaNode>>> = Arc::default();

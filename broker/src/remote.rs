@@ -41,6 +41,11 @@ pub const KIND_AVAILABLE: u8 = 20;
 pub const COMMIT_CALL_TIMEOUT: Duration = Duration::from_secs(1);
 /// Leasing from a remote owner never waits for messages, so it answers fast.
 pub const COLLECT_CALL_TIMEOUT: Duration = Duration::from_millis(1500);
+/// Asking another node for more once a consume already holds leases: the
+/// client's leases are running, so a node that does not answer soon (down but
+/// not yet known to be) is not waited for. Leases it granted after all come
+/// back when their visibility timeout ends.
+pub const COLLECT_TOP_UP_TIMEOUT: Duration = Duration::from_millis(200);
 pub const SETTLE_CALL_TIMEOUT: Duration = Duration::from_secs(2);
 /// Figures are a convenience of describe (and of the answer to a topic
 /// PUT): a node that does not answer quickly leaves its figures at zero.

@@ -43,7 +43,7 @@ use crate::receipt::{Receipt, ReceiptKey};
 use crate::remote::{
     CallError, DataAnswer, DataRequest, Inbound, Peers, WireConsumed, WireMessage, WireOutcome,
     WireStats, AVAILABLE_CALL_TIMEOUT, AVAILABLE_COALESCE, COLLECT_CALL_TIMEOUT,
-    COMMIT_CALL_TIMEOUT, SETTLE_CALL_TIMEOUT, STATS_CALL_TIMEOUT,
+    COLLECT_TOP_UP_TIMEOUT, COMMIT_CALL_TIMEOUT, SETTLE_CALL_TIMEOUT, STATS_CALL_TIMEOUT,
 };
 use crate::signal::Signal;
 
@@ -1194,7 +1194,14 @@ impl Shard {
                     return Err(Self::owner_dead(node));
                 }
                 return self
-                    .collect_remote(topic, node, partitions, max, visibility)
+                    .collect_remote(
+                        topic,
+                        node,
+                        partitions,
+                        max,
+                        visibility,
+                        COLLECT_CALL_TIMEOUT,
+                    )
                     .await
                     .map_err(|e| e.to_api(node));
             }
@@ -1225,8 +1232,13 @@ impl Shard {
             if self.is_dead(node) || !peers.worth_asking(node, asked_at) {
                 continue;
             }
+            let timeout = if out.is_empty() {
+                COLLECT_CALL_TIMEOUT
+            } else {
+                COLLECT_TOP_UP_TIMEOUT
+            };
             match self
-                .collect_remote(topic, node, partitions, room, visibility)
+                .collect_remote(topic, node, partitions, room, visibility, timeout)
                 .await
             {
                 Ok(got) if got.is_empty() => peers.found_empty(node, asked_at),
@@ -1258,6 +1270,7 @@ impl Shard {
         partitions: Vec<u32>,
         max: usize,
         visibility: u64,
+        timeout: Duration,
     ) -> Result<Vec<ConsumedMessage>, CallError> {
         let request = DataRequest::Collect {
             topic: topic.name.clone(),
@@ -1266,7 +1279,7 @@ impl Shard {
             max: u32::try_from(max).unwrap_or(u32::MAX),
             visibility_ms: visibility,
         };
-        match self.call_node(node, &request, COLLECT_CALL_TIMEOUT).await? {
+        match self.call_node(node, &request, timeout).await? {
             DataAnswer::Collected(messages) => Ok(messages
                 .into_iter()
                 .map(|m| m.into_consumed(&topic.name))

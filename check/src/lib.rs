@@ -393,7 +393,18 @@ pub fn check(events: &[Event]) -> Report {
         }
     }
     for (id, seen) in &mut deliveries {
-        seen.sort_by_key(|s| (s.end_ms, s.delivery.delivery_count));
+        // In the order the leases were granted: a lease ends one visibility
+        // timeout after it was granted, and the suites use one visibility per
+        // topic (a message has one topic). A consume's answer can arrive long
+        // after its lease was granted (its node paused, or it waited on a
+        // node that was down), so the answer's time does not order them.
+        seen.sort_by_key(|s| {
+            (
+                s.delivery.lease_expires_at_ms,
+                s.delivery.delivery_count,
+                s.end_ms,
+            )
+        });
         for s in seen.iter() {
             match produced.get(s.delivery.value.as_str()) {
                 None => report.unknown.add(|| {

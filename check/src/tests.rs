@@ -309,6 +309,40 @@ fn acked_then_delivered_again_fails_unless_a_crash_lost_the_ack() {
 }
 
 #[test]
+fn a_lease_granted_before_the_ack_but_answered_after_it_is_not_a_delivery_after_the_ack() {
+    // Seen in a suite run: a consume's answer came 2.7 s after its lease was
+    // granted (count 2); meanwhile the lease ended, the message went out again
+    // (count 3, 4) and was acked. The late answer is the older delivery.
+    let early = delivery("a", "t", 0, 2, 2_010);
+    let later = delivery("a", "t", 0, 4, 4_020);
+    let mut h = Builder::default();
+    h.produce(1, "a", "t")
+        .push(
+            10,
+            2_750,
+            Op::Consume {
+                topic: "t".into(),
+                outcome: Outcome::Ok {
+                    value: vec![early.clone()],
+                },
+            },
+        )
+        .consume(2_020, vec![later.clone()])
+        .settle(2_022, SettleAction::Ack, &later, None);
+    let report = h.report();
+    assert_eq!(report.acked_then_delivered.count, 0, "{}", report.summary());
+    assert_eq!(report.duplicates_explained.count, 1, "{}", report.summary());
+    // A lease granted after the ack is a delivery after it.
+    let after = delivery("a", "t", 0, 5, 4_030);
+    let mut h = Builder::default();
+    h.produce(1, "a", "t")
+        .consume(2_020, vec![later.clone()])
+        .settle(2_022, SettleAction::Ack, &later, None)
+        .consume(2_030, vec![after]);
+    assert_eq!(h.report().acked_then_delivered.count, 1);
+}
+
+#[test]
 fn a_late_ack_answered_204_fails() {
     let mut h = Builder::default();
     let leased = delivery("a", "t", 0, 1, 1_000);

@@ -17,6 +17,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use narad_storage::io::blocking::BlockingFs;
 use openraft::error::{
     ClientWriteError, InstallSnapshotError, RPCError, RaftError, RemoteError, Unreachable,
 };
@@ -102,6 +103,8 @@ pub struct MetaNodeConfig {
     /// Silence after which the controller marks a node dead
     /// (`cluster.node_dead_after_ms`).
     pub node_dead_after_ms: u64,
+    /// The files' I/O (through the fault layer in tests).
+    pub fs: BlockingFs,
 }
 
 impl MetaNodeConfig {
@@ -121,6 +124,7 @@ impl MetaNodeConfig {
             election_timeout_max_ms: 2000,
             liveness_interval_ms: 1000,
             node_dead_after_ms: 30_000,
+            fs: BlockingFs::real(),
         }
     }
 }
@@ -547,8 +551,9 @@ impl MetaNode {
         }
         .validate()
         .map_err(|e| failed(&e))?;
-        let log = LogStore::open(&config.dir).map_err(|e| failed(&e))?;
-        let (machine, view) = StateMachine::open(&config.dir).map_err(|e| failed(&e))?;
+        let log = LogStore::open(&config.fs, &config.dir).map_err(|e| failed(&e))?;
+        let (machine, view) =
+            StateMachine::open(&config.fs, &config.dir).map_err(|e| failed(&e))?;
         let network = PeerNetwork {
             caller: config.caller.clone(),
         };

@@ -9,6 +9,8 @@
 //!   the first damaged one (a torn tail), cutting the file there. After a
 //!   purge the file is rewritten whole (tmp, fsync, rename, fsync dir) once
 //!   it holds mostly purged records.
+//! - Every file goes through [`BlockingFs`], so a test node's power-loss
+//!   switch covers these files as it covers the storage engine's.
 //! - `vote.json`: the vote, rewritten whole on every change.
 //! - `snapshot.json`: the state machine, its last applied log id and
 //!   membership, written whole on every snapshot; the state machine is
@@ -16,13 +18,13 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
-use std::fs::{File, OpenOptions};
-use std::io::{Cursor, Write};
+use std::io::Cursor;
 use std::ops::RangeBounds;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use narad_storage::frame::{encode_frame, scan, FRAME_ALIGN};
+use narad_storage::io::blocking::{AppendFile, BlockingFs};
 use openraft::storage::{LogFlushed, RaftLogStorage, RaftStateMachine};
 use openraft::{
     BasicNode, Entry, EntryPayload, LogId, LogState, OptionalSend, RaftLogReader,
@@ -79,16 +81,6 @@ fn write_failed(error: std::io::Error) -> RaftStorageError {
     StorageIOError::write_logs(&error).into()
 }
 
-/// Writes `path` whole: tmp file, fsync, rename, fsync of the directory.
-fn write_whole(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
-    let tmp = dir.join(format!("{name}.tmp"));
-    let mut file = File::create(&tmp)?;
-    file.write_all(bytes)?;
-    file.sync_all()?;
-    std::fs::rename(&tmp, dir.join(name))?;
-    File::open(dir)?.sync_all()
-}
-
 /// JSON with a crc32c line in front, so a damaged file is refused, not misread.
 fn checksummed(json: &[u8]) -> Vec<u8> {
     let mut out = format!("{:08x}\n", crc32c::crc32c(json)).into_bytes();
@@ -102,24 +94,24 @@ fn verify_checksummed(bytes: &[u8]) -> Option<&[u8]> {
     (crc32c::crc32c(json) == crc).then_some(json)
 }
 
-fn read_checksummed<T: for<'de> Deserialize<'de>>(path: &Path) -> std::io::Result<Option<T>> {
-    match std::fs::read(path) {
-        Ok(bytes) => {
-            let json = verify_checksummed(&bytes).ok_or_else(|| {
-                std::io::Error::other(format!("{} is damaged (checksum)", path.display()))
-            })?;
-            serde_json::from_slice(json).map(Some).map_err(io_error)
-        }
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(error) => Err(error),
-    }
+fn read_checksummed<T: for<'de> Deserialize<'de>>(
+    fs: &BlockingFs,
+    path: &Path,
+) -> std::io::Result<Option<T>> {
+    let Some(bytes) = fs.read(path)? else {
+        return Ok(None);
+    };
+    let json = verify_checksummed(&bytes).ok_or_else(|| {
+        std::io::Error::other(format!("{} is damaged (checksum)", path.display()))
+    })?;
+    serde_json::from_slice(json).map(Some).map_err(io_error)
 }
 
 #[derive(Debug)]
 struct LogInner {
+    fs: BlockingFs,
     dir: PathBuf,
-    file: File,
-    file_len: u64,
+    file: AppendFile,
     entries: BTreeMap<u64, Entry<TypeConfig>>,
     last_purged: Option<LogId<NodeId>>,
     vote: Option<Vote<NodeId>>,
@@ -129,12 +121,10 @@ impl LogInner {
     fn write_record(&mut self, record: &LogRecord) -> std::io::Result<()> {
         let json = serde_json::to_vec(record).map_err(io_error)?;
         let mut frame = Vec::with_capacity(json.len() + 32);
-        encode_frame(&mut frame, LOG_FRAME_MAGIC, self.file_len, |buf| {
+        encode_frame(&mut frame, LOG_FRAME_MAGIC, self.file.len(), |buf| {
             buf.extend_from_slice(&json)
         });
-        self.file.write_all(&frame)?;
-        self.file_len += frame.len() as u64;
-        Ok(())
+        self.file.append(&frame)
     }
 
     fn live_bytes_estimate(&self) -> u64 {
@@ -156,11 +146,8 @@ impl LogInner {
                 buf.extend_from_slice(&json)
             });
         }
-        write_whole(&self.dir, LOG_FILE, &bytes)?;
-        self.file = OpenOptions::new()
-            .append(true)
-            .open(self.dir.join(LOG_FILE))?;
-        self.file_len = bytes.len() as u64;
+        self.fs.write_whole(&self.dir, LOG_FILE, &bytes)?;
+        self.file = self.fs.open_append(&self.dir.join(LOG_FILE))?;
         Ok(())
     }
 }
@@ -173,14 +160,10 @@ pub struct LogStore {
 
 impl LogStore {
     /// Opens the log in `dir`, replaying it and cutting a torn tail.
-    pub fn open(dir: &Path) -> std::io::Result<Self> {
+    pub fn open(fs: &BlockingFs, dir: &Path) -> std::io::Result<Self> {
         std::fs::create_dir_all(dir)?;
         let path = dir.join(LOG_FILE);
-        let bytes = match std::fs::read(&path) {
-            Ok(bytes) => bytes,
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-            Err(error) => return Err(error),
-        };
+        let bytes = fs.read(&path)?.unwrap_or_default();
         let found = scan(&bytes, LOG_FRAME_MAGIC, FRAME_ALIGN, |at, pos| {
             at as u64 == pos
         });
@@ -211,19 +194,17 @@ impl LogStore {
             }
             valid_end = frame.at as u64 + frame.len as u64;
         }
-        let file = OpenOptions::new().create(true).append(true).open(&path)?;
+        let mut file = fs.open_append(&path)?;
         if valid_end < bytes.len() as u64 {
             tracing::warn!(path = %path.display(), cut = bytes.len() as u64 - valid_end, "Raft log had a torn tail; truncated");
-            file.set_len(valid_end)?;
-            file.sync_all()?;
+            file.truncate(valid_end)?;
         }
-        File::open(dir)?.sync_all()?;
-        let vote = read_checksummed(&dir.join(VOTE_FILE))?;
+        let vote = read_checksummed(fs, &dir.join(VOTE_FILE))?;
         Ok(Self {
             inner: Arc::new(Mutex::new(LogInner {
+                fs: fs.clone(),
                 dir: dir.to_path_buf(),
                 file,
-                file_len: valid_end,
                 entries,
                 last_purged,
                 vote,
@@ -276,7 +257,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), RaftStorageError> {
         let mut inner = self.lock();
         let json = serde_json::to_vec(vote).map_err(|e| StorageIOError::write_vote(&e))?;
-        write_whole(&inner.dir, VOTE_FILE, &checksummed(&json))
+        inner
+            .fs
+            .write_whole(&inner.dir, VOTE_FILE, &checksummed(&json))
             .map_err(|e| StorageIOError::write_vote(&e))?;
         inner.vote = Some(*vote);
         Ok(())
@@ -331,7 +314,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         inner.file.sync_data().map_err(write_failed)?;
         inner.entries = inner.entries.split_off(&(log_id.index + 1));
         inner.last_purged = Some(log_id);
-        if inner.file_len > inner.live_bytes_estimate() + LOG_REWRITE_SLACK_BYTES {
+        if inner.file.len() > inner.live_bytes_estimate() + LOG_REWRITE_SLACK_BYTES {
             inner.rewrite().map_err(write_failed)?;
         }
         Ok(())
@@ -347,6 +330,7 @@ struct StoredSnapshot {
 
 #[derive(Debug)]
 struct MachineInner {
+    fs: BlockingFs,
     dir: PathBuf,
     state: MetaState,
     last_applied: Option<LogId<NodeId>>,
@@ -375,11 +359,15 @@ pub struct StateMachine {
 impl StateMachine {
     /// Opens the state machine in `dir` from its last snapshot; every applied
     /// state is published on the returned channel.
-    pub fn open(dir: &Path) -> std::io::Result<(Self, watch::Receiver<Arc<MetaView>>)> {
+    pub fn open(
+        fs: &BlockingFs,
+        dir: &Path,
+    ) -> std::io::Result<(Self, watch::Receiver<Arc<MetaView>>)> {
         std::fs::create_dir_all(dir)?;
-        let snapshot: Option<StoredSnapshot> = read_checksummed(&dir.join(SNAPSHOT_FILE))?;
+        let snapshot: Option<StoredSnapshot> = read_checksummed(fs, &dir.join(SNAPSHOT_FILE))?;
         let (publish, receiver) = watch::channel(Arc::new(MetaView::default()));
         let inner = MachineInner {
+            fs: fs.clone(),
             dir: dir.to_path_buf(),
             state: snapshot
                 .as_ref()
@@ -430,7 +418,9 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
         };
         let json =
             serde_json::to_vec(&stored).map_err(|e| StorageIOError::write_snapshot(None, &e))?;
-        write_whole(&inner.dir, SNAPSHOT_FILE, &checksummed(&json))
+        inner
+            .fs
+            .write_whole(&inner.dir, SNAPSHOT_FILE, &checksummed(&json))
             .map_err(|e| StorageIOError::write_snapshot(None, &e))?;
         inner.snapshot = Some(stored);
         Ok(Snapshot {
@@ -490,7 +480,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let stored: StoredSnapshot = serde_json::from_slice(snapshot.get_ref())
             .map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), &e))?;
         let mut inner = self.lock();
-        write_whole(&inner.dir, SNAPSHOT_FILE, &checksummed(snapshot.get_ref()))
+        inner
+            .fs
+            .write_whole(&inner.dir, SNAPSHOT_FILE, &checksummed(snapshot.get_ref()))
             .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
         inner.state = stored.state.clone();
         inner.last_applied = meta.last_log_id;

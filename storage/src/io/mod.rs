@@ -7,6 +7,7 @@
 //! on one glommio shard and never crosses threads.
 #![allow(async_fn_in_trait)]
 
+pub mod blocking;
 pub mod faulty;
 pub mod glommio_fs;
 pub mod sim;
