@@ -587,5 +587,22 @@ fn suite_2_faults_every_accepted_message_is_acked_in_the_end() {
     }
     let report = judge("suite2-faults", seed, &shared, Strictness::Faults);
     assert!(report.accepted > 0, "produces went through between faults");
-    eprintln!("suite2: faults {:?}", &plan[..done.len()]);
+    let count = |kind| done.iter().filter(|k| **k == kind).count();
+    let two_at_once = plan[..done.len()]
+        .iter()
+        .filter(|(_, victims)| victims.len() > 1)
+        .count();
+    eprintln!(
+        "suite2: {} faults in {:.0} s: {} kills, {} power cuts, {} SIGTERMs, {} pauses; \
+         {two_at_once} of them on two nodes at once",
+        done.len(),
+        started.elapsed().as_secs_f64(),
+        count(NemesisAction::Kill),
+        count(NemesisAction::PowerCut),
+        count(NemesisAction::Terminate),
+        count(NemesisAction::Pause),
+    );
+    if done.len() <= 12 {
+        eprintln!("suite2: faults {:?}", &plan[..done.len()]);
+    }
 }

@@ -232,6 +232,13 @@ pub struct Report {
     pub acked_then_delivered: Finding,
     pub late_ack_accepted: Finding,
     pub never_acked: Finding,
+    /// Longest wait from a 202 to the message's first delivery (ms): how
+    /// long a message waited on its owner (a node down, a reroute).
+    pub max_first_delivery_ms: u64,
+    /// Longest wait from a lease's end (its expiry, or a nack) to the next
+    /// delivery of the message (ms), for messages that were not acked on
+    /// that lease.
+    pub max_redelivery_delay_ms: u64,
 }
 
 /// Which findings fail a run.
@@ -268,8 +275,13 @@ impl Report {
     /// A few lines for a test's failure message or log.
     pub fn summary(&self) -> String {
         let mut out = format!(
-            "accepted {}, delivered {}, acked {}",
-            self.accepted, self.delivered, self.acked
+            "accepted {}, delivered {}, acked {}; longest 202 to first delivery {} ms, \
+             longest lease end to redelivery {} ms",
+            self.accepted,
+            self.delivered,
+            self.acked,
+            self.max_first_delivery_ms,
+            self.max_redelivery_delay_ms
         );
         for (name, finding) in [
             ("lost", &self.lost),
@@ -422,6 +434,13 @@ pub fn check(events: &[Event]) -> Report {
                 Some(_) => {}
             }
         }
+        if let (Some((_, accepted_at)), Some(first)) =
+            (accepted.get(id), seen.iter().map(|s| s.end_ms).min())
+        {
+            report.max_first_delivery_ms = report
+                .max_first_delivery_ms
+                .max(first.saturating_sub(*accepted_at));
+        }
         let mut was_acked = false;
         for pair in seen.windows(2) {
             let (prev, next) = (&pair[0], &pair[1]);
@@ -447,6 +466,17 @@ pub fn check(events: &[Event]) -> Report {
                 .iter()
                 .filter(in_window)
                 .find(|(a, _, _)| *a == SettleAction::Ack);
+            if ack.is_none() {
+                let released = settles
+                    .iter()
+                    .filter(in_window)
+                    .filter(|(a, _, _)| *a == SettleAction::Nack)
+                    .map(|(_, e, _)| e.start_ms)
+                    .fold(lease_end, u64::min);
+                report.max_redelivery_delay_ms = report
+                    .max_redelivery_delay_ms
+                    .max(next.end_ms.saturating_sub(released));
+            }
             let describe = || {
                 format!(
                     "{id}: delivered at {} (p{} o{} count {}) and again at {} (p{} o{} count {})",

@@ -469,3 +469,26 @@ fn a_redelivery_is_explained_only_if_it_may_have_come_after_the_lease_ended() {
     );
     assert!(!report.violations(Strictness::Faults).is_empty());
 }
+
+#[test]
+fn the_report_measures_the_longest_waits_for_a_delivery() {
+    let first = delivery("a", "t", 0, 1, 1_000);
+    let again = delivery("a", "t", 0, 2, 9_000);
+    let mut h = Builder::default();
+    h.produce(100, "a", "t")
+        .consume(400, vec![first.clone()])
+        .consume(1_700, vec![again.clone()])
+        .settle(1_702, SettleAction::Ack, &again, None);
+    let report = h.report();
+    // 202 sent at 100, first delivery answered at 401.
+    assert_eq!(report.max_first_delivery_ms, 301);
+    // The lease ended at 1,000; the next delivery answered at 1,701.
+    assert_eq!(report.max_redelivery_delay_ms, 701);
+    // A nack releases the message before its lease ends.
+    let mut h = Builder::default();
+    h.produce(100, "a", "t")
+        .consume(400, vec![first.clone()])
+        .settle(500, SettleAction::Nack, &first, None)
+        .consume(600, vec![again.clone()]);
+    assert_eq!(h.report().max_redelivery_delay_ms, 101);
+}
