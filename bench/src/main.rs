@@ -12,9 +12,14 @@
 //! `narad-bench drain --server URL --topic T [--messages N] [--consumers C]`:
 //! consume + ack throughput (long polls of 100, batch acks).
 //!
-//! `narad-bench workload FILE --server URL [--out RESULT.json]`: an
-//! OpenMessaging Benchmark workload file against a node, open loop at its
+//! `narad-bench workload FILE [--driver NAME] [--server URL] [--out DIR]`: an
+//! OpenMessaging Benchmark workload file on one system, open loop at its
 //! `producerRate`, with an OMB-style result file (see `omb.rs`).
+//!
+//! `narad-bench compare WORKLOAD... [--peers nats,rabbitmq,redis] [--rounds N]
+//! [--out DIR]`: the same workloads on Narad and every peer that answers
+//! (peers need `--features peers` and `bench/peers.sh start`), taking turns;
+//! a ratio table, result files and SVG charts (see `compare.rs`).
 //!
 //! `narad-bench ceiling [--listen ADDR] [--dir DIR] [--shards N]`: the bare
 //! endpoint the broker's produce is compared with (202 after a group-committed
@@ -25,10 +30,15 @@ mod ceiling;
 /// The same allocator as `narad`, so the ceiling is measured on equal terms.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+mod chart;
+mod compare;
 mod drain;
+mod driver;
 mod http_load;
 mod latency;
 mod omb;
+#[cfg(feature = "peers")]
+mod peers;
 mod workload;
 
 use std::cell::RefCell;
@@ -242,38 +252,6 @@ fn flag(args: &[String], name: &str) -> Option<String> {
         .and_then(|i| args.get(i + 1).cloned())
 }
 
-fn workload_main(args: &[String]) -> Result<(), String> {
-    let file = args
-        .get(1)
-        .filter(|a| !a.starts_with("--"))
-        .ok_or("usage: narad-bench workload FILE --server URL [--out RESULT.json]")?;
-    let text = std::fs::read_to_string(file).map_err(|e| format!("reading {file}: {e}"))?;
-    let workload = workload::Workload::parse(&text).map_err(|e| format!("{file}: {e}"))?;
-    let server = flag(args, "--server").unwrap_or_else(|| "http://127.0.0.1:8080".into());
-    let addr = server
-        .strip_prefix("http://")
-        .unwrap_or(&server)
-        .trim_end_matches('/')
-        .to_string();
-    let result = omb::run(&addr, &workload)?;
-    let out = flag(args, "--out").unwrap_or_else(|| {
-        let slug: String = workload
-            .name
-            .chars()
-            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
-            .collect();
-        format!("{slug}-narad.json")
-    });
-    let text = serde_json::to_string_pretty(&result).map_err(|e| e.to_string())?;
-    std::fs::write(&out, text).map_err(|e| format!("writing {out}: {e}"))?;
-    println!(
-        "{}
-  result: {out}",
-        omb::summary(&result)
-    );
-    Ok(())
-}
-
 fn produce_main(args: &[String]) -> Result<(), String> {
     let server = flag(args, "--server").unwrap_or_else(|| "http://127.0.0.1:8080".into());
     let addr = server
@@ -387,7 +365,8 @@ fn main() {
     let all: Vec<String> = std::env::args().skip(1).collect();
     let mode_result = match all.first().map(String::as_str) {
         Some("produce") => Some(produce_main(&all)),
-        Some("workload") => Some(workload_main(&all)),
+        Some("workload") => Some(compare::workload_main(&all)),
+        Some("compare") => Some(compare::compare_main(&all)),
         Some("latency") => Some(latency_main(&all)),
         Some("drain") => Some(drain_main(&all)),
         Some("ceiling") => {

@@ -1,16 +1,16 @@
-//! `narad-bench workload FILE --server URL [--out RESULT.json]`: runs an
-//! OpenMessaging Benchmark workload against a Narad node and writes an
-//! OMB-style result file.
+//! Runs an OpenMessaging Benchmark workload on one system (a [`Driver`]) and
+//! returns an OMB-style result document.
 //!
 //! Producers run open loop at `producerRate` (each message has a due time;
 //! publish latency counts from it, so a slow answer also delays what queues
 //! behind it, as coordinated-omission correction requires), or closed loop
-//! at rate 0. Every payload starts with its due time in microseconds, so a
-//! consumer records end-to-end latency (due → consumed). Rates, backlog and
-//! latency percentiles are kept per 10-second interval and for the whole run.
+//! at rate 0. Every payload starts with its due time in microseconds and
+//! its producer and sequence number, so a consumer records end-to-end
+//! latency (due → consumed) and confirm → consumed (the producer's 202 or
+//! publish confirm → consumed; for Narad, 202 → consumable plus the
+//! consumer's poll). Rates, backlog and latency percentiles are kept per
+//! 10-second interval and for the whole run.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -18,12 +18,19 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use hdrhistogram::Histogram;
 use serde_json::{json, Value};
 
+use crate::driver::Driver;
 use crate::workload::{due_offset, KeyDistributor, Workload};
 
 /// OMB reports rates and percentiles per interval of this length.
 const INTERVAL: Duration = Duration::from_secs(10);
-const CONSUME_BATCH: u32 = 100;
-const CONSUME_WAIT_MS: u64 = 500;
+const CONSUME_BATCH: usize = 100;
+const CONSUME_WAIT: Duration = Duration::from_millis(500);
+/// Confirm times kept per producer, by sequence number, for the consumers'
+/// confirm → consumed figure (a message consumed later than this many sends
+/// after it is left out of that figure).
+const CONFIRM_RING: usize = 1 << 15;
+/// The payload's stamp: due time (µs), producer, sequence, separated by `|`.
+const STAMP_LEN: usize = 20 + 1 + 5 + 1 + 12 + 1;
 /// Latencies above an hour are recorded as an hour.
 const LATENCY_MAX_MICROS: u64 = 3_600_000_000;
 /// Longest a run waits for consumers to catch up after producers stop.
@@ -35,76 +42,12 @@ fn unix_micros() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
-/// A keep-alive HTTP/1.1 connection.
-struct Conn {
-    writer: TcpStream,
-    reader: BufReader<TcpStream>,
-}
-
-impl Conn {
-    fn open(addr: &str) -> Result<Self, String> {
-        let stream = TcpStream::connect(addr).map_err(|e| format!("connect {addr}: {e}"))?;
-        stream.set_nodelay(true).map_err(|e| e.to_string())?;
-        let writer = stream.try_clone().map_err(|e| e.to_string())?;
-        Ok(Self {
-            writer,
-            reader: BufReader::new(stream),
-        })
-    }
-
-    fn call(
-        &mut self,
-        method: &str,
-        path: &str,
-        header: Option<(&str, &str)>,
-        body: &[u8],
-    ) -> Result<(u16, Vec<u8>), String> {
-        let mut head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: bench\r\nContent-Length: {}\r\n",
-            body.len()
-        );
-        if let Some((name, value)) = header {
-            head.push_str(&format!("{name}: {value}\r\n"));
-        }
-        head.push_str("\r\n");
-        let mut request = head.into_bytes();
-        request.extend_from_slice(body);
-        self.writer.write_all(&request).map_err(|e| e.to_string())?;
-        let mut line = String::new();
-        self.reader
-            .read_line(&mut line)
-            .map_err(|e| e.to_string())?;
-        let status = line
-            .split(' ')
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| format!("no status line: {line:?}"))?;
-        let mut length = 0usize;
-        loop {
-            line.clear();
-            self.reader
-                .read_line(&mut line)
-                .map_err(|e| e.to_string())?;
-            if line == "\r\n" || line.is_empty() {
-                break;
-            }
-            if let Some(value) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-                length = value.trim().parse().unwrap_or(0);
-            }
-        }
-        let mut answer = vec![0u8; length];
-        self.reader
-            .read_exact(&mut answer)
-            .map_err(|e| e.to_string())?;
-        Ok((status, answer))
-    }
-}
-
 /// Latencies of one interval or of the whole run, in microseconds.
 struct Latencies {
     publish: Histogram<u64>,
     publish_delay: Histogram<u64>,
     end_to_end: Histogram<u64>,
+    confirm_to_consume: Histogram<u64>,
 }
 
 impl Latencies {
@@ -116,6 +59,7 @@ impl Latencies {
             publish: make()?,
             publish_delay: make()?,
             end_to_end: make()?,
+            confirm_to_consume: make()?,
         })
     }
 }
@@ -131,6 +75,8 @@ struct Recorder {
     stop_producers: AtomicBool,
     stop_consumers: AtomicBool,
     consumers_paused: AtomicBool,
+    /// Per producer: (sequence, confirm time µs) by sequence modulo the ring.
+    confirms: Vec<Box<[(AtomicU64, AtomicU64)]>>,
 }
 
 impl Recorder {
@@ -172,16 +118,34 @@ fn payloads(workload: &Workload) -> Vec<Vec<u8>> {
         .collect()
 }
 
+fn stamp(due_unix: u64, producer: usize, seq: u64) -> String {
+    format!(
+        "{due_unix:020}|{:05}|{:012}|",
+        producer % 100_000,
+        seq % 1_000_000_000_000
+    )
+}
+
+/// The stamp's fields: due time, producer, sequence.
+fn read_stamp(payload: &[u8]) -> Option<(u64, usize, u64)> {
+    let text = std::str::from_utf8(payload.get(..STAMP_LEN)?).ok()?;
+    let mut fields = text.split('|');
+    let due = fields.next()?.parse().ok()?;
+    let producer = fields.next()?.parse().ok()?;
+    let seq = fields.next()?.parse().ok()?;
+    Some((due, producer, seq))
+}
+
 fn producer(
-    addr: &str,
-    path: &str,
+    driver: &dyn Driver,
+    topic: &str,
     workload: &Workload,
     rate: f64,
     recorder: &Recorder,
     pool: &[Vec<u8>],
     index: usize,
 ) -> Result<(), String> {
-    let mut conn = Conn::open(addr)?;
+    let mut producer = driver.producer(topic)?;
     let started = Instant::now();
     let mut n = 0u64;
     while !recorder.stop_producers.load(Ordering::Relaxed) {
@@ -195,7 +159,7 @@ fn producer(
         let due = due.unwrap_or(sent);
         let due_unix = unix_micros().saturating_sub(sent.duration_since(due).as_micros() as u64);
         let mut body = pool[(n as usize + index) % pool.len()].clone();
-        let stamp = format!("{due_unix:020}|");
+        let stamp = stamp(due_unix, index, n);
         let stamp_len = stamp.len().min(body.len());
         body[..stamp_len].copy_from_slice(&stamp.as_bytes()[..stamp_len]);
         let key = match workload.key_distributor {
@@ -203,9 +167,16 @@ fn producer(
             KeyDistributor::KeyRoundRobin => Some(format!("k{}", n % 1000)),
             KeyDistributor::RandomNano => Some(format!("{}", unix_micros() * 1000 + n % 1000)),
         };
-        let header = key.as_deref().map(|k| ("Narad-Key", k));
-        match conn.call("POST", path, header, &body) {
-            Ok((202, _)) => {
+        match producer.send(key.as_deref(), &body) {
+            Ok(()) => {
+                if let Some((seq, at)) = recorder
+                    .confirms
+                    .get(index)
+                    .map(|ring| &ring[n as usize % CONFIRM_RING])
+                {
+                    at.store(unix_micros(), Ordering::Relaxed);
+                    seq.store(n, Ordering::Release);
+                }
                 recorder.published.fetch_add(1, Ordering::Relaxed);
                 recorder.record(|l| &mut l.publish, due.elapsed().as_micros() as u64);
                 recorder.record(
@@ -213,12 +184,8 @@ fn producer(
                     sent.duration_since(due).as_micros() as u64,
                 );
             }
-            Ok(_) => {
-                recorder.publish_errors.fetch_add(1, Ordering::Relaxed);
-            }
             Err(_) => {
                 recorder.publish_errors.fetch_add(1, Ordering::Relaxed);
-                conn = Conn::open(addr)?;
             }
         }
         n += 1;
@@ -226,42 +193,37 @@ fn producer(
     Ok(())
 }
 
-fn consumer(addr: &str, topic: &str, recorder: &Recorder) -> Result<(), String> {
-    let mut conn = Conn::open(addr)?;
-    let consume = format!("/v1/topics/{topic}/consume");
-    let ack = format!("/v1/topics/{topic}/ack/batch");
-    let request = json!({"max_messages": CONSUME_BATCH, "wait_ms": CONSUME_WAIT_MS}).to_string();
+fn consumer(driver: &dyn Driver, topic: &str, recorder: &Recorder) -> Result<(), String> {
+    let mut consumer = driver.consumer(topic)?;
     while !recorder.stop_consumers.load(Ordering::Relaxed) {
         if recorder.consumers_paused.load(Ordering::Relaxed) {
             std::thread::sleep(Duration::from_millis(50));
             continue;
         }
-        let (status, body) = conn.call("POST", &consume, None, request.as_bytes())?;
-        if status != 200 {
+        let Ok(payloads) = consumer.receive(CONSUME_BATCH, CONSUME_WAIT) else {
             continue;
-        }
+        };
         let now = unix_micros();
-        let answer: Value = serde_json::from_slice(&body).map_err(|e| e.to_string())?;
-        let messages = answer["messages"].as_array().cloned().unwrap_or_default();
-        let mut receipts = Vec::with_capacity(messages.len());
-        for message in &messages {
-            let due: u64 = message["value"]
-                .as_str()
-                .and_then(|v| v.get(..20))
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(now);
+        for payload in &payloads {
+            let Some((due, producer, seq)) = read_stamp(payload) else {
+                continue;
+            };
             recorder.record(|l| &mut l.end_to_end, now.saturating_sub(due));
-            if let Some(receipt) = message["receipt"].as_str() {
-                receipts.push(receipt.to_string());
+            if let Some((stored, at)) = recorder
+                .confirms
+                .get(producer)
+                .map(|ring| &ring[seq as usize % CONFIRM_RING])
+            {
+                if stored.load(Ordering::Acquire) == seq {
+                    let confirmed = at.load(Ordering::Relaxed);
+                    recorder.record(|l| &mut l.confirm_to_consume, now.saturating_sub(confirmed));
+                }
             }
         }
         recorder
             .consumed
-            .fetch_add(messages.len() as u64, Ordering::Relaxed);
-        if !receipts.is_empty() {
-            let body = json!({ "receipts": receipts }).to_string();
-            conn.call("POST", &ack, None, body.as_bytes())?;
-        }
+            .fetch_add(payloads.len() as u64, Ordering::Relaxed);
+        consumer.ack()?;
     }
     Ok(())
 }
@@ -285,9 +247,9 @@ fn percentiles(prefix: &str, histogram: &Histogram<u64>, out: &mut serde_json::M
     out.insert(format!("{prefix}Max"), json!(ms(histogram.max())));
 }
 
-/// Runs `workload` against the node at `addr` and returns the OMB-style
-/// result document.
-pub fn run(addr: &str, workload: &Workload) -> Result<Value, String> {
+/// Runs `workload` on `driver`'s system and returns the OMB-style result
+/// document.
+pub fn run(driver: &Arc<dyn Driver>, workload: &Workload) -> Result<Value, String> {
     if workload.subscriptions_per_topic != 1 {
         return Err(format!(
             "subscriptionsPerTopic {}: a Narad topic is one queue (one subscription); fan-out children come later",
@@ -298,17 +260,11 @@ pub fn run(addr: &str, workload: &Workload) -> Result<Value, String> {
     let topics: Vec<String> = (0..workload.topics)
         .map(|i| format!("omb-{run_id}-{i}"))
         .collect();
-    let mut admin = Conn::open(addr)?;
+    let durability = driver.durability()?;
     for topic in &topics {
-        let body = json!({"partitions": workload.partitions_per_topic}).to_string();
-        let (status, answer) =
-            admin.call("PUT", &format!("/v1/topics/{topic}"), None, body.as_bytes())?;
-        if status != 201 {
-            return Err(format!(
-                "creating {topic}: {status} {}",
-                String::from_utf8_lossy(&answer)
-            ));
-        }
+        driver
+            .create_topic(topic, workload.partitions_per_topic)
+            .map_err(|e| format!("{}: creating {topic}: {e}", driver.name()))?;
     }
     let recorder = Arc::new(Recorder {
         interval: Mutex::new(Latencies::new()?),
@@ -320,15 +276,22 @@ pub fn run(addr: &str, workload: &Workload) -> Result<Value, String> {
         stop_producers: AtomicBool::new(false),
         stop_consumers: AtomicBool::new(false),
         consumers_paused: AtomicBool::new(workload.consumer_backlog_size_gb > 0.0),
+        confirms: (0..workload.producers())
+            .map(|_| {
+                (0..CONFIRM_RING)
+                    .map(|_| (AtomicU64::new(u64::MAX), AtomicU64::new(0)))
+                    .collect()
+            })
+            .collect(),
     });
     let pool = Arc::new(payloads(workload));
     let per_producer = workload.producer_rate as f64 / f64::from(workload.producers());
     let mut threads = Vec::new();
     for (t, topic) in topics.iter().enumerate() {
         for p in 0..workload.producers_per_topic {
-            let (addr, path, workload, recorder, pool) = (
-                addr.to_string(),
-                format!("/v1/topics/{topic}/messages"),
+            let (driver, topic, workload, recorder, pool) = (
+                driver.clone(),
+                topic.clone(),
                 workload.clone(),
                 recorder.clone(),
                 pool.clone(),
@@ -336,8 +299,8 @@ pub fn run(addr: &str, workload: &Workload) -> Result<Value, String> {
             let index = t * workload.producers_per_topic as usize + p as usize;
             threads.push(std::thread::spawn(move || {
                 producer(
-                    &addr,
-                    &path,
+                    driver.as_ref(),
+                    &topic,
                     &workload,
                     per_producer,
                     &recorder,
@@ -347,9 +310,9 @@ pub fn run(addr: &str, workload: &Workload) -> Result<Value, String> {
             }));
         }
         for _ in 0..workload.consumer_per_subscription {
-            let (addr, topic, recorder) = (addr.to_string(), topic.clone(), recorder.clone());
+            let (driver, topic, recorder) = (driver.clone(), topic.clone(), recorder.clone());
             threads.push(std::thread::spawn(move || {
-                consumer(&addr, &topic, &recorder)
+                consumer(driver.as_ref(), &topic, &recorder)
             }));
         }
     }
@@ -396,6 +359,11 @@ pub fn run(addr: &str, workload: &Workload) -> Result<Value, String> {
         percentiles("publishLatency", &latencies.publish, &mut entry);
         percentiles("publishDelayLatency", &latencies.publish_delay, &mut entry);
         percentiles("endToEndLatency", &latencies.end_to_end, &mut entry);
+        percentiles(
+            "confirmToConsumeLatency",
+            &latencies.confirm_to_consume,
+            &mut entry,
+        );
         eprintln!(
             "pub {:>8.0} msg/s  cons {:>8.0} msg/s  backlog {:>7}  pub p99 {:>7.2} ms  e2e p99 {:>7.2} ms",
             entry["publishRate"].as_f64().unwrap_or(0.0),
@@ -430,7 +398,9 @@ pub fn run(addr: &str, workload: &Workload) -> Result<Value, String> {
         |key: &str| -> Value { Value::Array(intervals.iter().map(|i| i[key].clone()).collect()) };
     let mut result = serde_json::Map::new();
     result.insert("workload".into(), json!(workload.name));
-    result.insert("driver".into(), json!("narad"));
+    result.insert("driver".into(), json!(driver.name()));
+    result.insert("durability".into(), json!(durability));
+    result.insert("producerRate".into(), json!(workload.producer_rate));
     result.insert("messageSize".into(), json!(workload.message_size));
     result.insert("topics".into(), json!(workload.topics));
     result.insert("partitions".into(), json!(workload.partitions_per_topic));
@@ -465,6 +435,8 @@ pub fn run(addr: &str, workload: &Workload) -> Result<Value, String> {
         "endToEndLatency999pct",
         "endToEndLatency9999pct",
         "endToEndLatencyMax",
+        "confirmToConsumeLatency50pct",
+        "confirmToConsumeLatency99pct",
     ] {
         result.insert(key.into(), series(key));
     }
@@ -487,9 +459,45 @@ pub fn run(addr: &str, workload: &Workload) -> Result<Value, String> {
         &total.end_to_end,
         &mut aggregated,
     );
+    percentiles(
+        "aggregatedConfirmToConsumeLatency",
+        &total.confirm_to_consume,
+        &mut aggregated,
+    );
     result.extend(aggregated);
+    result.insert(
+        "aggregatedPublishLatencyQuantiles".into(),
+        quantiles(&total.publish),
+    );
+    result.insert(
+        "aggregatedEndToEndLatencyQuantiles".into(),
+        quantiles(&total.end_to_end),
+    );
+    for topic in &topics {
+        if let Err(error) = driver.delete_topic(topic) {
+            eprintln!("{}: deleting {topic}: {error}", driver.name());
+        }
+    }
     Ok(Value::Object(result))
 }
+
+/// Percentile → latency (ms) for the latency curves, as OMB's
+/// `aggregated*Quantiles` maps.
+fn quantiles(histogram: &Histogram<u64>) -> Value {
+    let mut out = serde_json::Map::new();
+    for percentile in CURVE_PERCENTILES {
+        out.insert(
+            format!("{percentile}"),
+            json!(histogram.value_at_quantile(percentile / 100.0) as f64 / 1000.0),
+        );
+    }
+    Value::Object(out)
+}
+
+/// The points of a latency curve.
+pub const CURVE_PERCENTILES: [f64; 12] = [
+    50.0, 75.0, 90.0, 95.0, 99.0, 99.5, 99.9, 99.95, 99.99, 99.995, 99.999, 100.0,
+];
 
 /// The terminal summary of a result.
 pub fn summary(result: &Value) -> String {

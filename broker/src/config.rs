@@ -118,6 +118,14 @@ const KEYS: &[(&str, Kind, Option<&str>)] = &[
         Some("50"),
     ),
     (
+        "dispatcher.busy_linger_ms",
+        Kind::U64 {
+            min: 0,
+            max: 10_000,
+        },
+        Some("10"),
+    ),
+    (
         "dispatcher.checkpoint_interval_ms",
         Kind::U64 {
             min: 1,

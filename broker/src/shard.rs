@@ -52,9 +52,6 @@ const TAIL_CACHE_BYTES: usize = 4 * 1024 * 1024;
 /// Largest commit batch the dispatcher sends.
 const COMMIT_BATCH_RECORDS_MAX: usize = 4096;
 const COMMIT_BATCH_BYTES_MAX: u64 = 8 * 1024 * 1024;
-/// Spacing of commits to a partition that is busy: under load each
-/// partition appends and fdatasyncs about this often, with all it gathered.
-const COMMIT_BUSY_LINGER_MS: u64 = 10;
 const COMMIT_RETRY_BACKOFF_MIN_MS: u64 = 50;
 const COMMIT_RETRY_BACKOFF_MAX_MS: u64 = 2000;
 /// How long a graceful stop waits for the dispatcher to drain.
@@ -155,7 +152,7 @@ impl Shard {
         } = parts;
         let dispatcher = Dispatcher::new(DispatcherConfig {
             max_linger_ms: config.u64("dispatcher.max_linger_ms"),
-            busy_linger_ms: COMMIT_BUSY_LINGER_MS,
+            busy_linger_ms: config.u64("dispatcher.busy_linger_ms"),
             reroute_after_ms: config.u64("dispatcher.reroute_after_ms"),
             batch_records_max: COMMIT_BATCH_RECORDS_MAX,
             batch_bytes_max: COMMIT_BATCH_BYTES_MAX,

@@ -6,7 +6,7 @@
 //! never retries another 4xx. A retried produce may store a second copy: the
 //! contract allows it.
 
-use std::io::{Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -128,6 +128,36 @@ fn jitter_below(bound_ms: u64) -> u64 {
     x % bound_ms.max(1)
 }
 
+/// An answer's status and body as the client's result: 2xx with a JSON (or
+/// empty) body, or the API error it carries.
+fn answer_from(status: u16, body: &[u8]) -> Result<Answer, ClientError> {
+    let parsed: Option<Value> = if body.is_empty() {
+        Some(Value::Null)
+    } else {
+        serde_json::from_slice(body).ok()
+    };
+    if (200..300).contains(&status) {
+        let json = parsed.ok_or_else(|| {
+            ClientError::BadResponse(format!("status {status} with a body that is not JSON"))
+        })?;
+        return Ok(Answer { status, body: json });
+    }
+    // A body without the API's error shape (a proxy, or hyper refusing a
+    // malformed request) still has a status: it decides the code.
+    let json = parsed.unwrap_or(Value::Null);
+    let code = json["error"]["code"]
+        .as_str()
+        .and_then(ErrorCode::parse)
+        .unwrap_or_else(|| code_for_status(status));
+    let message = json["error"]["message"]
+        .as_str()
+        .map_or_else(|| format!("the server answered {status}"), str::to_string);
+    Err(ClientError::Api {
+        status,
+        error: ApiError::new(code, message),
+    })
+}
+
 impl Client {
     /// A client of `url` (`http://HOST:PORT`, a trailing `/` allowed).
     pub fn new(url: &str) -> Result<Self, ClientError> {
@@ -220,31 +250,12 @@ impl Client {
             .nth(1)
             .and_then(|s| s.parse().ok())
             .ok_or_else(|| ClientError::BadResponse(format!("no status line in {head:?}")))?;
-        let parsed: Option<Value> = if body.is_empty() {
-            Some(Value::Null)
-        } else {
-            serde_json::from_slice(body).ok()
-        };
-        if (200..300).contains(&status) {
-            let json = parsed.ok_or_else(|| {
-                ClientError::BadResponse(format!("status {status} with a body that is not JSON"))
-            })?;
-            return Ok(Answer { status, body: json });
-        }
-        // A body without the API's error shape (a proxy, or hyper refusing a
-        // malformed request) still has a status: it decides the code.
-        let json = parsed.unwrap_or(Value::Null);
-        let code = json["error"]["code"]
-            .as_str()
-            .and_then(ErrorCode::parse)
-            .unwrap_or_else(|| code_for_status(status));
-        let message = json["error"]["message"]
-            .as_str()
-            .map_or_else(|| format!("the server answered {status}"), str::to_string);
-        Err(ClientError::Api {
-            status,
-            error: ApiError::new(code, message),
-        })
+        answer_from(status, body)
+    }
+
+    /// A keep-alive connection to this client's node.
+    pub fn connect(&self) -> Result<Connection, ClientError> {
+        Connection::open(&self.addr)
     }
 
     pub fn put_topic(&self, topic: &str, config: &Value) -> Result<Answer, ClientError> {
@@ -330,6 +341,81 @@ impl Client {
             body.to_string().as_bytes(),
         )
         .map(|_| ())
+    }
+}
+
+/// One keep-alive HTTP/1.1 connection to a node, for clients that send
+/// many requests one after another (benchmarks). It neither retries nor
+/// reconnects: a caller that gets a transport error opens a new one.
+#[derive(Debug)]
+pub struct Connection {
+    writer: TcpStream,
+    reader: BufReader<TcpStream>,
+    host: String,
+}
+
+impl Connection {
+    /// Connects to `addr` (`HOST:PORT`).
+    pub fn open(addr: &str) -> Result<Self, ClientError> {
+        let transport = |e: std::io::Error| ClientError::Transport(format!("{addr}: {e}"));
+        let stream = TcpStream::connect(addr).map_err(transport)?;
+        stream.set_nodelay(true).map_err(transport)?;
+        stream
+            .set_read_timeout(Some(REQUEST_TIMEOUT))
+            .map_err(transport)?;
+        let writer = stream.try_clone().map_err(transport)?;
+        Ok(Self {
+            writer,
+            reader: BufReader::new(stream),
+            host: addr.to_string(),
+        })
+    }
+
+    /// One request; the answer as [`Client::call`] gives it.
+    pub fn call(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Result<Answer, ClientError> {
+        let transport = |e: std::io::Error| ClientError::Transport(e.to_string());
+        let mut request = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Length: {}\r\n",
+            self.host,
+            body.len()
+        );
+        for (name, value) in headers {
+            request.push_str(&format!("{name}: {value}\r\n"));
+        }
+        request.push_str("\r\n");
+        let mut bytes = request.into_bytes();
+        bytes.extend_from_slice(body);
+        self.writer.write_all(&bytes).map_err(transport)?;
+        let mut line = String::new();
+        self.reader.read_line(&mut line).map_err(transport)?;
+        let status: u16 = line
+            .split(' ')
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| ClientError::Transport(format!("no status line: {line:?}")))?;
+        let mut length = 0usize;
+        loop {
+            line.clear();
+            self.reader.read_line(&mut line).map_err(transport)?;
+            if line == "\r\n" || line.is_empty() {
+                break;
+            }
+            if let Some(value) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                length = value
+                    .trim()
+                    .parse()
+                    .map_err(|_| ClientError::BadResponse(format!("bad header {line:?}")))?;
+            }
+        }
+        let mut answer = vec![0u8; length];
+        self.reader.read_exact(&mut answer).map_err(transport)?;
+        answer_from(status, &answer)
     }
 }
 

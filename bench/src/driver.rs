@@ -1,0 +1,194 @@
+//! The seam every system under test sits behind: Narad, and (with the
+//! `peers` feature) the peer brokers the compare command runs the same
+//! workload on. One rate controller and one set of histograms drive them
+//! all; a driver only knows how to talk to its system.
+//!
+//! Every driver answers a producer only once its system confirmed the
+//! message durable (Narad: 202 after the WAL's fdatasync; the peers: as
+//! configured by `bench/peers.sh`, read back by [`Driver::durability`]).
+
+use std::time::Duration;
+
+use narad_net::client::{encode_segment, Answer, Client, ClientError, Connection};
+use serde_json::json;
+
+/// A system under test.
+pub trait Driver: Send + Sync {
+    /// Its short name in tables and charts.
+    fn name(&self) -> &'static str;
+    /// How it makes a message durable before confirming it, as read back
+    /// from the running server.
+    fn durability(&self) -> Result<String, String>;
+    /// Creates a topic (stream, queue) for one run.
+    fn create_topic(&self, topic: &str, partitions: u32) -> Result<(), String>;
+    /// Deletes a run's topic (best effort).
+    fn delete_topic(&self, topic: &str) -> Result<(), String>;
+    fn producer(&self, topic: &str) -> Result<Box<dyn Producer>, String>;
+    fn consumer(&self, topic: &str) -> Result<Box<dyn Consumer>, String>;
+}
+
+/// One producer: one connection, one message in flight.
+pub trait Producer: Send {
+    /// Sends one message; returns once the system confirmed it durable.
+    fn send(&mut self, key: Option<&str>, payload: &[u8]) -> Result<(), String>;
+}
+
+/// One consumer of a topic's single subscription (work queue).
+pub trait Consumer: Send {
+    /// Up to `max` messages, waiting up to `wait` for the first; their
+    /// payloads. They stay leased until [`Consumer::ack`].
+    fn receive(&mut self, max: usize, wait: Duration) -> Result<Vec<Vec<u8>>, String>;
+    /// Acks everything received since the last ack.
+    fn ack(&mut self) -> Result<(), String>;
+}
+
+fn text(error: ClientError) -> String {
+    error.to_string()
+}
+
+/// Narad over its HTTP API: one keep-alive connection per producer and
+/// consumer, single-message produce, long-poll consume, batch ack.
+pub struct NaradDriver {
+    client: Client,
+}
+
+impl NaradDriver {
+    pub fn new(server: &str) -> Result<Self, String> {
+        Ok(Self {
+            client: Client::new(server).map_err(text)?,
+        })
+    }
+}
+
+impl Driver for NaradDriver {
+    fn name(&self) -> &'static str {
+        "narad"
+    }
+
+    fn durability(&self) -> Result<String, String> {
+        // Not a setting: a 202 always follows the ingress WAL's fdatasync.
+        let cluster = self.client.cluster().map_err(text)?;
+        let nodes = cluster["nodes"].as_array().map_or(1, Vec::len);
+        Ok(format!(
+            "202 after the ingress WAL's group-commit fdatasync (always; {nodes} node(s))"
+        ))
+    }
+
+    fn create_topic(&self, topic: &str, partitions: u32) -> Result<(), String> {
+        self.client
+            .put_topic(topic, &json!({ "partitions": partitions }))
+            .map(|_| ())
+            .map_err(text)
+    }
+
+    fn delete_topic(&self, topic: &str) -> Result<(), String> {
+        self.client.delete_topic(topic).map_err(text)
+    }
+
+    fn producer(&self, topic: &str) -> Result<Box<dyn Producer>, String> {
+        Ok(Box::new(NaradProducer {
+            link: Link::open(&self.client)?,
+            path: format!("/v1/topics/{}/messages", encode_segment(topic)),
+        }))
+    }
+
+    fn consumer(&self, topic: &str) -> Result<Box<dyn Consumer>, String> {
+        let topic = encode_segment(topic);
+        Ok(Box::new(NaradConsumer {
+            link: Link::open(&self.client)?,
+            consume: format!("/v1/topics/{topic}/consume"),
+            ack: format!("/v1/topics/{topic}/ack/batch"),
+            receipts: Vec::new(),
+        }))
+    }
+}
+
+/// A keep-alive connection that is opened again after a transport error.
+struct Link {
+    client: Client,
+    conn: Connection,
+}
+
+impl Link {
+    fn open(client: &Client) -> Result<Self, String> {
+        Ok(Self {
+            client: client.clone(),
+            conn: client.connect().map_err(text)?,
+        })
+    }
+
+    fn call(
+        &mut self,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Result<Answer, String> {
+        match self.conn.call("POST", path, headers, body) {
+            Ok(answer) => Ok(answer),
+            Err(error @ ClientError::Transport(_)) => {
+                self.conn = self.client.connect().map_err(text)?;
+                Err(text(error))
+            }
+            Err(error) => Err(text(error)),
+        }
+    }
+}
+
+struct NaradProducer {
+    link: Link,
+    path: String,
+}
+
+impl Producer for NaradProducer {
+    fn send(&mut self, key: Option<&str>, payload: &[u8]) -> Result<(), String> {
+        let headers: &[(&str, &str)] = match key {
+            Some(key) => &[("Narad-Key", key)],
+            None => &[],
+        };
+        self.link.call(&self.path, headers, payload).map(|_| ())
+    }
+}
+
+struct NaradConsumer {
+    link: Link,
+    consume: String,
+    ack: String,
+    receipts: Vec<String>,
+}
+
+impl Consumer for NaradConsumer {
+    fn receive(&mut self, max: usize, wait: Duration) -> Result<Vec<Vec<u8>>, String> {
+        let request = json!({
+            "max_messages": max,
+            "wait_ms": u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+        })
+        .to_string();
+        let answer = self.link.call(&self.consume, &[], request.as_bytes())?;
+        let messages = answer.body["messages"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let mut payloads = Vec::with_capacity(messages.len());
+        for message in messages {
+            if let Some(receipt) = message["receipt"].as_str() {
+                self.receipts.push(receipt.to_string());
+            }
+            payloads.push(
+                message["value"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .as_bytes()
+                    .to_vec(),
+            );
+        }
+        Ok(payloads)
+    }
+
+    fn ack(&mut self) -> Result<(), String> {
+        if self.receipts.is_empty() {
+            return Ok(());
+        }
+        let body = json!({ "receipts": std::mem::take(&mut self.receipts) }).to_string();
+        self.link.call(&self.ack, &[], body.as_bytes()).map(|_| ())
+    }
+}
