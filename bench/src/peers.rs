@@ -248,19 +248,21 @@ impl Consumer for NatsConsumer {
 
 // -------------------------------------------------------------- RabbitMQ
 
-/// RabbitMQ through `amiquip` (blocking AMQP 0.9.1): a connection per
-/// producer and consumer.
+/// RabbitMQ through `amiquip` (blocking AMQP 0.9.1): producers share one
+/// connection (amiquip runs an I/O thread per connection; 64 of them would
+/// cost the client more CPU than the broker), a channel each; each consumer
+/// has its own connection.
 struct RabbitMq {
     url: String,
+    shared: std::sync::Mutex<amiquip::Connection>,
 }
 
 impl RabbitMq {
     fn connect(url: &str) -> Result<Self, String> {
-        let mut connection = amiquip::Connection::insecure_open(url).map_err(text)?;
-        connection.open_channel(None).map_err(text)?;
-        connection.close().map_err(text)?;
+        let connection = amiquip::Connection::insecure_open(url).map_err(text)?;
         Ok(Self {
             url: url.to_string(),
+            shared: std::sync::Mutex::new(connection),
         })
     }
 
@@ -335,12 +337,15 @@ impl Driver for RabbitMq {
     }
 
     fn producer(&self, topic: &str) -> Result<Box<dyn Producer>, String> {
-        let mut connection = amiquip::Connection::insecure_open(&self.url).map_err(text)?;
-        let channel = connection.open_channel(None).map_err(text)?;
+        let channel = self
+            .shared
+            .lock()
+            .map_err(|_| "rabbitmq: connection lock poisoned".to_string())?
+            .open_channel(None)
+            .map_err(text)?;
         let confirms = channel.listen_for_publisher_confirms().map_err(text)?;
         channel.enable_publisher_confirms().map_err(text)?;
         Ok(Box::new(RabbitProducer {
-            _connection: connection,
             channel,
             confirms,
             queue: topic.to_string(),
@@ -417,7 +422,6 @@ impl Driver for RabbitMq {
 }
 
 struct RabbitProducer {
-    _connection: amiquip::Connection,
     channel: amiquip::Channel,
     confirms: crossbeam_channel::Receiver<amiquip::Confirm>,
     queue: String,
