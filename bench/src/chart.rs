@@ -77,7 +77,10 @@ pub fn latency_curves(path: &Path, title: &str, results: &[&Value]) -> Result<()
         .x_desc("percentile")
         .y_desc("ms")
         .x_labels(6)
-        .x_label_formatter(&|x| format!("{:.4}", 100.0 * (1.0 - 10f64.powf(-x))))
+        .x_label_formatter(&|x| {
+            let percentile = 100.0 * (1.0 - 10f64.powf(-x));
+            format!("{}", (percentile * 1000.0).round() / 1000.0)
+        })
         .draw()
         .map_err(fail)?;
     for (name, colour, publish, end_to_end) in curves {
