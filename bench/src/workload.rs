@@ -201,18 +201,27 @@ warmupDurationMinutes: 0.5
     fn every_shipped_workload_parses_and_fits_a_compare_run() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads");
         let mut count = 0;
+        let mut compare_run = Duration::ZERO;
         for entry in std::fs::read_dir(&dir).expect("workloads dir") {
             let path = entry.expect("entry").path();
             let text = std::fs::read_to_string(&path).expect("read");
             let w = Workload::parse(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             assert!(
-                w.test_duration() + w.warmup_duration() <= Duration::from_secs(150),
+                w.test_duration() <= Duration::from_secs(120),
                 "{}: at most 2 minutes of test",
                 path.display()
             );
+            // Narad and three peers, each with its warm-up and at worst the
+            // whole drain allowance.
+            compare_run +=
+                4 * (w.test_duration() + w.warmup_duration() + crate::omb::DRAIN_DEADLINE);
             count += 1;
         }
         assert!(count >= 6, "the issue's workloads are there");
+        assert!(
+            compare_run <= Duration::from_secs(40 * 60),
+            "a compare run of every workload fits in 40 minutes: {compare_run:?}"
+        );
     }
 
     #[test]
