@@ -128,6 +128,27 @@ fn jitter_below(bound_ms: u64) -> u64 {
     x % bound_ms.max(1)
 }
 
+/// An HTTP/1.1 request's head, up to and including the blank line.
+fn request_head(
+    method: &str,
+    path: &str,
+    host: &str,
+    body_len: usize,
+    headers: &[(&str, &str)],
+    close: bool,
+) -> String {
+    let mut head =
+        format!("{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: {body_len}\r\n");
+    if close {
+        head.push_str("Connection: close\r\n");
+    }
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("\r\n");
+    head
+}
+
 /// An answer's status and body as the client's result: 2xx with a JSON (or
 /// empty) body, or the API error it carries.
 fn answer_from(status: u16, body: &[u8]) -> Result<Answer, ClientError> {
@@ -223,15 +244,7 @@ impl Client {
         stream
             .set_write_timeout(Some(REQUEST_TIMEOUT))
             .map_err(transport)?;
-        let mut head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Length: {}\r\nConnection: close\r\n",
-            self.addr,
-            body.len()
-        );
-        for (name, value) in headers {
-            head.push_str(&format!("{name}: {value}\r\n"));
-        }
-        head.push_str("\r\n");
+        let head = request_head(method, path, &self.addr, body.len(), headers, true);
         stream.write_all(head.as_bytes()).map_err(transport)?;
         stream.write_all(body).map_err(transport)?;
         let mut response = Vec::new();
@@ -380,16 +393,8 @@ impl Connection {
         body: &[u8],
     ) -> Result<Answer, ClientError> {
         let transport = |e: std::io::Error| ClientError::Transport(e.to_string());
-        let mut request = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Length: {}\r\n",
-            self.host,
-            body.len()
-        );
-        for (name, value) in headers {
-            request.push_str(&format!("{name}: {value}\r\n"));
-        }
-        request.push_str("\r\n");
-        let mut bytes = request.into_bytes();
+        let mut bytes =
+            request_head(method, path, &self.host, body.len(), headers, false).into_bytes();
         bytes.extend_from_slice(body);
         self.writer.write_all(&bytes).map_err(transport)?;
         let mut line = String::new();
