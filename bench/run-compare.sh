@@ -2,7 +2,9 @@
 # Narad beside the peer brokers on the same machine, same run: every workload
 # given (default: the 1 KiB ones at max rate, 5,000 and 20,000 msg/s) on a
 # fresh single node and on each peer, taking turns.
-# Usage: bench/run-compare.sh [SECONDS_PER_RUN] [OUT_DIR] [WORKLOAD.yaml...]
+# Usage: [ROUNDS=N] bench/run-compare.sh [SECONDS_PER_RUN] [OUT_DIR] [WORKLOAD.yaml...]
+# (ROUNDS: each system runs each workload N times, taking turns; the table
+# keeps each system's median round.)
 # Needs the peers installed once (bench/peers.sh install). Starts only what it
 # stops: a narad node on a free port, and the peers that were not running yet.
 set -euo pipefail
@@ -40,4 +42,4 @@ pids+=($!)
 node=$(address_of narad)
 echo "== narad $node; peers: $(bench/peers.sh status | tr '\n' ' ')"
 target/release/narad-bench compare "${workloads[@]}" --server "http://$node" \
-    --out "$out" --duration-seconds "$seconds" --warmup-seconds 10
+    --out "$out" --duration-seconds "$seconds" --warmup-seconds 10 --rounds "${ROUNDS:-1}"
