@@ -45,6 +45,10 @@ wait_for() {
     echo "peers: $what is up"
 }
 
+redis_ready() {
+    [[ $(redis-cli -p "$REDIS_PORT" PING 2>/dev/null) == PONG ]]
+}
+
 port_open() {
     (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
 }
@@ -74,6 +78,8 @@ start_nats() {
     local bin
     bin=$(nats_bin)
     [[ -n "$bin" ]] || { echo "peers: nats-server not installed (bench/peers.sh install)"; return 0; }
+    # Every start is a fresh store: a benchmark measures an empty server.
+    rm -rf "$DIR/nats/store"
     mkdir -p "$DIR/nats"
     cat >"$DIR/nats/nats.conf" <<EOF
 listen: 127.0.0.1:$NATS_PORT
@@ -91,17 +97,21 @@ EOF
 start_redis() {
     running redis && { echo "peers: redis-server already running"; return 0; }
     command -v redis-server >/dev/null || { echo "peers: redis-server not installed"; return 0; }
-    mkdir -p "$DIR/redis"
-    redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --dir "$DIR/redis" \
+    rm -rf "$DIR/redis/data"
+    mkdir -p "$DIR/redis/data"
+    redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --dir "$DIR/redis/data" \
         --appendonly yes --appendfsync always --save "" --protected-mode no \
         --daemonize no >"$DIR/redis/log" 2>&1 &
     echo $! >"$DIR/redis/pid"
-    wait_for "redis-server" port_open "$REDIS_PORT"
+    # The port opens before Redis has loaded its data; PING answers PONG
+    # only once it serves.
+    wait_for "redis-server" redis_ready
 }
 
 start_rabbitmq() {
     running rabbitmq && { echo "peers: rabbitmq-server already running"; return 0; }
     command -v rabbitmq-server >/dev/null || { echo "peers: rabbitmq-server not installed"; return 0; }
+    rm -rf "$DIR/rabbitmq/mnesia"
     mkdir -p "$DIR/rabbitmq"
     # epmd is shared by every Erlang node on the machine: stop it later only
     # if this script is the one that starts it.
