@@ -159,6 +159,25 @@ impl LeaseTable {
         Ok(expires_at_ms)
     }
 
+    /// Takes back a lease that never reached a consumer (the consume that
+    /// granted it failed or was dropped): the offset is available again at
+    /// once and the delivery is not counted.
+    pub fn unlease(&mut self, offset: u64, lease_id: u64) {
+        if self
+            .leases
+            .get(&offset)
+            .is_some_and(|l| l.lease_id == lease_id)
+        {
+            self.remove_lease(offset);
+            if let Some(count) = self.delivery_counts.get_mut(&offset) {
+                *count = count.saturating_sub(1);
+                if *count == 0 {
+                    self.delivery_counts.remove(&offset);
+                }
+            }
+        }
+    }
+
     /// Removes every lease that ended before `now_ms` and returns them, so
     /// the owner can dead-letter those that reached their delivery limit.
     pub fn sweep(&mut self, now_ms: u64) -> Vec<Expired> {
@@ -320,5 +339,21 @@ mod tests {
         assert_eq!(table.delivery_count(2), 0);
         assert_eq!(table.delivery_count(9), 1);
         assert_eq!(table.in_flight(0), 1);
+    }
+
+    #[test]
+    fn a_lease_taken_back_is_available_at_once_and_not_counted() {
+        let mut table = LeaseTable::new();
+        let first = table.lease(4, 0, 30_000);
+        table.unlease(4, first.lease_id);
+        assert!(table.is_available(4, 1), "not hidden for the visibility");
+        assert_eq!(table.delivery_count(4), 0, "a delivery nobody received");
+        let second = table.lease(4, 2, 30_000);
+        assert_eq!(second.delivery_count, 1);
+        table.unlease(4, first.lease_id);
+        assert!(
+            !table.is_available(4, 3),
+            "an older lease id takes nothing back"
+        );
     }
 }

@@ -121,9 +121,17 @@ impl ServeArgs {
     }
 }
 
+/// The log filter without `NARAD_LOG` or `RUST_LOG`.
+const DEFAULT_LOG_FILTER: &str =
+    "warn,narad=info,narad_broker=info,narad_raft=info,narad_net=info,narad_storage=info";
+
 fn init_logging() {
+    // Narad's own INFO lines, and only warnings from its dependencies (a
+    // first screen of openraft INFO lines tells a new user nothing).
+    // `NARAD_LOG` or `RUST_LOG` choose otherwise.
     let filter = tracing_subscriber::EnvFilter::try_from_env("NARAD_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .or_else(|_| tracing_subscriber::EnvFilter::try_from_default_env())
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     tracing_subscriber::fmt()
         .with_env_filter(filter)

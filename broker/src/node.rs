@@ -31,6 +31,8 @@ use crate::remote::{self, DataInbox, Inbound, Peers};
 use crate::shard::{every, NodeFs, Shard, ShardIdentity, ShardParts};
 
 const EPOCH_FILE: &str = "node.epoch";
+/// Held locked by the process that runs on the data folder.
+const LOCK_FILE: &str = "narad.lock";
 /// The file a test writes fault names into (`testing.faults` only).
 pub const FAULT_CONTROL_FILE: &str = "fault-control";
 const FAULT_POLL_INTERVAL: Duration = Duration::from_millis(10);
@@ -77,6 +79,69 @@ fn install_metrics() -> Result<metrics_exporter_prometheus::PrometheusHandle, St
 }
 /// JSON framing and base64 can grow a batch's values; leave room for it.
 const BODY_BYTES_SLACK: u64 = 64 * 1024;
+
+/// Takes the data folder for this process: an exclusive `flock` on
+/// `narad.lock`, held until the process exits (the kernel releases it even
+/// after SIGKILL). A second process on the folder is refused, naming the
+/// holder, before it touches anything.
+fn lock_data_dir(dir: &Path) -> Result<std::fs::File, String> {
+    use std::os::fd::AsRawFd;
+    let path = dir.join(LOCK_FILE);
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|e| format!("opening {}: {e}", path.display()))?;
+    // SAFETY: flock on a file descriptor this function owns.
+    let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if locked != 0 {
+        let holder = std::fs::read_to_string(&path).unwrap_or_default();
+        let holder = holder.trim();
+        let holder = if holder.is_empty() {
+            "another process".to_string()
+        } else {
+            format!("process {holder}")
+        };
+        return Err(format!(
+            "the data folder {} is in use by {holder} (it holds {LOCK_FILE}); one narad process per folder",
+            dir.display()
+        ));
+    }
+    file.set_len(0)
+        .and_then(|()| {
+            std::io::Write::write_all(&mut file, std::process::id().to_string().as_bytes())
+        })
+        .map_err(|e| format!("writing {}: {e}", path.display()))?;
+    Ok(file)
+}
+
+/// Refuses a client port another process listens on. The shards bind with
+/// SO_REUSEPORT (they share the port), which would let a second process
+/// share it too; a plain bind fails while anyone else holds it.
+fn refuse_port_in_use(listen: SocketAddr) -> Result<(), String> {
+    if listen.port() == 0 {
+        return Ok(());
+    }
+    match std::net::TcpListener::bind(listen) {
+        Ok(_probe) => Ok(()),
+        Err(error) if error.kind() == std::io::ErrorKind::AddrInUse => Err(format!(
+            "the client port {listen} is in use by another process"
+        )),
+        Err(error) => Err(format!("listening on {listen}: {error}")),
+    }
+}
+
+/// A random number drawn at every start: message ids carry it, so they
+/// never repeat, even on a node whose data folder was lost or copied.
+fn draw_incarnation() -> Result<u64, String> {
+    let mut bytes = [0u8; 8];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes))
+        .map_err(|e| format!("reading /dev/urandom: {e}"))?;
+    Ok(u64::from_le_bytes(bytes))
+}
 
 /// Reads, increments and persists the node's start counter.
 fn next_epoch(fs: &BlockingFs, dir: &Path) -> Result<u32, String> {
@@ -192,6 +257,7 @@ struct ShardStart {
     data_dir: PathBuf,
     node_id: u16,
     epoch: u32,
+    incarnation: u64,
     key: ReceiptKey,
     meta: Arc<MetaNode>,
     node: Arc<NodeShared>,
@@ -256,6 +322,9 @@ pub fn run(config: Config) -> Result<(), String> {
     // absolute path (the default `./narad-data` is relative).
     let data_dir = std::fs::canonicalize(&data_dir)
         .map_err(|e| format!("resolving {}: {e}", data_dir.display()))?;
+    let _lock = lock_data_dir(&data_dir)?;
+    refuse_port_in_use(config.addr("listen"))?;
+    let incarnation = draw_incarnation()?;
     let shards = shard_count(&config);
     let node_id = u16::try_from(config.u64("node_id"))
         .map_err(|_| "node_id must fit in 16 bits".to_string())?;
@@ -266,7 +335,6 @@ pub fn run(config: Config) -> Result<(), String> {
     let blocking_fs = BlockingFs::with_faults(faults.clone());
     let epoch = next_epoch(&blocking_fs, &data_dir)?;
     let metrics = install_metrics()?;
-    metrics::gauge!("narad_node_alive", "node" => node_id.to_string()).set(1.0);
     metrics::gauge!("narad_consume_long_polls_waiting").set(0.0);
     metrics::counter!("narad_dispatcher_reroutes_total").absolute(0);
     metrics::counter!("narad_storage_corrupt_records_total").increment(0);
@@ -334,6 +402,7 @@ pub fn run(config: Config) -> Result<(), String> {
             data_dir: data_dir.clone(),
             node_id,
             epoch,
+            incarnation,
             key: key.clone(),
             meta: meta.clone(),
             node: node.clone(),
@@ -499,6 +568,7 @@ async fn run_shard(start: ShardStart) -> Result<(), String> {
         data_dir,
         node_id,
         epoch,
+        incarnation,
         key,
         meta,
         node,
@@ -546,6 +616,7 @@ async fn run_shard(start: ShardStart) -> Result<(), String> {
         node_id,
         shard_id: u16::try_from(index).map_err(|_| "too many shards".to_string())?,
         epoch,
+        incarnation,
     };
     let shard = Shard::new(ShardParts {
         identity,
@@ -568,6 +639,7 @@ async fn run_shard(start: ShardStart) -> Result<(), String> {
         glommio::spawn_local(shard.clone().serve_remote(remote_inbox)).detach();
     }
     glommio::spawn_local(shard.clone().notify_peers()).detach();
+    glommio::spawn_local(shard.clone().run_dead_letters()).detach();
     if !recovery.records.is_empty() {
         tracing::info!(
             shard = index,
@@ -583,9 +655,13 @@ async fn run_shard(start: ShardStart) -> Result<(), String> {
             .collect(),
     );
 
-    glommio::spawn_local(wal.clone().run_committer(|outcome, elapsed| {
+    let committed = shard.clone();
+    glommio::spawn_local(wal.clone().run_committer(move |outcome, elapsed| {
         metrics::histogram!("narad_wal_sync_seconds").record(elapsed.as_secs_f64());
         metrics::histogram!("narad_wal_records_per_sync").record(outcome.records as f64);
+        // Every durable record goes to the dispatcher, whether or not the
+        // request that appended it still waits.
+        committed.dispatch_durable();
     }))
     .detach();
     if index == 0 {

@@ -14,11 +14,12 @@
 //!   settled so that it cannot hold the frontier back forever, and logged.
 //! - `ack`, `nack`, `extend`: check the lease (ended → `LeaseGone`), then
 //!   record the ack in the consumer state.
-//! - `sweep`: ends expired leases; a message that reached `max_deliveries`
-//!   is parked and handed back for dead-lettering instead of redelivery.
+//! - `sweep` and `nack`: end leases; a message whose `max_deliveries`-th
+//!   lease ended is parked and queued for dead-lettering instead of
+//!   redelivery (`next_dead_letter`, then `dead_lettered`).
 
 use std::cell::{Cell, RefCell};
-use std::collections::{HashSet, VecDeque};
+use std::collections::{BTreeSet, HashSet, VecDeque};
 
 use narad_storage::consumer::ConsumerState;
 use narad_storage::io::FileSystem;
@@ -64,12 +65,12 @@ pub struct DeadLetter {
 }
 
 /// What a sweep did.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Sweep {
     /// Leases that ended (their messages are available again, or dead).
     pub ended: usize,
-    /// Messages out of deliveries, for the dead-letter topic.
-    pub dead: Vec<DeadLetter>,
+    /// Of those, messages out of deliveries, queued for the dead-letter topic.
+    pub dead: usize,
 }
 
 /// Per-partition figures for `GET /v1/topics/{t}` and the metrics.
@@ -134,6 +135,26 @@ impl Drop for Turn<'_> {
     }
 }
 
+/// Leases a consume granted and has not handed out yet: taken back on drop.
+struct Granted<'a, F: FileSystem> {
+    owner: &'a PartitionOwner<F>,
+    leased: Option<&'a [(u64, Lease)]>,
+}
+
+impl<F: FileSystem> Granted<'_, F> {
+    fn handed_out(mut self) {
+        self.leased = None;
+    }
+}
+
+impl<F: FileSystem> Drop for Granted<'_, F> {
+    fn drop(&mut self) {
+        if let Some(leased) = self.leased.take() {
+            self.owner.unlease(leased);
+        }
+    }
+}
+
 pub struct PartitionOwner<F: FileSystem> {
     log: PartitionLog<F>,
     acks: ConsumerState<F>,
@@ -154,6 +175,9 @@ pub struct PartitionOwner<F: FileSystem> {
     commit_times: RefCell<VecDeque<(u64, u64)>>,
     /// Ids of the records appended last, to drop a repeated commit.
     recent_ids: RefCell<RecentIds>,
+    /// Parked offsets out of deliveries, waiting to be moved to the
+    /// dead-letter topic.
+    dead_pending: RefCell<BTreeSet<u64>>,
 }
 
 /// Ids of the last [`RECENT_IDS_MAX`] records appended to a partition.
@@ -198,6 +222,7 @@ impl<F: FileSystem> PartitionOwner<F> {
             max_deliveries: Cell::new(config.max_deliveries),
             commit_times: RefCell::new(VecDeque::new()),
             recent_ids: RefCell::default(),
+            dead_pending: RefCell::default(),
         }
     }
 
@@ -299,6 +324,13 @@ impl<F: FileSystem> PartitionOwner<F> {
                 .map(|offset| (offset, leases.lease(offset, now_ms, visibility_ms)))
                 .collect()
         };
+        // Until every message is read, the leases are taken back if this
+        // consume fails or is dropped (its client went away): a delivery
+        // nobody received neither hides the message nor counts.
+        let granted = Granted {
+            owner: self,
+            leased: Some(&leased),
+        };
         let mut deliveries = Vec::with_capacity(leased.len());
         let mut missing = Vec::new();
         for (offset, lease) in &leased {
@@ -310,10 +342,7 @@ impl<F: FileSystem> PartitionOwner<F> {
                         .into_iter()
                         .find(|m| m.offset == *offset)
                         .map(|m| m.message),
-                    Err(error) => {
-                        self.release(&leased, now_ms);
-                        return Err(error.into());
-                    }
+                    Err(error) => return Err(error.into()),
                 },
             };
             match message {
@@ -325,6 +354,7 @@ impl<F: FileSystem> PartitionOwner<F> {
                 None => missing.push((*offset, lease.lease_id)),
             }
         }
+        granted.handed_out();
         for (offset, lease_id) in missing {
             tracing::error!(
                 offset,
@@ -342,11 +372,13 @@ impl<F: FileSystem> PartitionOwner<F> {
         Ok(deliveries)
     }
 
-    fn release(&self, leased: &[(u64, Lease)], now_ms: u64) {
+    fn unlease(&self, leased: &[(u64, Lease)]) {
         let mut leases = self.leases.borrow_mut();
         for (offset, lease) in leased {
-            let _ = leases.nack(*offset, lease.lease_id, 0, now_ms);
+            leases.unlease(*offset, lease.lease_id);
         }
+        drop(leases);
+        self.signal.notify();
     }
 
     pub fn ack(&self, offset: u64, lease_id: u64, now_ms: u64) -> Result<(), OwnerError> {
@@ -362,10 +394,16 @@ impl<F: FileSystem> PartitionOwner<F> {
         delay_ms: u64,
         now_ms: u64,
     ) -> Result<(), OwnerError> {
-        self.leases
+        let lease = self
+            .leases
             .borrow_mut()
             .nack(offset, lease_id, delay_ms, now_ms)?;
-        if delay_ms == 0 {
+        // A nack ends the lease: the last allowed delivery moves the message
+        // to the dead-letter topic instead of delivering it again.
+        let limit = self.max_deliveries.get();
+        if limit > 0 && lease.delivery_count >= limit {
+            self.park_for_dead_letter(offset);
+        } else if delay_ms == 0 {
             self.signal.notify();
         }
         Ok(())
@@ -385,44 +423,87 @@ impl<F: FileSystem> PartitionOwner<F> {
     }
 
     /// Ends expired leases. Messages that reached `max_deliveries` are parked
-    /// and returned for dead-lettering; the others become available again.
-    pub async fn sweep(&self, now_ms: u64) -> Result<Sweep, OwnerError> {
+    /// and queued for dead-lettering ([`Self::next_dead_letter`]); the others
+    /// become available again. Synchronous, so a dropped caller leaves
+    /// nothing half done.
+    pub fn sweep(&self, now_ms: u64) -> Sweep {
         let expired = self.leases.borrow_mut().sweep(now_ms);
         if expired.is_empty() {
-            return Ok(Sweep::default());
+            return Sweep::default();
         }
         let limit = self.max_deliveries.get();
-        let mut dead = Vec::new();
-        for ended in expired
-            .iter()
-            .filter(|e| limit > 0 && e.delivery_count >= limit)
-        {
-            self.leases.borrow_mut().park(ended.offset);
-            let read = self.log.read(ended.offset, 1, usize::MAX).await?;
-            if let Some(stored) = read.into_iter().find(|m| m.offset == ended.offset) {
-                dead.push(DeadLetter {
-                    offset: ended.offset,
-                    message: stored.message,
-                });
+        let mut dead = 0;
+        for ended in &expired {
+            if limit > 0 && ended.delivery_count >= limit {
+                self.park_for_dead_letter(ended.offset);
+                dead += 1;
             }
         }
         self.signal.notify();
-        Ok(Sweep {
+        Sweep {
             ended: expired.len(),
             dead,
-        })
+        }
+    }
+
+    fn park_for_dead_letter(&self, offset: u64) {
+        self.leases.borrow_mut().park(offset);
+        self.dead_pending.borrow_mut().insert(offset);
+    }
+
+    /// Whether parked messages wait to be moved to the dead-letter topic.
+    pub fn has_dead_letters(&self) -> bool {
+        !self.dead_pending.borrow().is_empty()
+    }
+
+    /// The lowest parked message waiting for the dead-letter topic, read from
+    /// the cache or the log. It stays queued until [`Self::dead_lettered`] or
+    /// [`Self::dead_letter_failed`], so a mover dropped half way leaves it for
+    /// the next. `Ok(None)` when none waits; a message the log cannot return
+    /// any more is settled (as `consume` does) and skipped.
+    pub async fn next_dead_letter(&self) -> Result<Option<DeadLetter>, OwnerError> {
+        loop {
+            let Some(offset) = self.dead_pending.borrow().first().copied() else {
+                return Ok(None);
+            };
+            let cached = self.cache.borrow().get(offset).map(|m| m.message.clone());
+            let message = match cached {
+                Some(message) => Some(message),
+                None => self
+                    .log
+                    .read(offset, 1, usize::MAX)
+                    .await?
+                    .into_iter()
+                    .find(|m| m.offset == offset)
+                    .map(|m| m.message),
+            };
+            match message {
+                Some(message) => return Ok(Some(DeadLetter { offset, message })),
+                None => {
+                    tracing::error!(
+                        offset,
+                        "a message out of deliveries is damaged or gone from the log; settling it"
+                    );
+                    self.dead_lettered(offset);
+                }
+            }
+        }
     }
 
     /// The dead-letter topic durably holds the message: settle it here.
     pub fn dead_lettered(&self, offset: u64) {
-        self.leases.borrow_mut().unpark(offset);
-        self.acks.ack(offset);
+        if self.dead_pending.borrow_mut().remove(&offset) {
+            self.leases.borrow_mut().unpark(offset);
+            self.acks.ack(offset);
+        }
     }
 
     /// Moving it failed: deliver it again.
     pub fn dead_letter_failed(&self, offset: u64) {
-        self.leases.borrow_mut().unpark(offset);
-        self.signal.notify();
+        if self.dead_pending.borrow_mut().remove(&offset) {
+            self.leases.borrow_mut().unpark(offset);
+            self.signal.notify();
+        }
     }
 
     /// Persists acks on their intervals and applies retention. Returns how
@@ -625,22 +706,66 @@ mod tests {
         );
         block_on(owner.commit(&messages(1), 0)).expect("commit");
         block_on(owner.consume(1, 10, 0)).expect("first");
-        assert!(
-            block_on(owner.sweep(11)).expect("sweep").dead.is_empty(),
-            "one delivery: redelivered"
-        );
+        assert_eq!(owner.sweep(11).dead, 0, "one delivery: redelivered");
         block_on(owner.consume(1, 10, 11)).expect("second");
-        let dead = block_on(owner.sweep(22)).expect("sweep").dead;
-        assert_eq!(dead.len(), 1);
-        assert_eq!(dead[0].message.value, b"m0".to_vec());
+        assert_eq!(owner.sweep(22).dead, 1);
+        let dead = block_on(owner.next_dead_letter())
+            .expect("read")
+            .expect("queued");
+        assert_eq!(dead.message.value, b"m0".to_vec());
         assert!(
             block_on(owner.consume(1, 10, 23))
                 .expect("consume")
                 .is_empty(),
             "parked"
         );
+        // A mover dropped before it settled leaves the message queued.
+        assert_eq!(
+            block_on(owner.next_dead_letter())
+                .expect("read")
+                .map(|d| d.offset),
+            Some(0)
+        );
         owner.dead_lettered(0);
         assert_eq!(owner.frontier(), 1);
+        assert!(!owner.has_dead_letters());
+    }
+
+    #[test]
+    fn a_nack_of_the_last_allowed_delivery_parks_the_message() {
+        let fs = SimFs::new(6);
+        let clock = ManualClock::new(0);
+        let owner = open(
+            &fs,
+            &clock,
+            OwnerConfig {
+                max_deliveries: 2,
+                ..CONFIG
+            },
+        );
+        block_on(owner.commit(&messages(1), 0)).expect("commit");
+        let first = block_on(owner.consume(1, 1000, 0)).expect("first");
+        owner.nack(0, first[0].lease.lease_id, 0, 1).expect("nack");
+        assert!(!owner.has_dead_letters(), "one delivery: redelivered");
+        let second = block_on(owner.consume(1, 1000, 2)).expect("second");
+        assert_eq!(second[0].lease.delivery_count, 2);
+        owner.nack(0, second[0].lease.lease_id, 0, 3).expect("nack");
+        assert!(
+            owner.has_dead_letters(),
+            "the second nack ends the last delivery"
+        );
+        assert!(
+            block_on(owner.consume(1, 1000, 4))
+                .expect("consume")
+                .is_empty(),
+            "never delivered a third time"
+        );
+        owner.dead_letter_failed(0);
+        assert_eq!(
+            block_on(owner.consume(1, 1000, 5)).expect("consume").len(),
+            1,
+            "a failed move delivers it again"
+        );
     }
 
     #[test]

@@ -212,6 +212,8 @@ pub struct Wal<F: FileSystem> {
 /// completes once the fdatasync covering it returned.
 pub struct Appended {
     pub pos: WalPos,
+    /// Where the record ends: it is durable once [`Wal::durable_end`] reaches this.
+    pub end: WalPos,
     pub durable: Durable,
 }
 
@@ -510,6 +512,7 @@ impl<F: FileSystem> Wal<F> {
         }
         Ok(Appended {
             pos,
+            end,
             durable: Durable {
                 state: self.state.clone(),
                 end,
@@ -660,6 +663,11 @@ impl<F: FileSystem> Wal<F> {
                 Err(error)
             }
         }
+    }
+
+    /// Everything below this position is durable (an fdatasync covered it).
+    pub fn durable_end(&self) -> WalPos {
+        self.state.borrow().durable_end
     }
 
     /// Why the WAL failed, if it did.
