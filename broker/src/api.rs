@@ -462,6 +462,20 @@ async fn metrics(shard: &Shard) -> HttpResponse {
         )],
     );
     gauge(
+        "narad_node_alive",
+        "1 for each member this node's controller sees alive, 0 once marked dead",
+        shard
+            .members_alive()
+            .into_iter()
+            .map(|(node, alive)| {
+                (
+                    format!("{{node=\"{node}\"}}"),
+                    if alive { 1.0 } else { 0.0 },
+                )
+            })
+            .collect(),
+    );
+    gauge(
         "narad_raft_term",
         "current Raft term",
         vec![(String::new(), shard.meta().term() as f64)],

@@ -34,6 +34,12 @@ impl std::fmt::Display for Source {
 pub enum ConfigError {
     #[error("unknown config key {key:?} (from the {from})")]
     UnknownKey { key: String, from: Source },
+    #[error("config key {key:?} (from the {from}) is refused: {feature} are not available in this release")]
+    NotAvailable {
+        key: String,
+        from: Source,
+        feature: &'static str,
+    },
     #[error("config key {key} = {value:?} (from the {from}): {reason}")]
     InvalidValue {
         key: String,
@@ -55,7 +61,6 @@ enum Kind {
         min: u64,
         max: u64,
     },
-    Bool,
     Text,
     Addr,
     /// One of these words.
@@ -165,14 +170,6 @@ const KEYS: &[(&str, Kind, Option<&str>)] = &[
         },
         Some("30000"),
     ),
-    (
-        "cluster.move_promote_after_ms",
-        Kind::U64 {
-            min: 1,
-            max: 86_400_000,
-        },
-        Some("120000"),
-    ),
     ("cluster.secret", Kind::Text, None),
     ("cluster.tls.ca_file", Kind::Text, None),
     ("cluster.tls.cert_file", Kind::Text, None),
@@ -243,8 +240,6 @@ const KEYS: &[(&str, Kind, Option<&str>)] = &[
         },
         Some("16777216"),
     ),
-    ("auth.enabled", Kind::Bool, Some("false")),
-    ("auth.admin_password", Kind::Text, None),
     // For tests only: a fault layer under every storage file, switched at
     // runtime through `<data_dir>/fault-control` (see docs/testing.md).
     (
@@ -256,6 +251,34 @@ const KEYS: &[(&str, Kind, Option<&str>)] = &[
 
 /// Environment variables with the `NARAD_` prefix that are not config keys.
 const NON_CONFIG_ENV: &[&str] = &["NARAD_URL", "NARAD_LOG"];
+
+/// Keys of features this release does not have, and the feature: refused
+/// at start with that said, never accepted and ignored (an `auth.enabled`
+/// that enforced nothing would leave a node open while its operator
+/// believes it closed). A prefix ends with `.`.
+const NOT_AVAILABLE: &[(&str, &str)] = &[
+    ("auth.", "users, grants and authentication"),
+    ("http.tls.", "TLS on the client port"),
+    ("schemas.", "schemas"),
+    ("children.", "child topics"),
+    ("remote.", "remote children"),
+    ("cluster.move_promote_after_ms", "partition moves"),
+    ("cluster.max_concurrent_moves", "partition moves"),
+    ("cluster.move_bytes_per_s", "partition moves"),
+    ("join", "joining a running cluster"),
+];
+
+/// The feature a key belongs to, if this release does not have it.
+fn not_available(key: &str) -> Option<&'static str> {
+    NOT_AVAILABLE.iter().find_map(|(name, feature)| {
+        let hit = if name.ends_with('.') {
+            key.starts_with(name)
+        } else {
+            key == *name
+        };
+        hit.then_some(*feature)
+    })
+}
 
 /// The resolved configuration: every key's value and where it came from.
 #[derive(Debug, Clone)]
@@ -285,10 +308,6 @@ fn check(key: &str, value: &str, kind: Kind, source: Source) -> Result<(), Confi
         Kind::U64 { min, max } => match value.trim().parse::<u64>() {
             Ok(v) if (min..=max).contains(&v) => Ok(()),
             _ => Err(invalid(format!("must be an integer from {min} to {max}"))),
-        },
-        Kind::Bool => match value {
-            "true" | "false" => Ok(()),
-            _ => Err(invalid("must be true or false".into())),
         },
         Kind::Addr => value
             .parse::<SocketAddr>()
@@ -349,6 +368,13 @@ impl Config {
             .map(|(k, _, d)| (*k, (d.map(str::to_string), Source::Default)))
             .collect();
         let mut set = |key: &str, value: String, source: Source| -> Result<(), ConfigError> {
+            if let Some(feature) = not_available(key) {
+                return Err(ConfigError::NotAvailable {
+                    key: key.to_string(),
+                    from: source,
+                    feature,
+                });
+            }
             let (name, kind) = spec(key).ok_or_else(|| ConfigError::UnknownKey {
                 key: key.to_string(),
                 from: source,
@@ -383,7 +409,11 @@ impl Config {
                 .trim_start_matches("NARAD_")
                 .to_lowercase()
                 .replace("__", ".");
-            if spec(&key).is_some() {
+            // A name with `__` has the shape of a sectioned key: it must be
+            // one (a typo is refused, not ignored). Other `NARAD_` names are
+            // config keys only when they name one (tests use `NARAD_SIM_SEED`
+            // and the like for themselves).
+            if name.contains("__") || spec(&key).is_some() || not_available(&key).is_some() {
                 set(&key, value, Source::Env)?;
             }
         }
@@ -413,10 +443,12 @@ impl Config {
                 "storage.ack_flush_interval_ms must not exceed storage.consumer_offset_commit_interval_ms".into(),
             ));
         }
-        if self.bool("auth.enabled") && self.text("auth.admin_password").is_none() {
-            return Err(ConfigError::Inconsistent(
-                "auth.enabled needs auth.admin_password".into(),
-            ));
+        let retention = self.u64("topics.default_retention_ms");
+        let floor = self.u64("topics.retention_floor_ms");
+        if retention != 0 && retention < floor {
+            return Err(ConfigError::Inconsistent(format!(
+                "topics.default_retention_ms must be 0 (forever) or at least {floor} (the retention floor), got {retention}"
+            )));
         }
         let has_tls = [
             "cluster.tls.ca_file",
@@ -440,10 +472,6 @@ impl Config {
         self.text(key)
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or_else(|| panic!("config key {key} is not a set integer"))
-    }
-
-    pub fn bool(&self, key: &str) -> bool {
-        self.text(key) == Some("true")
     }
 
     pub fn text(&self, key: &str) -> Option<&str> {
@@ -495,14 +523,12 @@ mod tests {
             ("leases.sweep_interval_ms", 1000),
             ("cluster.heartbeat_interval_ms", 1000),
             ("cluster.node_dead_after_ms", 30_000),
-            ("cluster.move_promote_after_ms", 120_000),
             ("topics.default_retention_ms", 604_800_000),
             ("topics.default_visibility_timeout_ms", 30_000),
             ("http.max_batch_bytes", 16_777_216),
         ] {
             assert_eq!(config.u64(key), value, "{key}");
         }
-        assert!(!config.bool("auth.enabled"));
         assert_eq!(config.text("cluster.secret"), None);
         assert_eq!(config.data_dir(), PathBuf::from("./narad-data"));
         assert_eq!(config.addr("listen").to_string(), "127.0.0.1:8080");
@@ -562,19 +588,75 @@ mod tests {
         )
         .expect_err("bad");
         assert!(bad.to_string().contains("leases.sweep_interval_ms"));
-        let bad_env = Config::resolve(
+        let typo_env = Config::resolve(
             None,
-            vec![("NARAD_AUTH__ENABLED".into(), "yes".into())],
+            vec![("NARAD_STORAGE__SEGMNT_BYTES".into(), "8192".into())],
             &[],
         )
-        .expect_err("bad");
+        .expect_err("typo");
         assert!(
-            bad_env.to_string().contains("auth.enabled")
-                && bad_env.to_string().contains("environment")
+            typo_env.to_string().contains("storage.segmnt_bytes")
+                && typo_env.to_string().contains("environment")
         );
+        Config::resolve(None, vec![("NARAD_SIM_SEED".into(), "7".into())], &[])
+            .expect("a test's own variable is not a key");
         let toml_error =
             Config::resolve(Some(("f.toml", "[storage\n")), Vec::new(), &[]).expect_err("syntax");
         assert!(toml_error.to_string().contains("f.toml"));
+    }
+
+    #[test]
+    fn keys_of_features_not_in_this_release_are_refused_from_every_source() {
+        for (key, value) in [
+            ("auth.enabled", "true"),
+            ("auth.enabled", "false"),
+            ("auth.admin_password", "secret"),
+            ("cluster.move_promote_after_ms", "120000"),
+            ("children.remote_max_in_flight", "4"),
+            ("http.tls.cert_file", "/x"),
+        ] {
+            let flag =
+                Config::resolve(None, Vec::new(), &flags(&[(key, value)])).expect_err("flag");
+            assert!(
+                flag.to_string().contains(key) && flag.to_string().contains("not available"),
+                "{flag}"
+            );
+            let env = Config::resolve(None, vec![(env_name(key), value.to_string())], &[])
+                .expect_err("environment");
+            assert!(env.to_string().contains(key), "{env}");
+        }
+        let file = Config::resolve(
+            Some(("f.toml", "[auth]\nenabled = true\n")),
+            Vec::new(),
+            &[],
+        )
+        .expect_err("file");
+        assert!(file.to_string().contains("auth.enabled"), "{file}");
+    }
+
+    /// Every accepted key is read somewhere outside its own table: a key
+    /// that nothing reads would be accepted and change nothing.
+    #[test]
+    fn every_accepted_key_has_a_reader() {
+        let config_rs = include_str!("config.rs");
+        let table_end = config_rs
+            .find("/// Environment variables with the `NARAD_` prefix")
+            .expect("the key table ends");
+        let sources = [
+            &config_rs[table_end..],
+            include_str!("node.rs"),
+            include_str!("shard.rs"),
+            include_str!("api.rs"),
+            include_str!("main.rs"),
+            include_str!("cli.rs"),
+        ];
+        for (key, _) in Config::keys() {
+            let quoted = format!("\"{key}\"");
+            assert!(
+                sources.iter().any(|source| source.contains(&quoted)),
+                "config key {key} is accepted but nothing reads it"
+            );
+        }
     }
 
     #[test]
@@ -586,9 +668,21 @@ mod tests {
         )
         .expect_err("align");
         assert!(ring.to_string().contains("storage.wal_ring_bytes"));
-        let auth = Config::resolve(None, Vec::new(), &flags(&[("auth.enabled", "true")]))
-            .expect_err("password");
-        assert!(auth.to_string().contains("auth.admin_password"));
+        let retention = Config::resolve(
+            None,
+            Vec::new(),
+            &flags(&[("topics.default_retention_ms", "60000")]),
+        )
+        .expect_err("under the floor");
+        assert!(retention
+            .to_string()
+            .contains("topics.default_retention_ms"));
+        Config::resolve(
+            None,
+            Vec::new(),
+            &flags(&[("topics.default_retention_ms", "0")]),
+        )
+        .expect("0 keeps forever");
         let peers = Config::resolve(None, Vec::new(), &flags(&[("peers", "1=127.0.0.1:9001")]))
             .expect_err("trust");
         assert!(peers.to_string().contains("cluster-secret"));

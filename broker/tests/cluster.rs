@@ -264,6 +264,22 @@ fn cluster_status_names_the_members_and_marks_a_silent_node_dead_then_alive() {
             == Some("dead")),
         "marked dead after cluster.node_dead_after_ms"
     );
+    // The gauge an alert watches says so on every survivor.
+    let gauge = format!("narad_node_alive{{node=\"{victim_id}\"}}");
+    let survivor = (0..3)
+        .find(|i| *i != victim && *i != leader)
+        .expect("survivor");
+    for node in [leader, survivor] {
+        assert!(
+            eventually(WAIT, || exported(&cluster.nodes[node], &gauge) == Some(0.0)
+                && exported(
+                    &cluster.nodes[node],
+                    &format!("narad_node_alive{{node=\"{}\"}}", node + 1)
+                ) == Some(1.0)),
+            "{gauge} on node {}",
+            node + 1
+        );
+    }
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_narad"))
         .args(["cluster", "status", "--server"])
         .arg(format!("http://{}", cluster.nodes[leader].addr))
@@ -282,4 +298,17 @@ fn cluster_status_names_the_members_and_marks_a_silent_node_dead_then_alive() {
             == Some("alive")),
         "alive again once it returns"
     );
+    assert!(eventually(WAIT, || exported(
+        &cluster.nodes[leader],
+        &gauge
+    ) == Some(1.0)));
+}
+
+/// The value of one exported metric line, if the node exports it.
+fn exported(node: &Node, line: &str) -> Option<f64> {
+    let (_, _, body) = support::raw_request(&node.addr, "GET", "/metrics", &[], b"");
+    String::from_utf8_lossy(&body).lines().find_map(|l| {
+        let (key, value) = l.rsplit_once(' ')?;
+        (key == line).then(|| value.parse().ok())?
+    })
 }
