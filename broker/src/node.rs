@@ -233,6 +233,8 @@ struct NodeShared {
     drained: AtomicUsize,
     /// Shards that synced their checkpoint and acks.
     finished: AtomicUsize,
+    /// Set once any shard's ingress WAL failed.
+    wal_failed: Arc<AtomicBool>,
 }
 
 impl NodeShared {
@@ -389,6 +391,7 @@ pub fn run(config: Config) -> Result<(), String> {
         stop,
         drained: AtomicUsize::new(0),
         finished: AtomicUsize::new(0),
+        wal_failed: Arc::default(),
     });
     let cpus = std::thread::available_parallelism().map_or(1, usize::from);
     let (startup, started) = mpsc::channel();
@@ -630,6 +633,7 @@ async fn run_shard(start: ShardStart) -> Result<(), String> {
         metrics: metrics.clone(),
         mesh,
         peers,
+        node_wal_failed: node.wal_failed.clone(),
     });
     for inbox in inbox {
         glommio::spawn_local(shard.clone().serve_peers(inbox)).detach();
@@ -656,13 +660,22 @@ async fn run_shard(start: ShardStart) -> Result<(), String> {
     );
 
     let committed = shard.clone();
-    glommio::spawn_local(wal.clone().run_committer(move |outcome, elapsed| {
+    let committer = wal.clone().run_committer(move |outcome, elapsed| {
         metrics::histogram!("narad_wal_sync_seconds").record(elapsed.as_secs_f64());
         metrics::histogram!("narad_wal_records_per_sync").record(outcome.records as f64);
         // Every durable record goes to the dispatcher, whether or not the
         // request that appended it still waits.
         committed.dispatch_durable();
-    }))
+    });
+    let (failed_wal, node_wal_failed) = (wal.clone(), node.wal_failed.clone());
+    glommio::spawn_local(async move {
+        committer.await;
+        // The committer ends at a close or a failure: a failure stops
+        // produces on every shard of the node.
+        if failed_wal.failure().is_some() {
+            node_wal_failed.store(true, Ordering::SeqCst);
+        }
+    })
     .detach();
     if index == 0 {
         glommio::spawn_local(async move {

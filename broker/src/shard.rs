@@ -13,6 +13,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -148,6 +149,9 @@ pub struct ShardParts {
     pub mesh: Mesh,
     /// The other nodes of the cluster; `None` for a single node.
     pub peers: Option<Arc<Peers>>,
+    /// Set once any shard's ingress WAL failed: the node answers 500 to
+    /// produces until it restarts.
+    pub node_wal_failed: Arc<AtomicBool>,
 }
 
 pub struct Shard {
@@ -185,6 +189,7 @@ pub struct Shard {
     /// Requests of other nodes being answered, and a signal when one ends.
     remote_in_flight: Cell<usize>,
     remote_done: Signal,
+    node_wal_failed: Arc<AtomicBool>,
 }
 
 impl Shard {
@@ -201,6 +206,7 @@ impl Shard {
             metrics,
             mesh,
             peers,
+            node_wal_failed,
         } = parts;
         let dispatcher = Dispatcher::new(DispatcherConfig {
             max_linger_ms: config.u64("dispatcher.max_linger_ms"),
@@ -239,6 +245,7 @@ impl Shard {
             peer_notice: Signal::default(),
             remote_in_flight: Cell::new(0),
             remote_done: Signal::default(),
+            node_wal_failed,
         })
     }
 
@@ -380,12 +387,22 @@ impl Shard {
         if let Some(topic) = cache.1.get(name) {
             return Ok(topic.clone());
         }
-        let topic = view.state.topics.get(name).cloned().ok_or_else(|| {
-            ApiError::new(
+        let Some(topic) = view.state.topics.get(name).cloned() else {
+            // A node still learning the cluster's metadata cannot say a
+            // topic is missing: 404 is final for a client, 503 is retried.
+            if !self.meta.caught_up() {
+                return Err(ApiError::new(
+                    ErrorCode::CatchingUp,
+                    format!(
+                        "this node has not yet learned the cluster's topics; topic {name:?} may exist: retry"
+                    ),
+                ));
+            }
+            return Err(ApiError::new(
                 ErrorCode::TopicNotFound,
                 format!("topic {name:?} does not exist"),
-            )
-        })?;
+            ));
+        };
         let topic = Rc::new(topic);
         cache.1.insert(name.to_string(), topic.clone());
         Ok(topic)
@@ -755,6 +772,22 @@ impl Shard {
         Ok(())
     }
 
+    /// The contract: once an ingress WAL of this node failed, the node
+    /// answers 500 to produces until it restarts (not only that shard).
+    fn refuse_if_wal_failed(&self) -> Result<(), ApiError> {
+        if let Some(reason) = self.wal.failure() {
+            self.node_wal_failed.store(true, Ordering::SeqCst);
+            return Err(from_storage(&StorageError::WalFailed { reason }));
+        }
+        if self.node_wal_failed.load(Ordering::SeqCst) {
+            return Err(ApiError::new(
+                ErrorCode::WalFailed,
+                "an ingress WAL of this node failed; it takes no produces until it restarts",
+            ));
+        }
+        Ok(())
+    }
+
     /// Accepts messages: one WAL record each, answered once the group commit
     /// covering all of them is durable. Returns their ids in order.
     pub async fn produce(
@@ -763,6 +796,7 @@ impl Shard {
         messages: Vec<(Option<Vec<u8>>, bytes::Bytes)>,
     ) -> Result<Vec<String>, ApiError> {
         self.refuse_if_stopping()?;
+        self.refuse_if_wal_failed()?;
         for (index, (_, value)) in messages.iter().enumerate() {
             if value.len() as u64 > topic.config.max_message_bytes {
                 return Err(ApiError::new(
@@ -1868,6 +1902,12 @@ impl Shard {
             return Some(ApiError::new(
                 ErrorCode::NoLeader,
                 "the node has no Raft leader",
+            ));
+        }
+        if !self.meta.caught_up() {
+            return Some(ApiError::new(
+                ErrorCode::CatchingUp,
+                "the node has not yet applied the metadata the cluster committed",
             ));
         }
         None

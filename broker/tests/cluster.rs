@@ -5,6 +5,7 @@
 
 mod support;
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use serde_json::json;
@@ -180,6 +181,88 @@ fn a_node_back_with_an_empty_folder_rejoins_the_cluster_it_left() {
         .all(|n| has_topic(n, "after"))));
     let leaders = (0..3).filter(|i| cluster.leader(&[*i]).is_some()).count();
     assert_eq!(leaders, 1, "one leader");
+}
+
+/// Produces `count` messages at `node`; every one must be answered 202.
+fn produce_ids(node: &Node, topic: &str, count: usize, tag: &str) -> BTreeSet<String> {
+    (0..count)
+        .map(|i| {
+            let body = format!("{tag}-{i}");
+            let (status, answer) = node.request(
+                "POST",
+                &format!("/v1/topics/{topic}/messages"),
+                body.as_bytes(),
+            );
+            assert_eq!(status, 202, "{answer}");
+            answer["id"].as_str().expect("id").to_string()
+        })
+        .collect()
+}
+
+#[test]
+fn a_node_that_lost_its_volume_issues_new_ids_and_never_calls_a_topic_missing() {
+    let mut cluster = Cluster::start(3);
+    cluster.wait_ready(WAIT);
+    let (status, answer) = cluster.nodes[0].json("PUT", "/v1/topics/ids", json!({"partitions": 6}));
+    assert_eq!(status, 201, "{answer}");
+    // Metadata for the returning node to learn.
+    let others: Vec<String> = (0..12).map(|i| format!("other-{i}")).collect();
+    for name in &others {
+        let (status, answer) = cluster.nodes[0].json(
+            "PUT",
+            &format!("/v1/topics/{name}"),
+            json!({"partitions": 1}),
+        );
+        assert_eq!(status, 201, "{answer}");
+    }
+    assert!(eventually(WAIT, || cluster
+        .nodes
+        .iter()
+        .all(|n| others.iter().all(|t| has_topic(n, t)))));
+    let before = produce_ids(&cluster.nodes[1], "ids", 400, "before");
+
+    cluster.nodes[1].kill();
+    std::fs::remove_dir_all(&cluster.nodes[1].data_dir).expect("wipe");
+    cluster.nodes[1].restart();
+    // From its first answer on, it never calls an existing topic missing:
+    // 503 catching_up (retry) until it learned them, then 202.
+    let mut refused = 0;
+    let answered_ready = eventually(WAIT, || {
+        for name in &others {
+            let path = format!("/v1/topics/{name}/messages");
+            let (status, answer) = cluster.nodes[1].request("POST", &path, b"x");
+            assert_ne!(status, 404, "{name} called missing: {answer}");
+            if status != 202 {
+                refused += 1;
+            }
+        }
+        cluster.ready(1)
+    });
+    assert!(answered_ready, "node 2 ready again");
+    for name in &others {
+        let path = format!("/v1/topics/{name}/messages");
+        let (status, answer) = cluster.nodes[1].request("POST", &path, b"ready");
+        assert_eq!(status, 202, "{name} once ready: {answer}");
+    }
+    println!("answers other than 202 before ready: {refused}");
+
+    // Its new ids repeat none of the old, and every new message is
+    // delivered (the others' owners drop none as a repeat).
+    let after = produce_ids(&cluster.nodes[1], "ids", 400, "after");
+    assert!(
+        before.is_disjoint(&after),
+        "ids reissued after a lost volume"
+    );
+    let delivered = support::consume_all(&cluster.nodes[0], "ids");
+    let missing: Vec<&String> = after
+        .iter()
+        .filter(|id| !delivered.contains_key(*id))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{} of 400 messages accepted after the rejoin never delivered",
+        missing.len()
+    );
 }
 
 #[test]

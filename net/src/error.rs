@@ -29,11 +29,17 @@ pub enum ErrorCode {
     Stopping,
     /// `/readyz` only: the node has no Raft leader.
     NoLeader,
+    /// The node's metastore has not yet applied what the cluster committed
+    /// (it started, or lost its volume): it cannot say a topic is missing.
+    CatchingUp,
+    /// Acks cannot be made durable on this node: an ack, nack or extend
+    /// did not land.
+    AckStateFailed,
 }
 
 impl ErrorCode {
     /// Every code, for tables and tests.
-    pub const ALL: [ErrorCode; 22] = [
+    pub const ALL: [ErrorCode; 24] = [
         Self::InvalidRequest,
         Self::InvalidTopicName,
         Self::InvalidReceipt,
@@ -56,6 +62,8 @@ impl ErrorCode {
         Self::NoQuorum,
         Self::Stopping,
         Self::NoLeader,
+        Self::CatchingUp,
+        Self::AckStateFailed,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -82,10 +90,12 @@ impl ErrorCode {
             Self::NoQuorum => "no_quorum",
             Self::Stopping => "stopping",
             Self::NoLeader => "no_leader",
+            Self::CatchingUp => "catching_up",
+            Self::AckStateFailed => "ack_state_failed",
         }
     }
 
-    /// The HTTP status of this code (API.md, "Status codes, and whether to retry").
+    /// The HTTP status of this code (docs/status-codes.md).
     pub fn status(self) -> u16 {
         match self {
             Self::InvalidRequest
@@ -104,7 +114,12 @@ impl ErrorCode {
             Self::Overloaded => 429,
             Self::WalFailed | Self::Internal => 500,
             Self::OwnerUnreachable => 502,
-            Self::OwnerDead | Self::NoQuorum | Self::Stopping | Self::NoLeader => 503,
+            Self::OwnerDead
+            | Self::NoQuorum
+            | Self::Stopping
+            | Self::NoLeader
+            | Self::CatchingUp
+            | Self::AckStateFailed => 503,
         }
     }
 
@@ -132,7 +147,9 @@ impl ErrorCode {
             | Self::OwnerDead
             | Self::NoQuorum
             | Self::Stopping
-            | Self::NoLeader => true,
+            | Self::NoLeader
+            | Self::CatchingUp
+            | Self::AckStateFailed => true,
         }
     }
 
@@ -209,8 +226,8 @@ impl std::error::Error for ApiError {}
 mod tests {
     use super::*;
 
-    /// API.md's table, row by row: code, status, retry.
-    const TABLE: [(&str, u16, bool); 22] = [
+    /// The table of docs/status-codes.md, row by row: code, status, retry.
+    const TABLE: [(&str, u16, bool); 24] = [
         ("invalid_request", 400, false),
         ("invalid_topic_name", 400, false),
         ("invalid_receipt", 400, false),
@@ -233,6 +250,8 @@ mod tests {
         ("no_quorum", 503, true),
         ("stopping", 503, true),
         ("no_leader", 503, true),
+        ("catching_up", 503, true),
+        ("ack_state_failed", 503, true),
     ];
 
     #[test]

@@ -326,6 +326,9 @@ pub struct MetaNode {
     /// A node that came back with an empty folder may have voted, before it
     /// lost it, in any term up to this one: it grants no vote in those terms.
     refuse_votes_up_to: u64,
+    /// How far the other members had applied when this node started: it is
+    /// caught up only once it applied as far.
+    catch_up_to: u64,
     /// Heartbeats this node received while it leads.
     heard: Heard,
 }
@@ -469,6 +472,31 @@ fn wall_ms() -> u64 {
 struct ProbeAnswer {
     initialized: bool,
     term: u64,
+    /// The index of the last entry the answering node applied (older
+    /// nodes leave it out).
+    #[serde(default)]
+    applied: u64,
+}
+
+/// What the other members said when this node started.
+#[derive(Debug, Clone, Copy, Default)]
+struct Probed {
+    /// Some member is part of an initialized cluster.
+    initialized: bool,
+    /// The highest term any member is in.
+    term: u64,
+    /// The highest index any member applied: this node is caught up once it
+    /// applied as far (what the cluster had committed when it started).
+    applied: u64,
+}
+
+/// Whether metrics show a node with a leader that applied every entry it
+/// holds, and at least `catch_up_to`.
+fn metrics_caught_up(metrics: &openraft::RaftMetrics<NodeId, BasicNode>, catch_up_to: u64) -> bool {
+    let applied = metrics.last_applied.map(|l| l.index);
+    metrics.current_leader.is_some()
+        && applied >= metrics.last_log_index
+        && applied.unwrap_or(0) >= catch_up_to
 }
 
 impl MetaNode {
@@ -496,7 +524,7 @@ impl MetaNode {
                 };
                 runtime.block_on(async move {
                     match Self::boot(&config).await {
-                        Ok((raft, view, refuse)) => {
+                        Ok((raft, view, refuse, catch_up_to)) => {
                             let handle = tokio::runtime::Handle::current();
                             let controller = Controller {
                                 raft: raft.clone(),
@@ -509,7 +537,13 @@ impl MetaNode {
                                 heard: heard.clone(),
                             };
                             tokio::spawn(controller.run());
-                            let _ = ready_sender.send(Ok((raft.clone(), view, handle, refuse)));
+                            let _ = ready_sender.send(Ok((
+                                raft.clone(),
+                                view,
+                                handle,
+                                refuse,
+                                catch_up_to,
+                            )));
                             let _ = stopped.await;
                             let _ = raft.shutdown().await;
                         }
@@ -520,7 +554,7 @@ impl MetaNode {
                 });
             })
             .map_err(|e| MetaError::Failed(e.to_string()))?;
-        let (raft, view, runtime, refuse_votes_up_to) = ready
+        let (raft, view, runtime, refuse_votes_up_to, catch_up_to) = ready
             .recv()
             .map_err(|e| MetaError::Failed(e.to_string()))??;
         Ok(Self {
@@ -532,13 +566,14 @@ impl MetaNode {
             runtime,
             caller,
             refuse_votes_up_to,
+            catch_up_to,
             heard: served_heard,
         })
     }
 
     async fn boot(
         config: &MetaNodeConfig,
-    ) -> Result<(Raft<TypeConfig>, watch::Receiver<Arc<MetaView>>, u64), MetaError> {
+    ) -> Result<(Raft<TypeConfig>, watch::Receiver<Arc<MetaView>>, u64, u64), MetaError> {
         let failed = |e: &dyn std::fmt::Display| MetaError::Failed(e.to_string());
         let raft_config = Config {
             cluster_name: "narad".into(),
@@ -566,10 +601,14 @@ impl MetaNode {
         // peers already form a cluster lost its volume: it bootstraps
         // nothing, and grants no vote in a term it may have voted in before.
         let initialized = raft.is_initialized().await.map_err(|e| failed(&e))?;
+        // Every start asks the others how far they applied: until this node
+        // applied as far, it cannot tell a missing topic from one it has not
+        // learned yet (`caught_up`).
+        let probed = Self::probe_peers(config).await;
         let (peers_initialized, peers_term) = if initialized {
             (false, 0)
         } else {
-            Self::probe_peers(config).await
+            (probed.initialized, probed.term)
         };
         let refuse_votes_up_to = if peers_initialized {
             // A member's first start after the others formed the cluster
@@ -605,33 +644,41 @@ impl MetaNode {
             };
             raft.initialize(members).await.map_err(|e| failed(&e))?;
         }
-        Ok((raft, view, refuse_votes_up_to))
+        Ok((raft, view, refuse_votes_up_to, probed.applied))
     }
 
-    /// Asks every other member whether it is part of an initialized cluster
-    /// and at which term (members that do not answer are skipped).
-    async fn probe_peers(config: &MetaNodeConfig) -> (bool, u64) {
+    /// Asks every other member, all at once, whether it is part of an
+    /// initialized cluster, at which term, and how far it applied (members
+    /// that do not answer within [`PROBE_TIMEOUT`] are skipped).
+    async fn probe_peers(config: &MetaNodeConfig) -> Probed {
         let Some(caller) = &config.caller else {
-            return (false, 0);
+            return Probed::default();
         };
-        let mut initialized = false;
-        let mut term = 0;
-        for (id, addr) in &config.members {
-            if *id == config.node_id {
-                continue;
-            }
-            let Ok(answer) = caller
-                .call(addr, KIND_PROBE, Vec::new(), PROBE_TIMEOUT)
-                .await
-            else {
+        let asks: Vec<_> = config
+            .members
+            .iter()
+            .filter(|(id, _)| **id != config.node_id)
+            .map(|(_, addr)| {
+                let (caller, addr) = (caller.clone(), addr.clone());
+                tokio::spawn(async move {
+                    caller
+                        .call(&addr, KIND_PROBE, Vec::new(), PROBE_TIMEOUT)
+                        .await
+                })
+            })
+            .collect();
+        let mut probed = Probed::default();
+        for ask in asks {
+            let Ok(Ok(answer)) = ask.await else {
                 continue;
             };
             if let Ok(probe) = serde_json::from_slice::<ProbeAnswer>(&answer) {
-                initialized |= probe.initialized;
-                term = term.max(probe.term);
+                probed.initialized |= probe.initialized;
+                probed.term = probed.term.max(probe.term);
+                probed.applied = probed.applied.max(probe.applied);
             }
         }
-        (initialized, term)
+        probed
     }
 
     /// Proposes a command and waits until it is applied: at this node if it
@@ -707,6 +754,7 @@ impl MetaNode {
                     serde_json::to_vec(&ProbeAnswer {
                         initialized,
                         term: metrics.current_term,
+                        applied: metrics.last_applied.map_or(0, |l| l.index),
                     })
                 }
                 KIND_INSTALL_SNAPSHOT => {
@@ -795,21 +843,15 @@ impl MetaNode {
     /// Whether this node has a leader and applied every entry it holds: only
     /// then does a topic missing from its state mean the topic is gone.
     pub fn caught_up(&self) -> bool {
-        let metrics = self.raft.metrics();
-        let metrics = metrics.borrow();
-        metrics.current_leader.is_some()
-            && metrics.last_applied.map(|l| l.index) >= metrics.last_log_index
+        metrics_caught_up(&self.raft.metrics().borrow(), self.catch_up_to)
     }
 
     pub async fn wait_caught_up(&self, timeout: Duration) -> Result<(), MetaError> {
-        let raft = self.raft.clone();
+        let (raft, catch_up_to) = (self.raft.clone(), self.catch_up_to);
         let task = self.runtime.spawn(async move {
             raft.wait(Some(timeout))
                 .metrics(
-                    |m| {
-                        m.current_leader.is_some()
-                            && m.last_applied.map(|l| l.index) >= m.last_log_index
-                    },
+                    |m| metrics_caught_up(m, catch_up_to),
                     "applied the whole log",
                 )
                 .await
