@@ -437,6 +437,12 @@ async fn metrics(shard: &Shard) -> HttpResponse {
         "1 once an ingress WAL of the node failed (its shard answers 500 to produces until restart)",
         vec![(String::new(), if failed { 1.0 } else { 0.0 })],
     );
+    let acks_failed = shards.iter().any(|g| g.ack_state_failure.is_some());
+    gauge(
+        "narad_consumer_state_failed",
+        "1 once the ack state of a partition on this node failed (its acks answer 503 ack_state_failed)",
+        vec![(String::new(), if acks_failed { 1.0 } else { 0.0 })],
+    );
     let per_shard = |f: &dyn Fn(&ShardGauges) -> f64| -> Vec<(String, f64)> {
         shards
             .iter()

@@ -71,6 +71,8 @@ pub struct ShardGauges {
     pub shard: usize,
     pub wal_used_bytes: u64,
     pub wal_failure: Option<String>,
+    /// Why a partition's ack state on this shard failed, if one did.
+    pub ack_state_failure: Option<String>,
     pub dispatcher_pending: u64,
     /// (topic, partition, figures) of every open partition.
     pub partitions: Vec<(String, u32, PartitionStats)>,

@@ -226,6 +226,11 @@ impl<F: FileSystem> PartitionOwner<F> {
         }
     }
 
+    /// Why the partition's ack state failed (acks cannot be made durable).
+    pub fn ack_state_failure(&self) -> Option<String> {
+        self.acks.failure()
+    }
+
     pub fn high_watermark(&self) -> u64 {
         self.log.high_watermark()
     }

@@ -1847,6 +1847,17 @@ impl Shard {
                     _ => return Err(Self::lease_gone()),
                 };
                 let (offset, lease) = (receipt.offset, receipt.lease_id);
+                // An ack that cannot be made durable did not land: say so
+                // rather than answer 204 for an ack held in memory only.
+                if let Some(reason) = owner.ack_state_failure() {
+                    return Err(ApiError::new(
+                        ErrorCode::AckStateFailed,
+                        format!(
+                            "acks of partition {} cannot be made durable on this node: {reason}",
+                            receipt.partition
+                        ),
+                    ));
+                }
                 let result = match action {
                     SettleAction::Ack => owner.ack(offset, lease, now).map(|()| None),
                     SettleAction::Nack { delay_ms } => {
@@ -1897,6 +1908,15 @@ impl Shard {
                     format!("the ingress WAL of shard {} failed: {reason}", gauges.shard),
                 ));
             }
+            if let Some(reason) = gauges.ack_state_failure {
+                return Some(ApiError::new(
+                    ErrorCode::AckStateFailed,
+                    format!(
+                        "the ack state of a partition of shard {} failed: {reason}",
+                        gauges.shard
+                    ),
+                ));
+            }
         }
         if self.meta.leader().is_none() {
             return Some(ApiError::new(
@@ -1928,6 +1948,10 @@ impl Shard {
             shard: self.mesh.me(),
             wal_used_bytes: self.wal.stats().used_bytes,
             wal_failure: self.wal.failure().map(|f| f.to_string()),
+            ack_state_failure: self
+                .open_owners()
+                .iter()
+                .find_map(|owner| owner.ack_state_failure()),
             dispatcher_pending: self.dispatcher_pending() as u64,
             partitions,
         }

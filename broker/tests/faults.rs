@@ -142,3 +142,64 @@ fn a_build_that_skips_the_wal_fsync_is_caught_losing_accepted_messages() {
         "202 before a real fsync must show up as lost messages after a power cut"
     );
 }
+
+#[test]
+fn acks_that_cannot_be_made_durable_answer_503_and_the_node_is_not_ready() {
+    const MESSAGES: usize = 1000;
+    let tmp = tempfile::tempdir().expect("tmp");
+    let node = Node::start(
+        &tmp.path().join("n"),
+        &["--set", "testing.faults=switchable"],
+    );
+    node.create_topic("t", json!({"partitions": 1}));
+    let batch: Vec<_> = (0..MESSAGES)
+        .map(|i| json!({"value": format!("m{i}")}))
+        .collect();
+    let (status, answer) = node.json(
+        "POST",
+        "/v1/topics/t/messages/batch",
+        json!({ "messages": batch }),
+    );
+    assert_eq!(status, 202, "{answer}");
+    let mut messages = Vec::new();
+    assert!(eventually(WAIT, || {
+        messages.extend(node.consume("t", json!({"max_messages": 500, "wait_ms": 500})));
+        messages.len() == MESSAGES
+    }));
+    node.set_faults("ack_write_fails");
+    // Acks are written about every 100 ms: acking one message per poll
+    // (every few ms), an ack is refused once a write failed, and from then
+    // on none of the partition is answered 204.
+    let mut next = messages.iter();
+    let mut refused = None;
+    eventually(WAIT, || {
+        let Some(message) = next.next() else {
+            return true;
+        };
+        let (status, answer) = node.json(
+            "POST",
+            "/v1/topics/t/ack",
+            json!({"receipt": message["receipt"]}),
+        );
+        if status != 204 {
+            refused = Some((status, answer));
+        }
+        refused.is_some()
+    });
+    let (status, answer) = refused.expect("every ack answered 204 while none could be written");
+    assert_eq!(status, 503, "{answer}");
+    assert_eq!(answer["error"]["code"], "ack_state_failed", "{answer}");
+    let (status, answer) = node.request("GET", "/readyz", b"");
+    assert_eq!(
+        (status, answer["error"]["code"].as_str()),
+        (503, Some("ack_state_failed")),
+        "{answer}"
+    );
+    assert_eq!(support::metric(&node, "narad_consumer_state_failed"), 1.0);
+    let (status, _) = node.json(
+        "POST",
+        "/v1/topics/t/ack",
+        json!({"receipt": messages[MESSAGES - 1]["receipt"]}),
+    );
+    assert_eq!(status, 503, "the last message's ack did not land either");
+}

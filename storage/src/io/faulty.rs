@@ -10,6 +10,8 @@
 //!   (`*.narad-unsynced-N`), and [`FaultyFs::new`] deletes those at start.
 //! - **A failing disk.** [`Fault::WalWriteFails`] makes writes under a `wal`
 //!   folder fail with EIO while it is raised.
+//! - **A failing ack disk.** [`Fault::AckWriteFails`] makes writes under a
+//!   `consumer` folder (a partition's ack state) fail with EIO.
 //! - **A broken build.** [`Fault::SkipWalSync`] makes `sync_data` under a
 //!   `wal` folder return success without syncing: the deliberate bug that the
 //!   delivery checker must catch.
@@ -38,16 +40,24 @@ pub enum Fault {
     WalWriteFails,
     /// fdatasync of files under a `wal` folder does nothing and succeeds.
     SkipWalSync,
+    /// Writes to files under a `consumer` folder (a partition's ack state)
+    /// fail with EIO.
+    AckWriteFails,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 2] = [Fault::WalWriteFails, Fault::SkipWalSync];
+    pub const ALL: [Fault; 3] = [
+        Fault::WalWriteFails,
+        Fault::SkipWalSync,
+        Fault::AckWriteFails,
+    ];
 
     /// The word for this fault in a control file.
     pub fn as_str(self) -> &'static str {
         match self {
             Fault::WalWriteFails => "wal_write_fails",
             Fault::SkipWalSync => "skip_wal_sync",
+            Fault::AckWriteFails => "ack_write_fails",
         }
     }
 }
@@ -58,6 +68,7 @@ pub struct FaultControl {
     power_loss: bool,
     wal_write_fails: AtomicBool,
     skip_wal_sync: AtomicBool,
+    ack_write_fails: AtomicBool,
 }
 
 impl FaultControl {
@@ -77,6 +88,7 @@ impl FaultControl {
         match fault {
             Fault::WalWriteFails => &self.wal_write_fails,
             Fault::SkipWalSync => &self.skip_wal_sync,
+            Fault::AckWriteFails => &self.ack_write_fails,
         }
     }
 
@@ -104,7 +116,11 @@ impl FaultControl {
 }
 
 fn under_wal(path: &Path) -> bool {
-    path.components().any(|c| c.as_os_str() == "wal")
+    under(path, "wal")
+}
+
+fn under(path: &Path, folder: &str) -> bool {
+    path.components().any(|c| c.as_os_str() == folder)
 }
 
 fn unsynced_name(path: &Path) -> bool {
@@ -243,6 +259,9 @@ impl<F: FileSystem> StorageFile for FaultyFile<F> {
     async fn write_at(&self, data: &[u8], pos: u64) -> io::Result<()> {
         if self.control.is_raised(Fault::WalWriteFails) && under_wal(&self.path) {
             return Err(io::Error::other("injected fault: WAL write fails"));
+        }
+        if self.control.is_raised(Fault::AckWriteFails) && under(&self.path, "consumer") {
+            return Err(io::Error::other("injected fault: ack state write fails"));
         }
         match &self.pending {
             Some(pending) => {
