@@ -28,7 +28,7 @@ use crate::config::Config;
 use crate::mesh::{self, MeshEnds};
 use crate::receipt::ReceiptKey;
 use crate::remote::{self, DataInbox, Inbound, Peers};
-use crate::shard::{every, NodeFs, Shard, ShardIdentity, ShardParts};
+use crate::shard::{every, NodeFs, Shard, ShardIdentity, ShardParts, IDLE_PARTITION_OPEN_INTERVAL};
 
 const EPOCH_FILE: &str = "node.epoch";
 /// Held locked by the process that runs on the data folder.
@@ -42,6 +42,9 @@ const IO_MEMORY_BYTES: usize = 16 * 1024 * 1024;
 const CLUSTER_CATCH_UP_WAIT: Duration = Duration::from_secs(2);
 /// How long a starting node waits for its metastore to replay its log.
 const META_CATCH_UP_TIMEOUT: Duration = Duration::from_secs(60);
+/// How soon after the start a shard opens its idle partitions (for
+/// retention), leaving the start itself to serving.
+const IDLE_PARTITION_FIRST_OPEN: Duration = Duration::from_secs(1);
 const STOP_POLL_INTERVAL: Duration = Duration::from_millis(20);
 /// How long a stopping shard waits for the others at each stop barrier.
 const STOP_BARRIER_TIMEOUT: Duration = Duration::from_secs(30);
@@ -694,6 +697,18 @@ async fn run_shard(start: ShardStart) -> Result<(), String> {
     glommio::spawn_local(every(shard.clone(), sweep, |s| {
         Box::pin(async move { s.sweep_all().await })
     }))
+    .detach();
+    // Partitions nobody touched since the start age out too: open them
+    // soon after the start, then now and again.
+    let idle = shard.clone();
+    glommio::spawn_local(async move {
+        glommio::timer::sleep(IDLE_PARTITION_FIRST_OPEN).await;
+        idle.open_idle_partitions().await;
+        every(idle, IDLE_PARTITION_OPEN_INTERVAL, |s| {
+            Box::pin(async move { s.open_idle_partitions().await })
+        })
+        .await;
+    })
     .detach();
     let maintain = Duration::from_millis(config.u64("storage.ack_flush_interval_ms"));
     glommio::spawn_local(every(shard.clone(), maintain, |s| {

@@ -180,6 +180,23 @@ pub struct PartitionOwner<F: FileSystem> {
     dead_pending: RefCell<BTreeSet<u64>>,
 }
 
+/// Commit times a partition keeps for its oldest-unacked age: beyond it,
+/// every other one is dropped (the age then comes from an earlier batch, so
+/// it reads at most a little high), so an unconsumed partition's memory
+/// stays bounded however many commits it takes.
+const COMMIT_TIMES_MAX: usize = 1024;
+
+fn record_commit_time(times: &mut VecDeque<(u64, u64)>, base: u64, now_ms: u64) {
+    if times.len() >= COMMIT_TIMES_MAX {
+        let mut index = 0;
+        times.retain(|_| {
+            index += 1;
+            index % 2 == 1
+        });
+    }
+    times.push_back((base, now_ms));
+}
+
 /// Ids of the last [`RECENT_IDS_MAX`] records appended to a partition.
 #[derive(Debug, Default)]
 struct RecentIds {
@@ -283,7 +300,7 @@ impl<F: FileSystem> PartitionOwner<F> {
                 });
             }
         }
-        self.commit_times.borrow_mut().push_back((base, now_ms));
+        record_commit_time(&mut self.commit_times.borrow_mut(), base, now_ms);
         self.signal.notify();
         Ok(base)
     }
@@ -616,6 +633,21 @@ mod tests {
                 value: format!("m{id}").into_bytes().into(),
             })
             .collect()
+    }
+
+    #[test]
+    fn commit_times_stay_bounded_and_keep_the_oldest() {
+        let mut times = VecDeque::new();
+        for commit in 0..100_000u64 {
+            record_commit_time(&mut times, commit * 10, commit);
+        }
+        assert!(times.len() <= COMMIT_TIMES_MAX);
+        assert_eq!(times.front(), Some(&(0, 0)), "the oldest batch stays");
+        assert_eq!(
+            times.back(),
+            Some(&(999_990, 99_999)),
+            "the newest is there"
+        );
     }
 
     #[test]

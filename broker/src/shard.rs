@@ -61,6 +61,9 @@ const STOP_DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
 const ADOPT_CHUNK_RECORDS: usize = 256;
 /// How often adoption tries again while this shard's ring is full.
 const ADOPT_FULL_RETRY: Duration = Duration::from_millis(20);
+/// How often a shard opens the partitions it owns that are not open yet,
+/// so that retention reaches idle ones (retention is an hour at least).
+pub const IDLE_PARTITION_OPEN_INTERVAL: Duration = Duration::from_secs(30);
 /// How long `/metrics` and `/readyz` wait for another shard's figures.
 const GAUGES_TIMEOUT: Duration = Duration::from_secs(2);
 /// Default `max_message_bytes` of a topic.
@@ -1671,6 +1674,32 @@ impl Shard {
                 OwnerSlot::Opening => None,
             })
             .collect()
+    }
+
+    /// Opens every partition this shard owns that is not open yet, so that
+    /// retention (applied by [`Self::maintain_all`] to open partitions) also
+    /// ages out partitions nobody produced to or consumed from since the
+    /// node started. Runs every [`IDLE_PARTITION_OPEN_INTERVAL`].
+    pub async fn open_idle_partitions(&self) {
+        if !self.meta.caught_up() {
+            return;
+        }
+        for topic in self.topics() {
+            if topic.config.retention_ms == 0 {
+                continue;
+            }
+            for partition in 0..topic.config.partitions {
+                let local = self.owner_node(&topic, partition) == self.me()
+                    && self.mesh.is_local(&topic.name, partition);
+                let key = (topic.name.clone(), topic.incarnation, partition);
+                if !local || self.owners.borrow().contains_key(&key) {
+                    continue;
+                }
+                if let Err(error) = self.owner(&topic, partition).await {
+                    tracing::warn!(topic = %topic.name, partition, %error, "could not open a partition for retention");
+                }
+            }
+        }
     }
 
     /// Writes acks on their intervals and applies retention everywhere.

@@ -516,6 +516,50 @@ fn retention_deletes_old_segments_and_the_frontier_skips_with_its_log_line() {
 }
 
 #[test]
+fn an_idle_partition_ages_out_after_a_restart_without_anyone_touching_it() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let mut node = Node::start(
+        &tmp.path().join("n"),
+        &["--set", "topics.retention_floor_ms=1000"],
+    );
+    node.create_topic("idle", json!({"partitions": 1, "retention_ms": 1500}));
+    for i in 0..5 {
+        let (status, _) = node.request(
+            "POST",
+            "/v1/topics/idle/messages",
+            format!("m{i}").as_bytes(),
+        );
+        assert_eq!(status, 202);
+    }
+    let partitions = tmp.path().join("n").join("partitions");
+    let segments = || -> BTreeSet<String> {
+        let Ok(topics) = std::fs::read_dir(&partitions) else {
+            return BTreeSet::new();
+        };
+        topics
+            .filter_map(Result::ok)
+            .filter(|t| t.file_name().to_string_lossy().starts_with("idle-"))
+            .filter_map(|t| std::fs::read_dir(t.path().join("0")).ok())
+            .flatten()
+            .filter_map(Result::ok)
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|name| name.ends_with(".seg"))
+            .collect()
+    };
+    assert!(eventually(WAIT, || !segments().is_empty()));
+    let before = segments();
+    node.terminate();
+    node.restart();
+    // Nobody produces, consumes or describes: the node itself finds the
+    // partition and deletes its expired segment.
+    assert!(
+        eventually(WAIT, || segments().is_disjoint(&before)),
+        "segments {before:?} still there: {:?}",
+        segments()
+    );
+}
+
+#[test]
 fn topics_come_back_after_sigkill_from_the_raft_log_and_snapshot() {
     let tmp = tempfile::tempdir().expect("tmp");
     let mut node = Node::start(
