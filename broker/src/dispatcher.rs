@@ -37,9 +37,20 @@ pub struct DispatchRecord {
     pub key: Option<Vec<u8>>,
     pub value: bytes::Bytes,
     pub accept_ms: u64,
+    /// The incarnation of the topic that accepted it, when known (records
+    /// read back from the WAL at a start do not carry it): a record of a
+    /// topic deleted meanwhile never lands in one created again under its
+    /// name.
+    pub incarnation: Option<u64>,
 }
 
 impl DispatchRecord {
+    /// Whether the record goes to this incarnation of its topic (one of
+    /// unknown incarnation goes to whichever exists).
+    pub fn belongs_to(&self, incarnation: u64) -> bool {
+        self.incarnation.is_none_or(|i| i == incarnation)
+    }
+
     fn bytes(&self) -> u64 {
         (self.value.len() + self.key.as_ref().map_or(0, Vec::len) + 64) as u64
     }
@@ -307,6 +318,7 @@ mod tests {
 
     fn record(pos: u64) -> DispatchRecord {
         DispatchRecord {
+            incarnation: None,
             pos,
             id: u128::from(pos),
             key: None,

@@ -28,6 +28,7 @@ use narad_storage::consumer::{ConsumerConfig, ConsumerState};
 use narad_storage::error::StorageError;
 use narad_storage::io::faulty::FaultyFs;
 use narad_storage::io::glommio_fs::GlommioFs;
+use narad_storage::io::FileSystem;
 use narad_storage::limits::SEGMENT_PREALLOC_STEP_BYTES_DEFAULT;
 use narad_storage::log::{LogConfig, Message, PartitionLog};
 use narad_storage::wal::{Wal, WalConfig, WalPos, WalRecord, WalRecordRef};
@@ -496,20 +497,16 @@ impl Shard {
     }
 
     pub async fn delete_topic(&self, name: &str) -> Result<(), ApiError> {
-        let topic = self.topic(name)?;
+        self.topic(name)?;
         self.meta
             .propose(Command::DeleteTopic {
                 name: name.to_string(),
             })
             .await
             .map_err(|e| from_meta(&e))?;
+        // Every node (this one included) closes its partitions and removes
+        // their folders when it applies the delete (`watch_topics`).
         self.reconcile_owners();
-        let dir = self.topic_dir(name, topic.incarnation);
-        if let Err(error) = std::fs::remove_dir_all(&dir) {
-            if error.kind() != std::io::ErrorKind::NotFound {
-                tracing::warn!(dir = %dir.display(), %error, "could not remove a deleted topic's data");
-            }
-        }
         Ok(())
     }
 
@@ -535,8 +532,51 @@ impl Shard {
     /// Reconciles on every metadata change, whichever shard or node made it.
     pub async fn watch_topics(self: Rc<Self>) {
         let mut changes = self.meta.subscribe();
+        self.reap_deleted_topics().await;
         while changes.changed().await.is_ok() {
             self.reconcile_owners();
+            self.reap_deleted_topics().await;
+        }
+    }
+
+    /// Removes the partition folders of topics that no longer exist (deleted,
+    /// or created again as a new incarnation), on shard 0 of every node, once
+    /// the metadata is caught up (before that, a topic missing from this
+    /// node's view may merely be unknown yet). Through the file seam, off
+    /// the executor.
+    async fn reap_deleted_topics(&self) {
+        if self.identity.shard_id != 0 || !self.meta.caught_up() {
+            return;
+        }
+        let root = self.data_dir.join("partitions");
+        let Ok(entries) = self.fs.list_dir(&root).await else {
+            return;
+        };
+        let view = self.meta.view();
+        for entry in entries {
+            let Some((name, incarnation)) = entry
+                .rsplit_once('-')
+                .and_then(|(name, n)| Some((name, n.parse::<u64>().ok()?)))
+            else {
+                continue;
+            };
+            let live = view
+                .state
+                .topics
+                .get(name)
+                .is_some_and(|t| t.incarnation == incarnation);
+            if live {
+                continue;
+            }
+            let dir = root.join(&entry);
+            match self.fs.remove_dir_all(&dir).await {
+                Ok(()) => {
+                    tracing::info!(dir = %dir.display(), "removed the partitions of a deleted topic")
+                }
+                Err(error) => {
+                    tracing::warn!(dir = %dir.display(), %error, "could not remove a deleted topic's partitions")
+                }
+            }
         }
     }
 
@@ -852,6 +892,7 @@ impl Shard {
                     key,
                     value,
                     accept_ms,
+                    incarnation: Some(topic.incarnation),
                 },
             );
             ids.push(format!("{id:032x}"));
@@ -916,6 +957,7 @@ impl Shard {
                         key: record.key.clone(),
                         value: bytes::Bytes::copy_from_slice(&record.value),
                         accept_ms: record.accept_ms,
+                        incarnation: None,
                     },
                 );
                 last_durable = Some(appended.durable);
@@ -1014,6 +1056,7 @@ impl Shard {
                     key: record.key,
                     value: record.value.into(),
                     accept_ms: record.accept_ms,
+                    incarnation: None,
                 },
                 now,
             );
@@ -1081,6 +1124,17 @@ impl Shard {
                 tracing::debug!("commit: partition gone");
                 Ok(())
             }
+            // Every record belongs to an earlier topic of this name, deleted
+            // since: nothing to deliver to.
+            Some(topic)
+                if batch
+                    .records
+                    .iter()
+                    .all(|r| !r.belongs_to(topic.incarnation)) =>
+            {
+                tracing::debug!(topic = %topic.name, "commit: records of a deleted incarnation");
+                Ok(())
+            }
             Some(topic) => {
                 let partition = batch.destination.partition;
                 let node = self.owner_node(&topic, partition);
@@ -1088,6 +1142,7 @@ impl Shard {
                     let messages: Vec<Message> = batch
                         .records
                         .iter()
+                        .filter(|r| r.belongs_to(topic.incarnation))
                         .map(|r| Message {
                             id: r.id,
                             produced_at_ms: r.accept_ms,
@@ -1107,6 +1162,7 @@ impl Shard {
                         messages: batch
                             .records
                             .iter()
+                            .filter(|r| r.belongs_to(topic.incarnation))
                             .map(|r| WireMessage {
                                 id: r.id,
                                 produced_at_ms: r.accept_ms,
@@ -1647,6 +1703,7 @@ impl Shard {
                 key: message.key.clone(),
                 value: message.value.clone(),
                 accept_ms,
+                incarnation: Some(dlq.incarnation),
             },
         );
         appended.durable.await.map_err(|e| from_storage(&e))

@@ -265,6 +265,91 @@ fn a_node_that_lost_its_volume_issues_new_ids_and_never_calls_a_topic_missing() 
     );
 }
 
+/// Folders of `topic` under a node's partitions folder.
+fn topic_folders(node: &Node, topic: &str) -> Vec<String> {
+    std::fs::read_dir(node.data_dir.join("partitions"))
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|name| name.rsplit_once('-').is_some_and(|(n, _)| n == topic))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_deleted_topic_leaves_no_folder_on_any_node_and_its_waiting_records_stay_out_of_its_successor()
+{
+    let cluster = Cluster::start(3);
+    cluster.wait_ready(WAIT);
+    let (status, answer) =
+        cluster.nodes[0].json("PUT", "/v1/topics/spread", json!({"partitions": 3}));
+    assert_eq!(status, 201, "{answer}");
+    produce_ids(&cluster.nodes[0], "spread", 30, "spread");
+    assert!(
+        eventually(WAIT, || cluster
+            .nodes
+            .iter()
+            .all(|n| !topic_folders(n, "spread").is_empty())),
+        "every node holds a partition"
+    );
+
+    // One partition, owned by a node that stops answering: records
+    // accepted elsewhere wait in the dispatcher.
+    let (status, answer) =
+        cluster.nodes[0].json("PUT", "/v1/topics/again", json!({"partitions": 1}));
+    assert_eq!(status, 201, "{answer}");
+    let owner = cluster.owners("again")[0];
+    let entry = (0..3).find(|i| *i != owner).expect("another node");
+    let old = produce_ids(&cluster.nodes[entry], "again", 5, "warm");
+    assert_eq!(
+        support::consume_all(&cluster.nodes[entry], "again").len(),
+        old.len()
+    );
+    cluster.nodes[owner].pause();
+    let waiting = produce_ids(&cluster.nodes[entry], "again", 20, "old");
+
+    for topic in ["spread", "again"] {
+        let (status, answer) =
+            cluster.nodes[entry].request("DELETE", &format!("/v1/topics/{topic}"), b"");
+        assert_eq!(status, 204, "{answer}");
+    }
+    let (status, answer) =
+        cluster.nodes[entry].json("PUT", "/v1/topics/again", json!({"partitions": 1}));
+    assert_eq!(status, 201, "{answer}");
+    cluster.nodes[owner].resume();
+    let fresh = produce_ids(&cluster.nodes[entry], "again", 5, "new");
+
+    assert!(
+        eventually(WAIT, || cluster
+            .nodes
+            .iter()
+            .all(|n| topic_folders(n, "spread").is_empty())),
+        "folders of the deleted topic left: {:?}",
+        cluster
+            .nodes
+            .iter()
+            .map(|n| topic_folders(n, "spread"))
+            .collect::<Vec<_>>()
+    );
+    // The new messages arrive behind the old ones' retries.
+    let mut delivered = std::collections::BTreeMap::new();
+    assert!(eventually(WAIT, || {
+        delivered.extend(support::consume_all(&cluster.nodes[entry], "again"));
+        fresh.iter().all(|id| delivered.contains_key(id))
+    }));
+    let stray: Vec<&String> = waiting
+        .iter()
+        .filter(|id| delivered.contains_key(*id))
+        .collect();
+    assert!(
+        stray.is_empty(),
+        "{} records of the deleted topic landed in the one created again",
+        stray.len()
+    );
+}
+
 #[test]
 fn a_leader_stopped_with_sigterm_tries_a_handover_and_the_others_carry_on() {
     let mut cluster = Cluster::start(3);

@@ -447,6 +447,17 @@ impl<F: FileSystem> FileSystem for FaultyFs<F> {
         Ok(visible.into_iter().collect())
     }
 
+    async fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
+        if self.control.power_loss() {
+            // Whatever waited under it for a sync is gone with it.
+            let mut names = self.names.borrow_mut();
+            names.mapped.retain(|visible, _| !visible.starts_with(path));
+            names.pending.retain(|real, _| !real.starts_with(path));
+            names.hidden.retain(|real| !real.starts_with(path));
+        }
+        self.inner.remove_dir_all(path).await
+    }
+
     async fn remove_file(&self, path: &Path) -> io::Result<()> {
         if !self.control.power_loss() {
             return self.inner.remove_file(path).await;

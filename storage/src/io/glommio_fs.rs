@@ -174,6 +174,22 @@ impl FileSystem for GlommioFs {
         glommio::io::remove(path).await.map_err(io::Error::from)
     }
 
+    async fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
+        // A deep folder takes many unlinks: off the shard's thread.
+        let target = path.to_path_buf();
+        let removed = glommio::executor()
+            .spawn_blocking(move || match std::fs::remove_dir_all(&target) {
+                Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(()),
+                other => other,
+            })
+            .await;
+        removed?;
+        match path.parent() {
+            Some(parent) if parent.exists() => self.sync_dir(parent).await,
+            _ => Ok(()),
+        }
+    }
+
     async fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
         glommio::io::rename(from, to).await.map_err(io::Error::from)
     }

@@ -62,6 +62,10 @@ pub trait FileSystem: Clone + 'static {
     /// Names of the entries (files and directories) directly in `path`, sorted.
     async fn list_dir(&self, path: &Path) -> io::Result<Vec<String>>;
     async fn remove_file(&self, path: &Path) -> io::Result<()>;
+    /// Removes a folder and everything under it, durably (its parent is
+    /// synced), without blocking the caller's executor. A missing folder is
+    /// not an error.
+    async fn remove_dir_all(&self, path: &Path) -> io::Result<()>;
     async fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
     async fn exists(&self, path: &Path) -> io::Result<bool>;
 }

@@ -579,6 +579,19 @@ impl FileSystem for SimFs {
             .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))
     }
 
+    /// Removal is durable at once here (the simulated disk syncs the
+    /// parent as a real one does).
+    async fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
+        let mut disk = self.disk.borrow_mut();
+        if let Some(e) = disk.check_fault(FaultOp::Remove, path) {
+            return Err(e);
+        }
+        disk.names.retain(|name, _| !name.starts_with(path));
+        disk.durable_names.retain(|name, _| !name.starts_with(path));
+        disk.dirs.retain(|dir| !dir.starts_with(path));
+        Ok(())
+    }
+
     async fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
         let mut disk = self.disk.borrow_mut();
         if let Some(e) = disk.check_fault(FaultOp::Rename, from) {
@@ -595,5 +608,34 @@ impl FileSystem for SimFs {
     async fn exists(&self, path: &Path) -> io::Result<bool> {
         let disk = self.disk.borrow();
         Ok(disk.names.contains_key(path) || disk.dirs.contains(path))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remove_dir_all_removes_the_folder_and_only_it_for_good() {
+        let fs = SimFs::new(9);
+        let (gone, kept) = (Path::new("/d/topic-1"), Path::new("/d/topic-10"));
+        futures_lite::future::block_on(async {
+            for dir in [gone, kept] {
+                fs.create_dir_all(&dir.join("0")).await.expect("dir");
+                let file = fs
+                    .open(&dir.join("0").join("a.seg"), OpenMode::CREATE_BUFFERED)
+                    .await
+                    .expect("open");
+                file.write_at(b"x", 0).await.expect("write");
+                file.sync_data().await.expect("sync");
+                fs.sync_dir(&dir.join("0")).await.expect("sync dir");
+            }
+            fs.remove_dir_all(gone).await.expect("remove");
+            fs.power_loss();
+            assert!(!fs.exists(&gone.join("0").join("a.seg")).await.expect("exists"));
+            assert!(!fs.exists(gone).await.expect("exists"));
+            assert!(fs.exists(&kept.join("0").join("a.seg")).await.expect("exists"));
+            fs.remove_dir_all(Path::new("/nowhere")).await.expect("missing is fine");
+        });
     }
 }
