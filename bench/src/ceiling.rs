@@ -126,6 +126,13 @@ async fn shard(
         idle_timeout: Duration::from_secs(120),
         body_bytes_max: 32 * 1024 * 1024,
     };
-    serve(listener, limits, handler, Rc::new(Cell::new(false))).await;
+    serve(
+        listener,
+        limits,
+        handler,
+        Rc::new(Cell::new(false)),
+        narad_net::http_server::NodeBudget::unlimited(),
+    )
+    .await;
     Ok(())
 }

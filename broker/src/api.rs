@@ -468,6 +468,19 @@ async fn metrics(shard: &Shard) -> HttpResponse {
         )],
     );
     gauge(
+        "narad_connections_open",
+        "client connections open on this node (at most http.max_connections)",
+        vec![(String::new(), shard.http_budget().connections_open() as f64)],
+    );
+    gauge(
+        "narad_http_buffered_body_bytes",
+        "bytes of request bodies this node holds (at most http.max_buffered_body_bytes)",
+        vec![(
+            String::new(),
+            shard.http_budget().buffered_body_bytes() as f64,
+        )],
+    );
+    gauge(
         "narad_node_alive",
         "1 for each member this node's controller sees alive, 0 once marked dead",
         shard

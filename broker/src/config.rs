@@ -240,6 +240,24 @@ const KEYS: &[(&str, Kind, Option<&str>)] = &[
         },
         Some("16777216"),
     ),
+    // Node-wide bounds on what clients hold: connections, and bytes of
+    // request bodies being read or handled.
+    (
+        "http.max_connections",
+        Kind::U64 {
+            min: 1,
+            max: 10_000_000,
+        },
+        Some("10000"),
+    ),
+    (
+        "http.max_buffered_body_bytes",
+        Kind::U64 {
+            min: 1024,
+            max: 1 << 40,
+        },
+        Some("1073741824"),
+    ),
     // For tests only: a fault layer under every storage file, switched at
     // runtime through `<data_dir>/fault-control` (see docs/testing.md).
     (
@@ -442,6 +460,12 @@ impl Config {
             return Err(ConfigError::Inconsistent(
                 "storage.ack_flush_interval_ms must not exceed storage.consumer_offset_commit_interval_ms".into(),
             ));
+        }
+        let largest_body = 2 * self.u64("http.max_batch_bytes");
+        if self.u64("http.max_buffered_body_bytes") < largest_body {
+            return Err(ConfigError::Inconsistent(format!(
+                "http.max_buffered_body_bytes must be at least twice http.max_batch_bytes ({largest_body}), or no batch could ever be read"
+            )));
         }
         let retention = self.u64("topics.default_retention_ms");
         let floor = self.u64("topics.retention_floor_ms");

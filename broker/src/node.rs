@@ -15,7 +15,7 @@ use std::time::Duration;
 use futures_channel::mpsc::UnboundedReceiver;
 use glommio::net::TcpListener;
 use glommio::{LocalExecutorBuilder, Placement};
-use narad_net::http_server::{serve, Handler, HttpRequest, ServerLimits};
+use narad_net::http_server::{serve, Handler, HttpRequest, NodeBudget, ServerLimits};
 use narad_net::peer::{PeerEndpoint, PeerHandler, PeerTls};
 use narad_raft::node::{BoxFuture, MetaNode, MetaNodeConfig, PeerCaller};
 use narad_storage::clock::{SharedClock, SystemClock};
@@ -238,6 +238,8 @@ struct NodeShared {
     finished: AtomicUsize,
     /// Set once any shard's ingress WAL failed.
     wal_failed: Arc<AtomicBool>,
+    /// Connections and request bodies the node's clients hold, all shards.
+    http_budget: Arc<NodeBudget>,
 }
 
 impl NodeShared {
@@ -395,6 +397,10 @@ pub fn run(config: Config) -> Result<(), String> {
         drained: AtomicUsize::new(0),
         finished: AtomicUsize::new(0),
         wal_failed: Arc::default(),
+        http_budget: NodeBudget::new(
+            usize::try_from(config.u64("http.max_connections")).unwrap_or(usize::MAX),
+            config.u64("http.max_buffered_body_bytes"),
+        ),
     });
     let cpus = std::thread::available_parallelism().map_or(1, usize::from);
     let (startup, started) = mpsc::channel();
@@ -637,6 +643,7 @@ async fn run_shard(start: ShardStart) -> Result<(), String> {
         mesh,
         peers,
         node_wal_failed: node.wal_failed.clone(),
+        http_budget: node.http_budget.clone(),
     });
     for inbox in inbox {
         glommio::spawn_local(shard.clone().serve_peers(inbox)).detach();
@@ -733,7 +740,13 @@ async fn run_shard(start: ShardStart) -> Result<(), String> {
         Box::pin(async move { crate::api::handle(shard, request).await })
     });
     let accepting = Rc::new(std::cell::Cell::new(false));
-    let server = glommio::spawn_local(serve(listener, limits, handler, accepting));
+    let server = glommio::spawn_local(serve(
+        listener,
+        limits,
+        handler,
+        accepting,
+        node.http_budget.clone(),
+    ));
     let _ = startup.send(Startup::Serving);
     while !node.stop.load(Ordering::SeqCst) {
         glommio::timer::sleep(STOP_POLL_INTERVAL).await;

@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -504,9 +504,26 @@ pub struct Inbound {
     pub reply: oneshot::Sender<DataAnswer>,
 }
 
+/// Requests of other nodes a node holds at once (queued for a shard or
+/// being answered). Over it a request is answered `overloaded` at once: the
+/// caller's dispatcher backs off and retries, a consume moves on, so a
+/// flood from peers cannot grow this node's memory without bound.
+pub const INBOX_REQUESTS_MAX: usize = 8192;
+
 /// Hands requests from the QUIC thread to this node's shards.
 pub struct DataInbox {
     shards: OnceLock<Vec<UnboundedSender<Inbound>>>,
+    held: Arc<AtomicUsize>,
+    max: usize,
+}
+
+/// One request held by the inbox; given back when answered or dropped.
+struct Held(Arc<AtomicUsize>);
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Default for DataInbox {
@@ -517,9 +534,30 @@ impl Default for DataInbox {
 
 impl DataInbox {
     pub fn new() -> Self {
+        Self::with_max(INBOX_REQUESTS_MAX)
+    }
+
+    /// An inbox holding at most `max` requests at once.
+    pub fn with_max(max: usize) -> Self {
         Self {
             shards: OnceLock::new(),
+            held: Arc::default(),
+            max,
         }
+    }
+
+    /// Requests held now.
+    pub fn held(&self) -> usize {
+        self.held.load(Ordering::SeqCst)
+    }
+
+    fn try_hold(&self) -> Option<Held> {
+        self.held
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < self.max).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Held(self.held.clone()))
     }
 
     /// Makes one channel per shard; the receivers go to the shards.
@@ -536,6 +574,16 @@ impl DataInbox {
         let this = self.clone();
         Box::pin(async move {
             let request = decode_request(&payload)?;
+            let Some(_held) = this.try_hold() else {
+                let refused = ApiError::new(
+                    ErrorCode::Overloaded,
+                    format!(
+                        "the node holds {} requests of other nodes; retry with backoff",
+                        this.max
+                    ),
+                );
+                return encode_answer(&DataAnswer::failed(&refused));
+            };
             let shards = this
                 .shards
                 .get()
@@ -560,6 +608,36 @@ impl DataInbox {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_full_inbox_answers_overloaded_and_makes_room_as_requests_end() {
+        let inbox = Arc::new(DataInbox::with_max(2));
+        let mut receivers = inbox.wire(1);
+        let request = encode_request(&DataRequest::Stats {
+            topic: "t".into(),
+            incarnation: 0,
+            partitions: vec![0],
+        })
+        .expect("encode");
+        let waker = std::task::Waker::noop();
+        let mut cx = std::task::Context::from_waker(waker);
+        let mut first = inbox.handle(request.clone());
+        let mut second = inbox.handle(request.clone());
+        assert!(first.as_mut().poll(&mut cx).is_pending());
+        assert!(second.as_mut().poll(&mut cx).is_pending());
+        assert_eq!(inbox.held(), 2);
+        let mut third = inbox.handle(request.clone());
+        let std::task::Poll::Ready(Ok(answer)) = third.as_mut().poll(&mut cx) else {
+            panic!("a third request waits instead of being refused");
+        };
+        assert!(matches!(
+            decode_answer(&answer),
+            Ok(DataAnswer::Failed(error)) if error.code == "overloaded"
+        ));
+        drop(first);
+        assert_eq!(inbox.held(), 1, "a dropped request gives its place back");
+        drop((second, receivers.pop()));
+    }
 
     #[test]
     fn requests_and_answers_round_trip_and_garbage_is_refused() {

@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use narad_net::http_server::NodeBudget;
 use narad_net::types::{ConsumeRequest, ConsumedMessage, SettleAction, TopicPatch};
 use narad_net::value::JsonValue;
 use narad_net::{ApiError, ErrorCode};
@@ -156,6 +157,8 @@ pub struct ShardParts {
     /// Set once any shard's ingress WAL failed: the node answers 500 to
     /// produces until it restarts.
     pub node_wal_failed: Arc<AtomicBool>,
+    /// The node's connections and request bodies (for its metrics).
+    pub http_budget: Arc<NodeBudget>,
 }
 
 pub struct Shard {
@@ -194,6 +197,7 @@ pub struct Shard {
     remote_in_flight: Cell<usize>,
     remote_done: Signal,
     node_wal_failed: Arc<AtomicBool>,
+    http_budget: Arc<NodeBudget>,
 }
 
 impl Shard {
@@ -211,6 +215,7 @@ impl Shard {
             mesh,
             peers,
             node_wal_failed,
+            http_budget,
         } = parts;
         let dispatcher = Dispatcher::new(DispatcherConfig {
             max_linger_ms: config.u64("dispatcher.max_linger_ms"),
@@ -250,7 +255,13 @@ impl Shard {
             remote_in_flight: Cell::new(0),
             remote_done: Signal::default(),
             node_wal_failed,
+            http_budget,
         })
+    }
+
+    /// The node's connections and request bodies held now.
+    pub fn http_budget(&self) -> &NodeBudget {
+        &self.http_budget
     }
 
     pub fn config(&self) -> &Config {

@@ -208,3 +208,77 @@ fn a_second_process_on_the_same_folder_or_port_is_refused() {
     // The first node still serves.
     produce(&node, "t", "still here");
 }
+
+/// Reads what the node answers on `stream` until it closes the connection
+/// or `WAIT` passes; the status, if any.
+fn read_status(stream: &mut TcpStream) -> Option<u16> {
+    use std::io::Read;
+    stream.set_read_timeout(Some(WAIT)).ok()?;
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+    let text = String::from_utf8_lossy(&answer);
+    text.split(' ').nth(1)?.parse().ok()
+}
+
+#[test]
+fn connections_and_buffered_bodies_are_bounded_node_wide() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let node = Node::start(
+        &tmp.path().join("n"),
+        &[
+            "--set",
+            "http.max_connections=4",
+            "--set",
+            "http.max_batch_bytes=1024",
+            "--set",
+            "http.max_buffered_body_bytes=100000",
+        ],
+    );
+    node.create_topic("t", json!({"partitions": 1}));
+    // A body promised and not sent holds its share of the budget.
+    let mut slow = TcpStream::connect(&node.addr).expect("connect");
+    slow.write_all(
+        b"POST /v1/topics/t/messages HTTP/1.1\r\nHost: t\r\nContent-Length: 60000\r\n\r\npartial",
+    )
+    .expect("send");
+    assert!(eventually(WAIT, || support::metric(
+        &node,
+        "narad_http_buffered_body_bytes"
+    ) >= 60000.0));
+    let big = vec![b'x'; 60000];
+    let (status, answer) = node.request("POST", "/v1/topics/t/messages", &big);
+    // (The refused request read nothing, so its connection closes.)
+    assert_eq!(
+        (status, answer["error"]["code"].as_str()),
+        (429, Some("overloaded")),
+        "{answer}"
+    );
+    drop(slow);
+    assert!(eventually(WAIT, || {
+        node.request("POST", "/v1/topics/t/messages", b"small").0 == 202
+    }));
+    assert!(eventually(WAIT, || support::metric(
+        &node,
+        "narad_http_buffered_body_bytes"
+    ) == 0.0));
+
+    // Idle clients hold connections; past the bound new ones are refused,
+    // and a connection given back makes room.
+    let idle: Vec<TcpStream> = (0..4)
+        .map(|_| TcpStream::connect(&node.addr).expect("connect"))
+        .collect();
+    // (A metrics request would need a fifth connection of its own.)
+    let mut extra = TcpStream::connect(&node.addr).expect("connect");
+    let _ = extra.write_all(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n");
+    assert_eq!(
+        read_status(&mut extra),
+        Some(429),
+        "a fifth connection is refused"
+    );
+    drop(idle);
+    assert!(eventually(WAIT, || node.request("GET", "/healthz", b"").0 == 200));
+    assert!(eventually(WAIT, || support::metric(
+        &node,
+        "narad_connections_open"
+    ) == 1.0));
+}

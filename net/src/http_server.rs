@@ -18,6 +18,8 @@ use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -52,6 +54,108 @@ pub struct ServerLimits {
 }
 
 /// A JSON error response.
+/// What the whole node lets its clients hold, shared by every shard's
+/// server: open connections (`http.max_connections`; over it a new
+/// connection gets `429 overloaded` and is closed) and bytes of request
+/// bodies being read or handled (`http.max_buffered_body_bytes`; over it a
+/// request gets `429 overloaded`). A permit is given back when dropped, so
+/// a connection or request that ends any way at all returns what it held.
+#[derive(Debug)]
+pub struct NodeBudget {
+    max_connections: usize,
+    connections: AtomicUsize,
+    max_buffered_body_bytes: u64,
+    buffered_body_bytes: AtomicU64,
+}
+
+impl NodeBudget {
+    pub fn new(max_connections: usize, max_buffered_body_bytes: u64) -> Arc<Self> {
+        Arc::new(Self {
+            max_connections,
+            connections: AtomicUsize::new(0),
+            max_buffered_body_bytes,
+            buffered_body_bytes: AtomicU64::new(0),
+        })
+    }
+
+    /// No limits (benchmarks and tests of the server alone).
+    pub fn unlimited() -> Arc<Self> {
+        Self::new(usize::MAX, u64::MAX)
+    }
+
+    /// Connections open now (`narad_connections_open`).
+    pub fn connections_open(&self) -> usize {
+        self.connections.load(Ordering::SeqCst)
+    }
+
+    /// Bytes of request bodies held now.
+    pub fn buffered_body_bytes(&self) -> u64 {
+        self.buffered_body_bytes.load(Ordering::SeqCst)
+    }
+
+    fn try_connection(self: &Arc<Self>) -> Option<Permit> {
+        let taken = self
+            .connections
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |open| {
+                (open < self.max_connections).then_some(open + 1)
+            })
+            .is_ok();
+        taken.then(|| Permit {
+            budget: self.clone(),
+            kind: PermitKind::Connection,
+        })
+    }
+
+    fn try_body(self: &Arc<Self>, bytes: u64) -> Option<Permit> {
+        let taken = self
+            .buffered_body_bytes
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |held| {
+                held.checked_add(bytes)
+                    .filter(|total| *total <= self.max_buffered_body_bytes)
+            })
+            .is_ok();
+        taken.then(|| Permit {
+            budget: self.clone(),
+            kind: PermitKind::Body(bytes),
+        })
+    }
+}
+
+#[derive(Debug)]
+enum PermitKind {
+    Connection,
+    Body(u64),
+}
+
+/// A share of the [`NodeBudget`], given back on drop.
+#[derive(Debug)]
+struct Permit {
+    budget: Arc<NodeBudget>,
+    kind: PermitKind,
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        match self.kind {
+            PermitKind::Connection => {
+                self.budget.connections.fetch_sub(1, Ordering::SeqCst);
+            }
+            PermitKind::Body(bytes) => {
+                self.budget
+                    .buffered_body_bytes
+                    .fetch_sub(bytes, Ordering::SeqCst);
+            }
+        }
+    }
+}
+
+fn overloaded(what: &str) -> ApiError {
+    ApiError::new(
+        ErrorCode::Overloaded,
+        format!("the node is shedding load: {what}; retry with backoff"),
+    )
+}
+
 pub fn error_response(error: &ApiError) -> HttpResponse {
     let mut response = hyper::Response::new(Full::new(Bytes::from(error.to_json())));
     *response.status_mut() = hyper::StatusCode::from_u16(error.status())
@@ -246,7 +350,12 @@ async fn watchdog(clock: Rc<ConnectionClock>) -> bool {
 }
 
 /// Serves one connection until the client closes it or a deadline passes.
-pub async fn serve_connection(stream: TcpStream, limits: ServerLimits, handler: Handler) {
+pub async fn serve_connection(
+    stream: TcpStream,
+    limits: ServerLimits,
+    handler: Handler,
+    budget: Arc<NodeBudget>,
+) {
     let stream = Rc::new(RefCell::new(stream));
     let clock = Rc::new(ConnectionClock {
         phase: Cell::new(Phase::Idle),
@@ -264,10 +373,25 @@ pub async fn serve_connection(stream: TcpStream, limits: ServerLimits, handler: 
     let service = service_fn(move |request: hyper::Request<Incoming>| {
         let clock = service_clock.clone();
         let handler = handler.clone();
+        let budget = budget.clone();
         async move {
             clock.enter(Phase::Handling);
             let (parts, body) = request.into_parts();
-            let response = match read_body(body, limits).await {
+            // The body counts against the node's budget from before it is
+            // read until the answer: its declared length, or the most a
+            // body may be when it declares none.
+            let declared = hyper::body::Body::size_hint(&body)
+                .exact()
+                .unwrap_or(limits.body_bytes_max as u64)
+                .min(limits.body_bytes_max as u64);
+            let permit = budget.try_body(declared);
+            let read = match &permit {
+                Some(_) => read_body(body, limits).await,
+                None => Err(overloaded(
+                    "request bodies being read fill http.max_buffered_body_bytes",
+                )),
+            };
+            let response = match read {
                 Ok(bytes) => handler(hyper::Request::from_parts(parts, bytes)).await,
                 Err(error) => {
                     let mut response = error_response(&error);
@@ -278,6 +402,7 @@ pub async fn serve_connection(stream: TcpStream, limits: ServerLimits, handler: 
                     response
                 }
             };
+            drop(permit);
             clock.enter(Phase::Idle);
             Ok::<_, std::convert::Infallible>(response)
         }
@@ -315,22 +440,45 @@ pub async fn serve_connection(stream: TcpStream, limits: ServerLimits, handler: 
     }
 }
 
-/// Accepts connections until `stop` is set, serving each on its own task.
+/// Accepts connections until `stop` is set, serving each on its own task
+/// while the node's budget has room for it.
 pub async fn serve(
     listener: TcpListener,
     limits: ServerLimits,
     handler: Handler,
     stop: Rc<Cell<bool>>,
+    budget: Arc<NodeBudget>,
 ) {
     while !stop.get() {
         match listener.accept().await {
             Ok(stream) => {
                 let _ = stream.set_nodelay(true);
-                glommio::spawn_local(serve_connection(stream, limits, handler.clone())).detach();
+                let Some(permit) = budget.try_connection() else {
+                    glommio::spawn_local(refuse_connection(stream)).detach();
+                    continue;
+                };
+                let (handler, budget) = (handler.clone(), budget.clone());
+                glommio::spawn_local(async move {
+                    let _permit = permit;
+                    serve_connection(stream, limits, handler, budget).await;
+                })
+                .detach();
             }
             Err(error) => tracing::warn!(%error, "accept failed"),
         }
     }
+}
+
+/// Answers `429 overloaded` on a connection over `http.max_connections`,
+/// without reading it, and closes it.
+async fn refuse_connection(mut stream: TcpStream) {
+    let body = overloaded("the node holds http.max_connections connections").to_json();
+    let response = format!(
+        "HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = stream.write_all(response.as_bytes()).await;
+    let _ = stream.close().await;
 }
 
 #[cfg(test)]

@@ -44,6 +44,7 @@ fn start_server() -> SocketAddr {
                 LIMITS,
                 handler,
                 Rc::new(std::cell::Cell::new(false)),
+                narad_net::http_server::NodeBudget::unlimited(),
             )
             .await;
         });

@@ -632,10 +632,18 @@ mod tests {
             }
             fs.remove_dir_all(gone).await.expect("remove");
             fs.power_loss();
-            assert!(!fs.exists(&gone.join("0").join("a.seg")).await.expect("exists"));
+            assert!(!fs
+                .exists(&gone.join("0").join("a.seg"))
+                .await
+                .expect("exists"));
             assert!(!fs.exists(gone).await.expect("exists"));
-            assert!(fs.exists(&kept.join("0").join("a.seg")).await.expect("exists"));
-            fs.remove_dir_all(Path::new("/nowhere")).await.expect("missing is fine");
+            assert!(fs
+                .exists(&kept.join("0").join("a.seg"))
+                .await
+                .expect("exists"));
+            fs.remove_dir_all(Path::new("/nowhere"))
+                .await
+                .expect("missing is fine");
         });
     }
 }
