@@ -217,7 +217,7 @@ warmupDurationMinutes: 0.5
                 4 * (w.test_duration() + w.warmup_duration() + crate::omb::DRAIN_DEADLINE);
             count += 1;
         }
-        assert!(count >= 6, "the issue's workloads are there");
+        assert!(count >= 6, "the bundled workloads are there");
         assert!(
             compare_run <= Duration::from_secs(40 * 60),
             "a compare run of every workload fits in 40 minutes: {compare_run:?}"

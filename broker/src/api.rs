@@ -1,4 +1,4 @@
-//! The HTTP API of API.md: routing, request parsing and JSON answers.
+//! The HTTP API (docs/http-api.md): routing, request parsing and JSON answers.
 //!
 //! Checks run in the order black-box tests rely on: the route (404
 //! `not_found`), the method (405 with `Allow`), the topic name (400
@@ -198,7 +198,7 @@ async fn dispatch(
     match route {
         Route::Healthz => Ok(json_response(StatusCode::OK, &json!({"status": "ok"}))),
         Route::Readyz => match shard.not_ready().await {
-            // API.md: 503 whatever the reason, in the error shape with its code.
+            // docs/http-api.md: 503 whatever the reason, in the error shape with its code.
             Some(error) => {
                 let mut response = error_response(&error);
                 *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;

@@ -1,4 +1,4 @@
-//! Node configuration: every key of API.md with its default, from four
+//! Node configuration: every key of docs/configuration.md with its default, from four
 //! sources in this order of precedence: flags and `--set KEY=VALUE`, then
 //! `NARAD_` environment variables (the key upper-cased, `.` → `__`), then the
 //! TOML file, then the defaults. A key no source may set is refused, naming

@@ -1,19 +1,17 @@
 //! # narad-broker
 //!
-//! The Narad node. Built so far, as sans-IO pieces with their tests:
-//! - [`dispatcher`]: the batching policy that commits durable WAL records to
-//!   partition owners (adaptive linger, retry, reroute signal);
-//! - [`leases`]: one partition's leases, delivery counts, nack delays and the
-//!   expiry sweep;
-//! - [`config`]: every config key with its default and the precedence of
-//!   flags, environment, file and defaults;
-//! - [`owner`]: one partition's owner: commit, consume under leases, ack,
-//!   nack, extend, sweep and dead-letter selection, long-poll wake-ups, stats;
-//! - [`receipt`]: receipts that name topic, partition, offset, lease and owner
-//!   epoch under a MAC, so they cannot be forged.
-//!
-//! Still to come (issue 3): shards on glommio, the HTTP server, the
-//! dispatcher, the partition owner, the metastore and the `narad` CLI.
+//! The Narad node and the `narad` command line:
+//! - [`node`]: start and stop, the data folder's lock and identity, one
+//!   glommio executor per shard, the graceful stop;
+//! - [`shard`]: one shard: produce into its WAL, the dispatcher loop,
+//!   partition owners, consume, settle, dead-lettering, topic admin;
+//! - [`mesh`] and [`remote`]: requests between shards and between nodes;
+//! - [`api`] and [`errors`]: the HTTP API's routes and the one mapping of
+//!   errors to status codes; [`cli`]: the client subcommands;
+//! - sans-IO pieces with their tests: [`dispatcher`] (batching, retry,
+//!   reroute), [`leases`], [`owner`] (one partition), [`receipt`] (receipts
+//!   under a MAC), [`partitioner`], [`signal`], [`config`] (every key, its
+//!   default and the precedence of flags, environment, file and defaults).
 
 pub mod api;
 pub mod cli;

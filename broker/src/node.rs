@@ -470,7 +470,7 @@ pub fn run(config: Config) -> Result<(), String> {
             Err(_) => return Err("a shard stopped while starting".into()),
         }
     }
-    // Exactly API.md's line: scripts and tests parse it.
+    // The documented listening line: scripts and tests parse it.
     let peer_addr = endpoint.as_ref().map_or(peer, |e| e.local_addr());
     println!("listening client={listen} peer={peer_addr}");
     let _ = std::io::stdout().flush();

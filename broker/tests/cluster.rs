@@ -1,5 +1,5 @@
 //! Process tests of a three-node cluster on loopback, started with the
-//! flags of API.md: the metastore across nodes over QUIC with mutual TLS
+//! documented flags (docs/configuration.md): the metastore across nodes over QUIC with mutual TLS
 //! from a cluster secret, writes at any node, failover, no quorum, and a
 //! node of another cluster refused.
 

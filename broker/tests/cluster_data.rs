@@ -466,7 +466,7 @@ fn a_rolling_restart_under_load_loses_nothing_and_redelivers_no_acked_message() 
     );
     // The goal is a second: met when the stopping leader's handover works
     // (milliseconds), missed when its successor loses the election and the
-    // survivors elect after their election timeout (see the issue note).
+    // survivors elect after their election timeout.
     // What is asserted is that the control plane comes back on its own.
     eprintln!("rolling restart: control plane back after {gaps:?}");
     let worst = gaps.iter().max().copied().unwrap_or_default();

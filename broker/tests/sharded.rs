@@ -22,8 +22,8 @@ fn ids_of(messages: &[Value]) -> Vec<String> {
         .collect()
 }
 
-/// The shard that accepted a message, from its id (API.md: node, shard,
-/// start and sequence packed into 128 bits).
+/// The shard that accepted a message, from its id (node, shard,
+/// incarnation and sequence packed into 128 bits).
 fn accepting_shard(id: &str) -> u16 {
     u16::from_str_radix(&id[4..8], 16).expect("hex id")
 }

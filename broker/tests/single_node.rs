@@ -1,5 +1,5 @@
 //! Process tests of one `narad` node: the data plane and topic admin of
-//! API.md, crashes and graceful stops, and bad input.
+//! docs/http-api.md, crashes and graceful stops, and bad input.
 
 mod support;
 

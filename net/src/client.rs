@@ -1,7 +1,7 @@
 //! A small blocking Rust client for the HTTP API, used by the `narad` CLI
 //! (and by tests and tools that do not need a runtime).
 //!
-//! It retries what API.md's status table marks retryable (408, 429, 500, 502,
+//! It retries what docs/status-codes.md marks retryable (408, 429, 500, 502,
 //! 503) and failed connections, with exponential backoff and jitter, and
 //! never retries another 4xx. A retried produce may store a second copy: the
 //! contract allows it.

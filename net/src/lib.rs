@@ -1,6 +1,6 @@
 //! # narad-net
 //!
-//! The wire of Narad, as `../shared/API.md` fixes it:
+//! The wire of Narad: the HTTP API of `docs/http-api.md`, and QUIC between nodes:
 //! - [`error`]: every error code, its HTTP status and whether to retry it, in
 //!   one exhaustive mapping, and the JSON error shape;
 //! - [`names`]: topic name validation;
@@ -8,12 +8,11 @@
 //! - [`types`]: request and response bodies of the data plane and topic admin;
 //! - [`batch`]: whole-batch validation of a batch produce;
 //! - [`http_server`]: hyper 1.x on glommio, with our own header, body and
-//!   idle timeouts and body size limit.
-//!
-//! - [`client`]: a small blocking client of the HTTP API with API.md's retry
-//!   rules (the CLI uses it).
-//!
-//! Still to come here: the inter-node QUIC transport.
+//!   idle timeouts, body size limit and the node-wide connection and body
+//!   budget;
+//! - [`client`]: a small blocking client of the HTTP API with its retry
+//!   rules (`docs/status-codes.md`; the CLI uses it);
+//! - [`peer`]: QUIC between nodes with mutual TLS (quinn, rustls).
 
 pub mod batch;
 pub mod client;

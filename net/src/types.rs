@@ -11,7 +11,7 @@ use serde_json::{Map, Value};
 use crate::error::{ApiError, ErrorCode};
 use crate::value::JsonValue;
 
-/// Limits of API.md.
+/// Limits of the HTTP API (docs/http-api.md).
 pub const CONSUME_MAX_MESSAGES_MAX: u64 = 1000;
 pub const CONSUME_WAIT_MS_MAX: u64 = 20_000;
 pub const VISIBILITY_TIMEOUT_MS_MAX: u64 = 43_200_000;
@@ -221,7 +221,7 @@ pub struct TopicPatch {
 }
 
 impl TopicPatch {
-    /// Parses a topic body. `retention_floor_ms` is API.md's one hour, which
+    /// Parses a topic body. `retention_floor_ms` is the one-hour floor, which
     /// only tests lower.
     pub fn parse(
         body: &[u8],

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 pub type NodeId = u64;
 
-/// A topic's settings (API.md's topic body, resolved).
+/// A topic's settings (the body of PUT /v1/topics/{topic}, resolved).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TopicConfig {
     pub partitions: u32,

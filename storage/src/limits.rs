@@ -32,7 +32,7 @@ pub const ACK_LOG_COMPACT_BYTES_DEFAULT: u64 = 1024 * 1024;
 
 /// Largest key of one message.
 pub const KEY_BYTES_MAX: usize = 64 * 1024;
-/// Largest topic name (API.md: `[A-Za-z0-9._-]{1,249}`).
+/// Largest topic name (the HTTP API's topic names: `[A-Za-z0-9._-]{1,249}`).
 pub const TOPIC_NAME_BYTES_MAX: usize = 249;
 
 /// Chunk size used when scanning files during recovery.
