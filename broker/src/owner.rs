@@ -339,7 +339,7 @@ impl<F: FileSystem> PartitionOwner<F> {
                 self.log.high_watermark(),
                 max,
                 now_ms,
-                |o| self.acks.is_acked(o),
+                |o| self.acks.unacked_run(o),
             );
             offsets
                 .into_iter()

@@ -7,15 +7,19 @@
 //! - `acks-{gen:020}.log`: acks since that snapshot, as [`crate::frame`]s of
 //!   offsets.
 //!
-//! Acks reach the OS within `ack_flush_interval_ms` and the disk within
-//! `commit_interval_ms` ([`ConsumerState::maintain`]); [`ConsumerState::flush_now`]
-//! does both at once for a graceful stop. Compaction writes snapshot `gen+1`
+//! The owner calls [`ConsumerState::maintain`] every `ack_flush_interval_ms`:
+//! each call hands every ack not yet written to the OS, so an ack reaches
+//! the OS within one interval of being recorded, and fdatasyncs once the
+//! oldest unsynced ack is `commit_interval_ms` old, so it reaches the disk
+//! within that plus one interval; [`ConsumerState::flush_now`] does both at
+//! once for a graceful stop. Compaction writes snapshot `gen+1`
 //! (synced, with its directory entry) before it removes generation `gen`, so a
 //! crash at any point leaves a valid snapshot. Recovery takes the newest valid
 //! snapshot and replays every ack log of that generation or newer.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
@@ -65,6 +69,33 @@ impl AckSet {
                 .range(..=offset)
                 .next_back()
                 .is_some_and(|(_, end)| offset < *end)
+    }
+
+    /// The lowest offset at or after `offset` that is not acked: `offset`
+    /// itself, or the end of the acked range that holds it. O(log ranges).
+    pub fn next_unacked(&self, offset: u64) -> u64 {
+        if offset <= self.frontier {
+            return self.frontier;
+        }
+        match self.ranges.range(..=offset).next_back() {
+            // Ranges never touch one another nor the frontier: their end is
+            // not acked.
+            Some((_, end)) if offset < *end => *end,
+            _ => offset,
+        }
+    }
+
+    /// The run of offsets not acked that starts at [`Self::next_unacked`]`(offset)`:
+    /// it ends where the next acked range starts, or at `u64::MAX` if none
+    /// does. O(log ranges).
+    pub fn unacked_run(&self, offset: u64) -> Range<u64> {
+        let start = self.next_unacked(offset);
+        let end = self
+            .ranges
+            .range(start..)
+            .next()
+            .map_or(u64::MAX, |(acked, _)| *acked);
+        start..end
     }
 
     /// Records an ack; returns false if the offset was already acked.
@@ -354,6 +385,12 @@ impl<F: FileSystem> ConsumerState<F> {
         self.state.borrow().acks.frontier()
     }
 
+    /// The run of offsets not acked from the lowest one at or after
+    /// `offset` ([`AckSet::unacked_run`]).
+    pub fn unacked_run(&self, offset: u64) -> Range<u64> {
+        self.state.borrow().acks.unacked_run(offset)
+    }
+
     /// A copy of the in-memory ack set.
     pub fn ack_set(&self) -> AckSet {
         self.state.borrow().acks.clone()
@@ -372,7 +409,11 @@ impl<F: FileSystem> ConsumerState<F> {
         self.state.borrow().failed.clone()
     }
 
-    /// When [`Self::maintain`] next has work to do, if ever.
+    /// The latest time [`Self::maintain`] must run to keep the promises:
+    /// the oldest unwritten ack written `ack_flush_interval_ms` after it was
+    /// recorded, the oldest unsynced one synced `commit_interval_ms` after.
+    /// (A call before then writes what is unwritten anyway.) `None` when
+    /// nothing waits.
     pub fn next_deadline_ms(&self) -> Option<u64> {
         let state = self.state.borrow();
         let write = state
@@ -384,17 +425,17 @@ impl<F: FileSystem> ConsumerState<F> {
         write.into_iter().chain(sync).min()
     }
 
-    /// Does what the intervals call for: write acks to the OS once the oldest
-    /// unwritten one is `ack_flush_interval_ms` old, fdatasync once the oldest
-    /// unsynced one is `commit_interval_ms` old, compact a long log.
+    /// One tick of `ack_flush_interval_ms`: write every ack not yet written
+    /// to the OS (however young: waiting for it to be one interval old, on
+    /// ticks one interval apart, would let an ack wait almost two intervals,
+    /// which a process crash loses), fdatasync once the oldest unsynced one
+    /// is `commit_interval_ms` old, compact a long log.
     pub async fn maintain(&self) -> Result<()> {
         let now = self.clock.now_ms();
         let (write_due, sync_due, compact_due) = {
             let state = self.state.borrow();
             (
-                state
-                    .oldest_unwritten_ms
-                    .is_some_and(|t| now.saturating_sub(t) >= self.config.ack_flush_interval_ms),
+                !state.unwritten.is_empty(),
                 state
                     .oldest_unsynced_ms
                     .is_some_and(|t| now.saturating_sub(t) >= self.config.commit_interval_ms),
@@ -611,6 +652,80 @@ mod tests {
         assert_eq!(set.frontier(), 5);
         assert_eq!(set.skip_to(2), 0);
         assert!(set.is_acked(10) && !set.is_acked(9));
+    }
+
+    #[test]
+    fn next_unacked_and_unacked_run_agree_with_a_scan() {
+        let mut rng = crate::rng::SimRng::new(7);
+        for _ in 0..300 {
+            let mut set = AckSet::new(rng.below(6));
+            for _ in 0..rng.below(40) {
+                set.ack(rng.below(48));
+            }
+            if rng.chance(1, 4) {
+                set.skip_to(rng.below(24));
+            }
+            for offset in 0..56 {
+                let start = (offset..).find(|o| !set.is_acked(*o));
+                assert_eq!(Some(set.next_unacked(offset)), start, "{set:?} at {offset}");
+                let start = set.next_unacked(offset);
+                // Nothing at or above 48 is acked.
+                let end = (start..64).find(|o| set.is_acked(*o)).unwrap_or(u64::MAX);
+                assert_eq!(set.unacked_run(offset), start..end, "{set:?} at {offset}");
+            }
+        }
+    }
+
+    #[test]
+    fn every_tick_writes_every_unwritten_ack_however_young() {
+        use crate::clock::{Clock, ManualClock};
+        use crate::io::sim::SimFs;
+        use futures_lite::future::block_on;
+
+        let fs = SimFs::new(7);
+        let clock = ManualClock::new(0);
+        let shared: SharedClock = Rc::new(clock.clone());
+        let dir = Path::new("/data/partitions/t/0/consumer");
+        // 100 ms to the OS, 1 s to the disk; the owner ticks every 100 ms.
+        let config = ConsumerConfig::default();
+        let open =
+            || block_on(ConsumerState::open(&fs, dir, config, shared.clone())).expect("open");
+        let state = open();
+        // Recorded 1 ms after a tick: 99 ms old at the next one.
+        clock.advance_ms(1);
+        assert!(state.ack(0));
+        assert_eq!(state.next_deadline_ms(), Some(101));
+        clock.advance_ms(99);
+        block_on(state.maintain()).expect("tick");
+        assert_eq!(
+            state.next_deadline_ms(),
+            Some(1_001),
+            "written to the OS; only the sync waits"
+        );
+        drop(state);
+        fs.crash_process();
+        let state = open();
+        assert!(
+            state.is_acked(0),
+            "an ack written at the first tick after it survives a process crash"
+        );
+        // Recorded at 100: the tick at 1,100 syncs it, not the one before.
+        assert!(state.ack(1));
+        for _ in 0..9 {
+            clock.advance_ms(100);
+            block_on(state.maintain()).expect("tick");
+        }
+        assert_eq!(clock.now_ms(), 1_000);
+        assert_eq!(state.next_deadline_ms(), Some(1_100));
+        clock.advance_ms(100);
+        block_on(state.maintain()).expect("tick that syncs");
+        assert_eq!(state.next_deadline_ms(), None, "nothing waits");
+        drop(state);
+        fs.power_loss();
+        assert!(
+            open().is_acked(1),
+            "synced within 1 s and one tick of being recorded"
+        );
     }
 
     #[test]
