@@ -6,13 +6,19 @@
 //! - Suite 1, healthy: nothing is broken; any loss, duplicate, stray message
 //!   or message on the wrong topic fails.
 //! - Suite 2, faults: at least one fault every 5 seconds and every kind of
-//!   fault in every run; every 202'd message must end up acked, and no
-//!   message may appear that was never produced or on the wrong topic.
-//!   Duplicates are counted and reported.
+//!   fault in every run, and clients that now and then send a produce, a
+//!   consume or an ack whole and hang up without reading the answer; every
+//!   202'd message must end up acked, no message may appear that was never
+//!   produced or on the wrong topic, and no message acked with a 204 may be
+//!   delivered again unless its partition's owner crashed within the
+//!   contract's window after the ack. Duplicates are counted and reported.
 //!
 //! Both run three nodes on loopback with producers and consumers spread over
 //! them; a client whose node does not answer moves to the next one, as
-//! behind a load balancer. `NARAD_SUITE_SEED` replays a run;
+//! behind a load balancer. The owner of every partition is recorded in the
+//! history at the start (partitions do not move here): the checker needs it
+//! to tell a crash that can lose an ack from one that cannot.
+//! `NARAD_SUITE_SEED` replays a run;
 //! `NARAD_SOAK_SECONDS` runs the fault suite for longer. A failure prints the
 //! seed and the path of the history file.
 
@@ -29,7 +35,7 @@ use narad_check::{
 };
 use serde_json::{json, Value};
 use support::cluster::Cluster;
-use support::{eventually, try_request};
+use support::{eventually, send_and_vanish, try_request};
 
 /// How long a client waits for one answer before recording it as unknown.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -41,7 +47,13 @@ const FAULT_SUITE_SECONDS: u64 = 20;
 const FAULT_INTERVAL_MAX_MS: u64 = 4_000;
 const FAULT_INTERVAL_MIN_MS: u64 = 1_000;
 const TOPICS: [&str; 3] = ["orders", "payments", "audit"];
+const PARTITIONS: usize = 6;
 const CLUSTER_NODES: usize = 3;
+/// In the fault suite, the share (percent) of produces, consumes and ack
+/// batches a client sends whole and then abandons, closing the connection
+/// before it reads the answer (only while producers run, so the drain is
+/// not slowed down by leases nobody holds).
+const VANISH_PERCENT: u64 = 1;
 
 /// xorshift64*: the suites' only source of randomness, from the seed.
 struct Rng(u64);
@@ -119,20 +131,71 @@ fn outcome_of<T>(
     }
 }
 
+/// How a client is named in the history: itself and the node it asked
+/// (`p1@n2`), so that a history shows which node answered what.
+fn via(client: &str, node: usize) -> String {
+    format!("{client}@n{}", node % CLUSTER_NODES + 1)
+}
+
 /// Whether a client should try another node next (no answer, or a node
 /// that is stopping, failed or without a leader).
 fn move_on<T>(answer: &Result<(u16, T), String>) -> bool {
     !matches!(answer, Ok((status, _)) if *status < 500)
 }
 
+/// How the clients behave: their seed and how often they nack or vanish.
+#[derive(Debug, Clone, Copy)]
+struct Mix {
+    seed: u64,
+    nack_percent: u64,
+    vanish_percent: u64,
+}
+
+impl Mix {
+    /// Whether to abandon the next request (never once producers stopped).
+    fn vanish(&self, rng: &mut Rng, shared: &Shared) -> bool {
+        rng.below(100) < self.vanish_percent && !shared.stop_producers.load(Ordering::SeqCst)
+    }
+}
+
 /// Sends `count` messages (or until told to stop), round robin over topics,
-/// starting at node `node`.
-fn producer(shared: Arc<Shared>, client: String, count: Option<u64>, mut node: usize) {
+/// starting at node `node`; `mix.vanish_percent` of them are sent whole and
+/// abandoned.
+fn producer(shared: Arc<Shared>, client: String, count: Option<u64>, mut node: usize, mix: Mix) {
+    let mut rng = Rng::new(mix.seed);
     let mut i = 0u64;
     while count.is_none_or(|c| i < c) && !shared.stop_producers.load(Ordering::SeqCst) {
         let topic = TOPICS[(i % TOPICS.len() as u64) as usize];
         let value = format!("{client}-{i}");
         let start = now_ms();
+        let who = via(&client, node);
+        if mix.vanish(&mut rng, &shared) {
+            let path = format!("/v1/topics/{topic}/messages");
+            let sent = send_and_vanish(
+                &shared.addr(node),
+                "POST",
+                &path,
+                value.as_bytes(),
+                CLIENT_TIMEOUT,
+            );
+            let op = match sent {
+                Ok(()) => Op::ProduceAbandoned {
+                    topic: topic.to_string(),
+                    value,
+                },
+                Err(reason) => {
+                    node += 1;
+                    Op::Produce {
+                        topic: topic.to_string(),
+                        value,
+                        outcome: Outcome::Unknown { reason },
+                    }
+                }
+            };
+            shared.history.record(&who, start, op);
+            i += 1;
+            continue;
+        }
         let answer = try_request(
             &shared.addr(node),
             "POST",
@@ -149,7 +212,7 @@ fn producer(shared: Arc<Shared>, client: String, count: Option<u64>, mut node: u
             shared.accepted.lock().expect("accepted").insert(id.clone());
         }
         shared.history.record(
-            &client,
+            &who,
             start,
             Op::Produce {
                 topic: topic.to_string(),
@@ -210,6 +273,7 @@ fn settle(
         ),
     };
     let start = now_ms();
+    let who = via(client, node);
     let answer = try_request(
         &shared.addr(node),
         "POST",
@@ -258,7 +322,7 @@ fn settle(
             }
         }
         shared.history.record(
-            client,
+            &who,
             start,
             Op::Settle {
                 action,
@@ -271,22 +335,96 @@ fn settle(
     }
 }
 
+/// Sends an ack batch whole and hangs up: each ack may or may not land.
+fn abandon_acks(
+    shared: &Shared,
+    client: &str,
+    node: usize,
+    topic: &str,
+    items: &[(Delivery, String)],
+) -> bool {
+    if items.is_empty() {
+        return true;
+    }
+    let receipts: Vec<&str> = items.iter().map(|(_, r)| r.as_str()).collect();
+    let start = now_ms();
+    let who = via(client, node);
+    let sent = send_and_vanish(
+        &shared.addr(node),
+        "POST",
+        &format!("/v1/topics/{topic}/ack/batch"),
+        json!({ "receipts": receipts }).to_string().as_bytes(),
+        CLIENT_TIMEOUT,
+    );
+    for (delivery, _) in items {
+        shared
+            .maybe_acked
+            .lock()
+            .expect("maybe acked")
+            .insert(delivery.id.clone());
+        let op = match &sent {
+            Ok(()) => Op::AckAbandoned {
+                topic: topic.to_string(),
+                id: delivery.id.clone(),
+                receipt: delivery.receipt.clone(),
+            },
+            Err(reason) => Op::Settle {
+                action: SettleAction::Ack,
+                topic: topic.to_string(),
+                id: delivery.id.clone(),
+                receipt: delivery.receipt.clone(),
+                outcome: Outcome::Unknown {
+                    reason: reason.clone(),
+                },
+            },
+        };
+        shared.history.record(&who, start, op);
+    }
+    sent.is_ok()
+}
+
 /// Long-polls every topic in turn and settles what it gets: mostly acks,
-/// with `nack_percent` nacks and a few extends before the ack.
-fn consumer(shared: Arc<Shared>, client: String, seed: u64, nack_percent: u64, mut node: usize) {
-    let mut rng = Rng::new(seed);
+/// with `mix.nack_percent` nacks and a few extends before the ack; now and
+/// then it abandons a consume or an ack batch (`mix.vanish_percent`).
+fn consumer(shared: Arc<Shared>, client: String, mix: Mix, mut node: usize) {
+    let mut rng = Rng::new(mix.seed);
+    let nack_percent = mix.nack_percent;
     let mut turn = 0usize;
     while !shared.stop_consumers.load(Ordering::SeqCst) {
         let topic = TOPICS[turn % TOPICS.len()];
         turn += 1;
         let start = now_ms();
+        let who = via(&client, node);
+        let path = format!("/v1/topics/{topic}/consume");
+        let body = json!({"max_messages": 25, "wait_ms": 200}).to_string();
+        if mix.vanish(&mut rng, &shared) {
+            // Whatever it leased comes back when the visibility timeout ends.
+            let op = match send_and_vanish(
+                &shared.addr(node),
+                "POST",
+                &path,
+                body.as_bytes(),
+                CLIENT_TIMEOUT,
+            ) {
+                Ok(()) => Op::ConsumeAbandoned {
+                    topic: topic.to_string(),
+                },
+                Err(reason) => {
+                    node += 1;
+                    Op::Consume {
+                        topic: topic.to_string(),
+                        outcome: Outcome::Unknown { reason },
+                    }
+                }
+            };
+            shared.history.record(&who, start, op);
+            continue;
+        }
         let answer = try_request(
             &shared.addr(node),
             "POST",
-            &format!("/v1/topics/{topic}/consume"),
-            json!({"max_messages": 25, "wait_ms": 200})
-                .to_string()
-                .as_bytes(),
+            &path,
+            body.as_bytes(),
             CLIENT_TIMEOUT,
         );
         let outcome = outcome_of(&answer, deliveries_of);
@@ -306,7 +444,7 @@ fn consumer(shared: Arc<Shared>, client: String, seed: u64, nack_percent: u64, m
             _ => Vec::new(),
         };
         shared.history.record(
-            &client,
+            &who,
             start,
             Op::Consume {
                 topic: topic.to_string(),
@@ -338,7 +476,13 @@ fn consumer(shared: Arc<Shared>, client: String, seed: u64, nack_percent: u64, m
             SettleAction::Extend,
             &extends,
         );
-        settle(&shared, &client, node, topic, SettleAction::Ack, &acks);
+        if mix.vanish(&mut rng, &shared) {
+            if !abandon_acks(&shared, &client, node, topic, &acks) {
+                node += 1;
+            }
+        } else {
+            settle(&shared, &client, node, topic, SettleAction::Ack, &acks);
+        }
     }
 }
 
@@ -346,6 +490,18 @@ fn history_path(suite: &str, seed: u64) -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("histories");
     std::fs::create_dir_all(&dir).expect("histories dir");
     dir.join(format!("{suite}-{seed}.jsonl"))
+}
+
+/// Copies every node's log (all its starts) beside the history, since the
+/// cluster's folder goes away with the test: a node that died on its own
+/// (a panic, an abort) shows only there.
+fn keep_logs(suite: &str, seed: u64, cluster: &Cluster) {
+    for (i, node) in cluster.nodes.iter().enumerate() {
+        let path = history_path(suite, seed).with_extension(format!("n{}.log", i + 1));
+        if let Err(error) = std::fs::write(&path, node.stderr()) {
+            eprintln!("{suite}: could not keep {}: {error}", path.display());
+        }
+    }
 }
 
 /// Writes the history and fails on any violation, naming seed and file.
@@ -369,11 +525,49 @@ fn judge(suite: &str, seed: u64, shared: &Shared, strictness: Strictness) -> Rep
     report
 }
 
-fn create_topics(cluster: &Cluster, visibility_timeout_ms: u64) {
+/// Creates the topics and records in the history which node owns each
+/// partition (as the nemesis names nodes: `n1` is `cluster.nodes[0]`), as
+/// node 0 describes them once it knows every topic.
+fn create_topics(cluster: &Cluster, shared: &Shared, visibility_timeout_ms: u64) {
     for (i, topic) in TOPICS.iter().enumerate() {
         cluster.nodes[i % cluster.nodes.len()].create_topic(
             topic,
-            json!({"partitions": 6, "visibility_timeout_ms": visibility_timeout_ms}),
+            json!({"partitions": PARTITIONS, "visibility_timeout_ms": visibility_timeout_ms}),
+        );
+    }
+    for topic in TOPICS {
+        let mut owners = Vec::new();
+        let described = eventually(SETTLE_DEADLINE, || {
+            let answer = try_request(
+                &cluster.nodes[0].addr,
+                "GET",
+                &format!("/v1/topics/{topic}"),
+                b"",
+                CLIENT_TIMEOUT,
+            );
+            let Ok((200, body)) = answer else {
+                return false;
+            };
+            owners = body["partition_stats"]
+                .as_array()
+                .map(|parts| {
+                    parts
+                        .iter()
+                        .filter_map(|p| p["owner"].as_u64().filter(|o| *o > 0))
+                        .map(|o| format!("n{o}"))
+                        .collect()
+                })
+                .unwrap_or_default();
+            owners.len() == PARTITIONS
+        });
+        assert!(described, "node 1 describes {topic} with its owners");
+        shared.history.record(
+            "suite",
+            now_ms(),
+            Op::Owners {
+                topic: topic.to_string(),
+                owners,
+            },
         );
     }
 }
@@ -385,48 +579,81 @@ fn start_clients(
     per_producer: Option<u64>,
     consumers: usize,
     nack_percent: u64,
+    vanish_percent: u64,
 ) -> (
     Vec<std::thread::JoinHandle<()>>,
     Vec<std::thread::JoinHandle<()>>,
 ) {
+    let mix = |client_seed: u64| Mix {
+        seed: client_seed,
+        nack_percent,
+        vanish_percent,
+    };
     let producing = (0..producers)
         .map(|p| {
             let shared = shared.clone();
-            std::thread::spawn(move || producer(shared, format!("p{p}"), per_producer, p))
+            let mix = mix(seed.wrapping_add(1_001 + p as u64));
+            std::thread::spawn(move || producer(shared, format!("p{p}"), per_producer, p, mix))
         })
         .collect();
     let consuming = (0..consumers)
         .map(|c| {
             let shared = shared.clone();
-            let client_seed = seed.wrapping_add(1 + c as u64);
-            std::thread::spawn(move || {
-                consumer(shared, format!("c{c}"), client_seed, nack_percent, c)
-            })
+            let mix = mix(seed.wrapping_add(1 + c as u64));
+            std::thread::spawn(move || consumer(shared, format!("c{c}"), mix, c))
         })
         .collect();
     (producing, consuming)
 }
 
+/// Whether the cluster holds nothing more to deliver: every partition of
+/// every topic, as node 1 describes them, has nothing available and nothing
+/// leased.
+fn drained(shared: &Shared) -> bool {
+    TOPICS.iter().all(|topic| {
+        let answer = try_request(
+            &shared.addr(0),
+            "GET",
+            &format!("/v1/topics/{topic}"),
+            b"",
+            CLIENT_TIMEOUT,
+        );
+        let Ok((200, body)) = answer else {
+            return false;
+        };
+        body["partition_stats"].as_array().is_some_and(|parts| {
+            parts.len() == PARTITIONS
+                && parts
+                    .iter()
+                    .all(|p| p["available"] == 0 && p["in_flight"] == 0)
+        })
+    })
+}
+
 /// Waits for the producers (stopping them first unless they send a fixed
-/// count), stops the consumers once every 202'd message is acked (or the
-/// deadline passed), and joins everything.
+/// count), stops the consumers once every 202'd message is acked and the
+/// cluster holds nothing more to deliver (or the deadline passed), and
+/// joins everything. Returns whether the cluster drained: an ack without
+/// an answer may not have landed, and then its message comes back and is
+/// acked again, so only the cluster can say that every message was acked.
 fn finish(
     shared: &Arc<Shared>,
     producing: Vec<std::thread::JoinHandle<()>>,
     consuming: Vec<std::thread::JoinHandle<()>>,
     stop_producers: bool,
-) {
+) -> bool {
     shared
         .stop_producers
         .store(stop_producers, Ordering::SeqCst);
     for handle in producing {
         handle.join().expect("producer");
     }
-    eventually(SETTLE_DEADLINE, || shared.all_acked());
+    let drained = eventually(SETTLE_DEADLINE, || shared.all_acked() && drained(shared));
     shared.stop_consumers.store(true, Ordering::SeqCst);
     for handle in consuming {
         handle.join().expect("consumer");
     }
+    drained
 }
 
 fn shared_for(cluster: &Cluster) -> Arc<Shared> {
@@ -446,12 +673,14 @@ fn suite_1_healthy_cluster_delivers_every_message_once() {
     let seed = seed();
     let cluster = Cluster::start(3);
     cluster.wait_ready(SETTLE_DEADLINE);
-    create_topics(&cluster, 30_000);
     let shared = shared_for(&cluster);
-    let (producing, consuming) = start_clients(&shared, seed, 4, Some(300), 3, 0);
-    finish(&shared, producing, consuming, false);
+    create_topics(&cluster, &shared, 30_000);
+    let (producing, consuming) = start_clients(&shared, seed, 4, Some(300), 3, 0, 0);
+    let drained = finish(&shared, producing, consuming, false);
+    keep_logs("suite1-healthy", seed, &cluster);
     let report = judge("suite1-healthy", seed, &shared, Strictness::Healthy);
     assert_eq!(report.accepted, 1200, "every produce answered 202");
+    assert!(drained, "the cluster holds nothing unacked (seed {seed})");
 }
 
 /// One fault of the nemesis: what, and to which nodes (0-based): one, or
@@ -523,9 +752,9 @@ fn suite_2_faults_every_accepted_message_is_acked_in_the_end() {
     });
     cluster.wait_ready(SETTLE_DEADLINE);
     // Short leases, so pauses also end leases and late acks get tested.
-    create_topics(&cluster, 2_000);
     let shared = shared_for(&cluster);
-    let (producing, consuming) = start_clients(&shared, seed, 4, None, 3, 5);
+    create_topics(&cluster, &shared, 2_000);
+    let (producing, consuming) = start_clients(&shared, seed, 4, None, 3, 5, VANISH_PERCENT);
 
     let started = Instant::now();
     let mut done = Vec::new();
@@ -535,8 +764,9 @@ fn suite_2_faults_every_accepted_message_is_acked_in_the_end() {
         let Some((fault, victims)) = plan.get(done.len()).cloned() else {
             break;
         };
-        let begin = now_ms();
-        let record = |action, victim: usize| {
+        // Each action is recorded from just before its signal to just after
+        // it took effect: the checker compares crash times with ack times.
+        let record = |action, victim: usize, begin: u64| {
             shared.history.record(
                 "nemesis",
                 begin,
@@ -549,34 +779,39 @@ fn suite_2_faults_every_accepted_message_is_acked_in_the_end() {
         match fault {
             NemesisAction::Pause => {
                 let victim = victims[0];
+                let begin = now_ms();
                 cluster.nodes[victim].pause();
-                record(NemesisAction::Pause, victim);
+                record(NemesisAction::Pause, victim, begin);
                 std::thread::sleep(Duration::from_millis(rng.between(500, 3_000)));
+                let begin = now_ms();
                 cluster.nodes[victim].resume();
-                record(NemesisAction::Resume, victim);
+                record(NemesisAction::Resume, victim, begin);
             }
             crash => {
                 // Two at once: both go down before either comes back (with
                 // two of three down there is no quorum for a while).
                 for &victim in &victims {
+                    let begin = now_ms();
                     if crash == NemesisAction::Terminate {
                         cluster.nodes[victim].terminate();
                     } else {
                         cluster.nodes[victim].kill();
                     }
-                    record(crash, victim);
+                    record(crash, victim, begin);
                 }
                 for &victim in &victims {
+                    let begin = now_ms();
                     let power_loss = next_crash_is_power_cut(&plan[done.len() + 1..], victim);
                     cluster.restart_node(victim, &node_flags(power_loss));
-                    record(NemesisAction::Start, victim);
+                    record(NemesisAction::Start, victim, begin);
                 }
                 *shared.addrs.lock().expect("addrs") = cluster.addrs();
             }
         }
         done.push(fault);
     }
-    finish(&shared, producing, consuming, true);
+    let drained = finish(&shared, producing, consuming, true);
+    keep_logs("suite2-faults", seed, &cluster);
     for kind in [
         NemesisAction::Kill,
         NemesisAction::PowerCut,
@@ -587,6 +822,11 @@ fn suite_2_faults_every_accepted_message_is_acked_in_the_end() {
     }
     let report = judge("suite2-faults", seed, &shared, Strictness::Faults);
     assert!(report.accepted > 0, "produces went through between faults");
+    assert!(
+        drained,
+        "the cluster holds nothing unacked within {SETTLE_DEADLINE:?} of the faults' end \
+         (seed {seed})"
+    );
     let count = |kind| done.iter().filter(|k| **k == kind).count();
     let two_at_once = plan[..done.len()]
         .iter()

@@ -3,19 +3,27 @@
 //! The record of what clients did to a Narad cluster and what it answered
 //! (a [`History`]), and the [`check`] of that record against the delivery
 //! contract. The contract suites record every produce, consume, ack, nack and
-//! extend with its start and end time and outcome, and every fault the
-//! nemesis injected; the checker then counts, with examples:
+//! extend with its start and end time and outcome, every request a client
+//! abandoned (sent whole, then the connection closed before the answer), the
+//! node that owns each partition, and every fault the nemesis injected; the
+//! checker then counts, with examples:
 //!
 //! - **lost**: answered 202, never delivered;
 //! - **unknown**: delivered, never produced;
 //! - **wrong topic**: delivered on a topic it was not produced to;
+//! - **wrong value**: delivered with a body other than the one its produce
+//!   sent, or one body delivered under two ids;
 //! - **duplicates**, split into those a lease end, a nack or a crash
 //!   explains and those nothing explains;
-//! - **acked, then delivered again** with no crash between the ack and the
-//!   delivery to explain it;
+//! - **acked, then delivered again**: an ack answered 204, then the same
+//!   entry delivered again, unless the node that owns its partition crashed
+//!   within the contract's window after the ack ([`ACKS_LOST_TO_A_KILL_MS`],
+//!   [`ACKS_LOST_TO_A_POWER_CUT_MS`]); an ack without an answer settles
+//!   nothing;
 //! - **late acks answered 204**: an ack sent after its lease ended that the
 //!   node accepted;
-//! - **never acked**: answered 202 but no delivery of it was ever acked.
+//! - **never acked**: answered 202 but no delivery of it was ever acked
+//!   (an ack whose answer is unknown may have landed: it counts here).
 //!
 //! Which of these fail a run is the suite's choice ([`Report::violations`]).
 //! Times are wall-clock milliseconds on one machine, the clock the node's
@@ -33,6 +41,30 @@ use serde::{Deserialize, Serialize};
 /// it counts as a violation: the node and the client read the same clock,
 /// but a request spends time in flight.
 pub const LATE_ACK_SLACK_MS: u64 = 250;
+/// `storage.ack_flush_interval_ms`: the default, which the suites keep.
+/// Each tick of that interval hands every ack not yet written to the OS.
+pub const ACK_FLUSH_INTERVAL_MS: u64 = 100;
+/// `storage.consumer_offset_commit_interval_ms`: the default, which the
+/// suites keep. Acks written to the OS are fdatasynced once the oldest of
+/// them is this old, at the next tick.
+pub const ACK_SYNC_INTERVAL_MS: u64 = 1_000;
+/// How late the tick that writes (or syncs) acks may come: the ticks run one
+/// interval apart, after the previous one's work, on a loaded machine.
+pub const ACK_TICK_SLACK_MS: u64 = ACK_FLUSH_INTERVAL_MS;
+/// How long before a SIGKILL of a partition's owner an ack answered 204 may
+/// have been to be lost. delivery-contract.md, "When a message comes back",
+/// 3: "Acks go to disk in batches, so acks from roughly the last **100 ms**
+/// before the crash are lost and those messages come back too
+/// (`storage.ack_flush_interval_ms`)." Plus one tick of slack.
+pub const ACKS_LOST_TO_A_KILL_MS: u64 = ACK_FLUSH_INTERVAL_MS + ACK_TICK_SLACK_MS;
+/// The same for a power cut of the owner. delivery-contract.md, "When a
+/// message comes back", 4: "As for a crash, but the lost acks cover roughly
+/// the last **1.1 s**: the ack sync interval
+/// (`storage.consumer_offset_commit_interval_ms`, 1 s), plus about 100 ms,
+/// plus the time one sync takes." Plus one tick of slack (which also covers
+/// the sync).
+pub const ACKS_LOST_TO_A_POWER_CUT_MS: u64 =
+    ACK_SYNC_INTERVAL_MS + ACK_FLUSH_INTERVAL_MS + ACK_TICK_SLACK_MS;
 /// Examples kept per kind of finding.
 const EXAMPLES_MAX: usize = 5;
 
@@ -80,6 +112,34 @@ pub enum Op {
     Nemesis {
         action: NemesisAction,
         node: String,
+    },
+    /// Which node owns each partition of `topic`: `owners[p]` names the
+    /// node of partition `p`, as the nemesis names nodes (`n1`, ...).
+    /// Recorded once at the start of a run (partitions do not move in the
+    /// suites). A delivery's partition is where its entry is stored (a
+    /// rerouted message is stored in a sibling partition), so this says
+    /// whose crash can lose its ack or end its lease.
+    Owners {
+        topic: String,
+        owners: Vec<String>,
+    },
+    /// A produce sent whole, after which the client closed the connection
+    /// without reading the answer: it may or may not have been accepted.
+    ProduceAbandoned {
+        topic: String,
+        value: String,
+    },
+    /// A consume sent whole, then abandoned: whatever it leased is held by
+    /// nobody until the visibility timeout ends.
+    ConsumeAbandoned {
+        topic: String,
+    },
+    /// An ack of the delivery with `receipt` sent whole, then abandoned: it
+    /// may or may not have landed.
+    AckAbandoned {
+        topic: String,
+        id: String,
+        receipt: String,
     },
 }
 
@@ -133,10 +193,19 @@ pub enum NemesisAction {
 }
 
 impl NemesisAction {
-    /// A crash: writes not yet synced (acks within their flush interval,
-    /// records above the WAL checkpoint) may be lost or replayed.
-    fn is_crash(self) -> bool {
-        matches!(self, NemesisAction::Kill | NemesisAction::PowerCut)
+    /// How long before this fault of a partition's owner an ack answered
+    /// 204 may have been, to be lost by it. A SIGTERM writes every ack
+    /// before the node exits, and a pause loses nothing: neither excuses
+    /// an acked message delivered again.
+    pub fn acks_lost_ms(self) -> Option<u64> {
+        match self {
+            NemesisAction::Kill => Some(ACKS_LOST_TO_A_KILL_MS),
+            NemesisAction::PowerCut => Some(ACKS_LOST_TO_A_POWER_CUT_MS),
+            NemesisAction::Terminate
+            | NemesisAction::Pause
+            | NemesisAction::Resume
+            | NemesisAction::Start => None,
+        }
     }
 
     /// The node stops answering for a while: its partitions' commits fail,
@@ -227,11 +296,21 @@ pub struct Report {
     pub lost: Finding,
     pub unknown: Finding,
     pub wrong_topic: Finding,
+    pub wrong_value: Finding,
     pub duplicates_explained: Finding,
     pub duplicates_unexplained: Finding,
     pub acked_then_delivered: Finding,
+    /// Acked with a 204, then delivered again after a crash of the owner
+    /// within the window: allowed, and counted to show the windows at work
+    /// (each example says how long before the crash the ack was answered).
+    pub acked_then_delivered_excused: Finding,
     pub late_ack_accepted: Finding,
     pub never_acked: Finding,
+    /// Accepted messages whose only acks got no answer (or 502): they may
+    /// have landed, so they are not "never acked".
+    pub acked_unanswered_only: usize,
+    /// Requests sent whole and then abandoned: produces, consumes, acks.
+    pub abandoned: [usize; 3],
     /// Longest wait from a 202 to the message's first delivery (ms): how
     /// long a message waited on its owner (a node down, a reroute).
     pub max_first_delivery_ms: u64,
@@ -257,6 +336,7 @@ impl Report {
         let mut failing = vec![
             ("unknown", &self.unknown),
             ("wrong_topic", &self.wrong_topic),
+            ("wrong_value", &self.wrong_value),
             ("duplicates_unexplained", &self.duplicates_unexplained),
             ("acked_then_delivered", &self.acked_then_delivered),
             ("late_ack_accepted", &self.late_ack_accepted),
@@ -275,11 +355,16 @@ impl Report {
     /// A few lines for a test's failure message or log.
     pub fn summary(&self) -> String {
         let mut out = format!(
-            "accepted {}, delivered {}, acked {}; longest 202 to first delivery {} ms, \
-             longest lease end to redelivery {} ms",
+            "accepted {}, delivered {}, acked {} ({} accepted ones only by acks without \
+             an answer); abandoned {} produces, {} consumes, {} acks; longest 202 to first \
+             delivery {} ms, longest lease end to redelivery {} ms",
             self.accepted,
             self.delivered,
             self.acked,
+            self.acked_unanswered_only,
+            self.abandoned[0],
+            self.abandoned[1],
+            self.abandoned[2],
             self.max_first_delivery_ms,
             self.max_redelivery_delay_ms
         );
@@ -287,9 +372,14 @@ impl Report {
             ("lost", &self.lost),
             ("unknown", &self.unknown),
             ("wrong_topic", &self.wrong_topic),
+            ("wrong_value", &self.wrong_value),
             ("duplicates_explained", &self.duplicates_explained),
             ("duplicates_unexplained", &self.duplicates_unexplained),
             ("acked_then_delivered", &self.acked_then_delivered),
+            (
+                "acked_then_delivered_excused",
+                &self.acked_then_delivered_excused,
+            ),
             ("late_ack_accepted", &self.late_ack_accepted),
             ("never_acked", &self.never_acked),
         ] {
@@ -313,20 +403,39 @@ struct Seen<'a> {
     end_ms: u64,
 }
 
+/// A fault the nemesis injected into one node, with when it started and
+/// ended (the process was signalled in between).
+#[derive(Debug, Clone, Copy)]
+struct Fault<'a> {
+    node: &'a str,
+    action: NemesisAction,
+    start_ms: u64,
+    end_ms: u64,
+}
+
+/// One produce attempt: its topic and, if it was answered 202, the id.
+#[derive(Debug, Clone, Copy)]
+struct Produced<'a> {
+    topic: &'a str,
+    id: Option<&'a str>,
+}
+
 /// Checks a history against the delivery contract.
 pub fn check(events: &[Event]) -> Report {
     let mut report = Report::default();
-    // Produces by value (every attempt) and the accepted ids.
-    let mut produced: HashMap<&str, &str> = HashMap::new();
-    let mut accepted: BTreeMap<&str, (&str, u64)> = BTreeMap::new();
+    // Produces by value (every attempt, answered or not) and the accepted
+    // ids with their topic, value and start.
+    let mut produced: HashMap<&str, Produced<'_>> = HashMap::new();
+    let mut accepted: BTreeMap<&str, (&str, &str, u64)> = BTreeMap::new();
     let mut deliveries: BTreeMap<&str, Vec<Seen<'_>>> = BTreeMap::new();
-    // Receipt → settle events that succeeded with it.
+    // Receipt → settle events answered with success.
     let mut settled: HashMap<&str, Vec<Settled<'_>>> = HashMap::new();
     let mut acked_ids: BTreeSet<&str> = BTreeSet::new();
     let mut maybe_acked_ids: BTreeSet<&str> = BTreeSet::new();
-    let mut crashes: Vec<u64> = Vec::new();
-    let mut lease_ends: Vec<u64> = Vec::new();
-    let mut outages: Vec<u64> = Vec::new();
+    // Receipt → nacks that got no answer (or 502): each may have landed.
+    let mut maybe_nacked: HashMap<&str, Vec<&Event>> = HashMap::new();
+    let mut owners: HashMap<(&str, u32), &str> = HashMap::new();
+    let mut faults: Vec<Fault<'_>> = Vec::new();
     for event in events {
         match &event.op {
             Op::Produce {
@@ -334,10 +443,19 @@ pub fn check(events: &[Event]) -> Report {
                 value,
                 outcome,
             } => {
-                produced.insert(value, topic);
-                if let Outcome::Ok { value: id } = outcome {
-                    accepted.insert(id, (topic, event.start_ms));
+                let id = match outcome {
+                    Outcome::Ok { value: id } => Some(id.as_str()),
+                    _ => None,
+                };
+                produced.insert(value, Produced { topic, id });
+                if let Some(id) = id {
+                    accepted.insert(id, (topic, value, event.start_ms));
                 }
+            }
+            // May have been accepted: it may appear, with this value.
+            Op::ProduceAbandoned { topic, value } => {
+                report.abandoned[0] += 1;
+                produced.insert(value, Produced { topic, id: None });
             }
             Op::Consume {
                 outcome: Outcome::Ok { value },
@@ -352,6 +470,9 @@ pub fn check(events: &[Event]) -> Report {
                 }
             }
             Op::Consume { .. } => {}
+            // Its leases, if it got any, end with the visibility timeout;
+            // nobody saw its deliveries.
+            Op::ConsumeAbandoned { .. } => report.abandoned[1] += 1,
             Op::Settle {
                 action,
                 id,
@@ -367,9 +488,10 @@ pub fn check(events: &[Event]) -> Report {
                     .or_default()
                     .push((*action, event, *value));
             }
-            // An ack without an answer, or answered 502, may have landed:
-            // its message is not "never acked" (if it did not land, the
-            // lease brings the message back and a later ack counts).
+            // An ack without an answer, or answered 502, may or may not have
+            // landed: it settles nothing (a delivery after it is fine), but
+            // its message is not "never acked" either (if it did not land,
+            // the lease brings the message back and a later ack counts).
             Op::Settle {
                 action: SettleAction::Ack,
                 id,
@@ -378,32 +500,83 @@ pub fn check(events: &[Event]) -> Report {
             } => {
                 maybe_acked_ids.insert(id);
             }
+            // Likewise a nack: a delivery after it, even within the lease,
+            // is fine.
+            Op::Settle {
+                action: SettleAction::Nack,
+                receipt,
+                outcome: Outcome::Unknown { .. } | Outcome::Refused { status: 502, .. },
+                ..
+            } => maybe_nacked.entry(receipt).or_default().push(event),
             Op::Settle { .. } => {}
-            Op::Nemesis { action, .. } => {
-                // A fault's effect spans the whole action.
-                if action.is_crash() {
-                    crashes.push(event.end_ms);
-                }
-                if action.makes_owner_unreachable() {
-                    outages.push(event.end_ms);
-                }
-                if action.ends_leases() {
-                    lease_ends.push(event.end_ms);
+            Op::AckAbandoned { id, .. } => {
+                report.abandoned[2] += 1;
+                maybe_acked_ids.insert(id);
+            }
+            Op::Owners {
+                topic,
+                owners: nodes,
+            } => {
+                for (partition, node) in nodes.iter().enumerate() {
+                    let partition = u32::try_from(partition).unwrap_or(u32::MAX);
+                    owners.insert((topic, partition), node);
                 }
             }
+            Op::Nemesis { action, node } => faults.push(Fault {
+                node,
+                action: *action,
+                start_ms: event.start_ms,
+                end_ms: event.end_ms,
+            }),
         }
     }
     report.accepted = accepted.len();
     report.delivered = deliveries.len();
-    let between = |times: &[u64], from: u64, to: u64| times.iter().any(|t| *t >= from && *t <= to);
+    // The node that owns the partition a delivery's entry is stored in; a
+    // partition whose owner the history does not record excuses nothing.
+    let owner_of = |d: &Delivery| owners.get(&(d.topic.as_str(), d.partition)).copied();
+    // Some node stopped answering (crash, stop or pause) before `to`: a
+    // crash replays records above the checkpoint, and a reroute around an
+    // unreachable owner stores again what a late commit stored.
+    let outage_before = |to: u64| {
+        faults
+            .iter()
+            .any(|f| f.action.makes_owner_unreachable() && f.end_ms <= to)
+    };
+    // The owner of `d`'s partition went down (which ends its leases)
+    // between `from` and `to`.
+    let owner_restarted = |d: &Delivery, from: u64, to: u64| {
+        owner_of(d).is_some_and(|owner| {
+            faults.iter().any(|f| {
+                f.node == owner && f.action.ends_leases() && f.end_ms >= from && f.end_ms <= to
+            })
+        })
+    };
+    // A crash of the owner of `d`'s partition may have lost `ack` (answered
+    // 204) before the delivery that ended at `until`: it came no earlier
+    // than the ack was sent, and no later than the crash's window after
+    // the ack's answer.
+    let ack_lost = |d: &Delivery, ack: &Event, until: u64| {
+        let owner = owner_of(d)?;
+        faults.iter().find(|f| {
+            f.node == owner
+                && f.start_ms <= until
+                && f.end_ms >= ack.start_ms
+                && f.action
+                    .acks_lost_ms()
+                    .is_some_and(|window| f.start_ms <= ack.end_ms.saturating_add(window))
+        })
+    };
 
-    for (id, (topic, _)) in &accepted {
+    for (id, (topic, _, _)) in &accepted {
         if !deliveries.contains_key(id) {
             report
                 .lost
                 .add(|| format!("{id} on {topic}: 202, never delivered"));
         }
     }
+    // The id each value was first delivered under: one value, one message.
+    let mut id_of_value: HashMap<&str, &str> = HashMap::new();
     for (id, seen) in &mut deliveries {
         // In the order the leases were granted: a lease ends one visibility
         // timeout after it was granted, and the suites use one visibility per
@@ -418,23 +591,39 @@ pub fn check(events: &[Event]) -> Report {
             )
         });
         for s in seen.iter() {
-            match produced.get(s.delivery.value.as_str()) {
+            let value = s.delivery.value.as_str();
+            match produced.get(value) {
                 None => report.unknown.add(|| {
                     format!(
-                        "{id} value {:?} on {}: never produced",
-                        s.delivery.value, s.delivery.topic
-                    )
-                }),
-                Some(topic) if *topic != s.delivery.topic => report.wrong_topic.add(|| {
-                    format!(
-                        "{id}: produced to {topic}, delivered on {}",
+                        "{id} value {value:?} on {}: never produced",
                         s.delivery.topic
                     )
                 }),
-                Some(_) => {}
+                Some(p) if p.topic != s.delivery.topic => report.wrong_topic.add(|| {
+                    format!(
+                        "{id}: produced to {}, delivered on {}",
+                        p.topic, s.delivery.topic
+                    )
+                }),
+                Some(p) => {
+                    let first_id = *id_of_value.entry(value).or_insert(id);
+                    if let Some((_, sent, _)) = accepted.get(id).filter(|a| a.1 != value) {
+                        report.wrong_value.add(|| {
+                            format!("{id}: produced with {sent:?}, delivered with {value:?}")
+                        });
+                    } else if let Some(other) = p.id.filter(|other| other != id) {
+                        report.wrong_value.add(|| {
+                            format!("{value:?}: answered 202 as {other}, delivered as {id}")
+                        });
+                    } else if first_id != *id {
+                        report
+                            .wrong_value
+                            .add(|| format!("{value:?}: delivered as {first_id} and as {id}"));
+                    }
+                }
             }
         }
-        if let (Some((_, accepted_at)), Some(first)) =
+        if let (Some((_, _, accepted_at)), Some(first)) =
             (accepted.get(id), seen.iter().map(|s| s.end_ms).min())
         {
             report.max_first_delivery_ms = report
@@ -442,10 +631,12 @@ pub fn check(events: &[Event]) -> Report {
                 .max(first.saturating_sub(*accepted_at));
         }
         let mut was_acked = false;
-        for pair in seen.windows(2) {
-            let (prev, next) = (&pair[0], &pair[1]);
-            let same_entry = prev.delivery.partition == next.delivery.partition
-                && prev.delivery.offset == next.delivery.offset;
+        for (j, next) in seen.iter().enumerate().skip(1) {
+            let prev = &seen[j - 1];
+            let same = |s: &Seen<'_>| {
+                s.delivery.partition == next.delivery.partition
+                    && s.delivery.offset == next.delivery.offset
+            };
             // What the holder of the first lease did with it, before the
             // second delivery ended.
             let settles = settled
@@ -456,17 +647,20 @@ pub fn check(events: &[Event]) -> Report {
             let nacked = settles
                 .iter()
                 .filter(in_window)
-                .any(|(a, _, _)| *a == SettleAction::Nack);
+                .any(|(a, _, _)| *a == SettleAction::Nack)
+                || maybe_nacked
+                    .get(prev.delivery.receipt.as_str())
+                    .is_some_and(|nacks| nacks.iter().any(|e| e.start_ms <= next.end_ms));
             let lease_end = settles
                 .iter()
                 .filter(in_window)
                 .filter_map(|(a, _, v)| (*a == SettleAction::Extend).then_some(*v).flatten())
                 .fold(prev.delivery.lease_expires_at_ms, u64::max);
-            let ack = settles
+            let acked = settles
                 .iter()
                 .filter(in_window)
-                .find(|(a, _, _)| *a == SettleAction::Ack);
-            if ack.is_none() {
+                .any(|(a, _, _)| *a == SettleAction::Ack);
+            if !acked {
                 let released = settles
                     .iter()
                     .filter(in_window)
@@ -477,7 +671,7 @@ pub fn check(events: &[Event]) -> Report {
                     .max_redelivery_delay_ms
                     .max(next.end_ms.saturating_sub(released));
             }
-            let describe = || {
+            let describe = |prev: &Seen<'_>| {
                 format!(
                     "{id}: delivered at {} (p{} o{} count {}) and again at {} (p{} o{} count {})",
                     prev.end_ms,
@@ -490,34 +684,66 @@ pub fn check(events: &[Event]) -> Report {
                     next.delivery.delivery_count
                 )
             };
-            if same_entry {
-                if let Some((_, ack, _)) = ack {
-                    if !between(&crashes, ack.start_ms, next.end_ms) {
-                        report
-                            .acked_then_delivered
-                            .add(|| format!("{} after an ack at {}", describe(), ack.end_ms));
-                        continue;
-                    }
-                }
+            // Every earlier delivery of this entry acked with a 204 before
+            // this one answered, with the owner's crash that may have lost
+            // the ack, if any.
+            let acks: Vec<(&Seen<'_>, &Event, Option<&Fault<'_>>)> = seen[..j]
+                .iter()
+                .filter(|s| same(s))
+                .flat_map(|earlier| {
+                    settled
+                        .get(earlier.delivery.receipt.as_str())
+                        .into_iter()
+                        .flatten()
+                        .filter(|(a, e, _)| *a == SettleAction::Ack && e.start_ms <= next.end_ms)
+                        .map(move |(_, e, _)| (earlier, *e))
+                })
+                .map(|(earlier, e)| (earlier, e, ack_lost(next.delivery, e, next.end_ms)))
+                .collect();
+            if let Some((earlier, ack, _)) = acks.iter().find(|(_, _, lost)| lost.is_none()) {
+                report.acked_then_delivered.add(|| {
+                    format!(
+                        "{} after an ack answered 204 at {}; owner {}",
+                        describe(earlier),
+                        ack.end_ms,
+                        owner_of(next.delivery).unwrap_or("not recorded")
+                    )
+                });
+                continue;
+            }
+            if let Some((earlier, ack, Some(crash))) = acks.first() {
+                report.acked_then_delivered_excused.add(|| {
+                    format!(
+                        "{} after an ack answered 204 at {}, {} ms before the owner {}'s {:?}",
+                        describe(earlier),
+                        ack.end_ms,
+                        i128::from(crash.start_ms) - i128::from(ack.end_ms),
+                        crash.node,
+                        crash.action
+                    )
+                });
+            }
+            if same(prev) {
                 // The second lease was granted some time before its consume
                 // answered (a consume to a paused node is served after the
                 // pause): only one that answered before the first lease
-                // ended proves an overlap.
+                // ended proves an overlap, unless the partition's owner went
+                // down in between (a restart forgets its leases).
                 let explained = nacked
                     || next.end_ms >= lease_end
-                    || between(&lease_ends, prev.start_ms, next.end_ms);
+                    || owner_restarted(next.delivery, prev.start_ms, next.end_ms);
                 if explained {
-                    report.duplicates_explained.add(describe);
+                    report.duplicates_explained.add(|| describe(prev));
                 } else {
-                    report.duplicates_unexplained.add(describe);
+                    report.duplicates_unexplained.add(|| describe(prev));
                 }
-            } else if between(&outages, 0, next.end_ms) {
+            } else if outage_before(next.end_ms) {
                 // Stored twice: a crash replayed records above the
                 // checkpoint, or a reroute around an unreachable owner
                 // stored again what it had stored late.
-                report.duplicates_explained.add(describe);
+                report.duplicates_explained.add(|| describe(prev));
             } else {
-                report.duplicates_unexplained.add(describe);
+                report.duplicates_unexplained.add(|| describe(prev));
             }
         }
         for s in seen.iter() {
@@ -549,12 +775,18 @@ pub fn check(events: &[Event]) -> Report {
             report.acked += 1;
         }
     }
-    for (id, (topic, _)) in &accepted {
-        if !acked_ids.contains(id) && !maybe_acked_ids.contains(id) {
-            report
-                .never_acked
-                .add(|| format!("{id} on {topic}: 202, never acked"));
+    for (id, (topic, _, _)) in &accepted {
+        if acked_ids.contains(id) {
+            continue;
         }
+        // Delivered, and acked without an answer: it may have landed.
+        if maybe_acked_ids.contains(id) && deliveries.contains_key(id) {
+            report.acked_unanswered_only += 1;
+            continue;
+        }
+        report
+            .never_acked
+            .add(|| format!("{id} on {topic}: 202, never acked"));
     }
     report
 }

@@ -300,6 +300,35 @@ pub fn try_raw_request(
     Ok((status, head, response[split + 4..].to_vec()))
 }
 
+/// Sends one whole request on a fresh connection and closes the connection
+/// at once, reading nothing: a client that vanishes mid-request. The node
+/// may or may not act on it. `Err` when the request could not be sent.
+pub fn send_and_vanish(
+    addr: &str,
+    method: &str,
+    path: &str,
+    body: &[u8],
+    timeout: Duration,
+) -> Result<(), String> {
+    let target: std::net::SocketAddr = addr.parse().map_err(|e| format!("{addr}: {e}"))?;
+    let mut stream =
+        TcpStream::connect_timeout(&target, timeout).map_err(|e| format!("connect: {e}"))?;
+    stream
+        .set_write_timeout(Some(timeout))
+        .map_err(|e| e.to_string())?;
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: test\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    stream
+        .write_all(head.as_bytes())
+        .and_then(|()| stream.write_all(body))
+        .map_err(|e| format!("send: {e}"))?;
+    stream
+        .shutdown(std::net::Shutdown::Both)
+        .map_err(|e| format!("shutdown: {e}"))
+}
+
 /// [`try_raw_request`] with the JSON body parsed (`null` if none).
 pub fn try_request(
     addr: &str,
