@@ -485,8 +485,10 @@ pub fn run(config: Config) -> Result<(), String> {
     }
     // Leadership last: every shard already stopped; the successor takes
     // over before this node's QUIC goes away.
+    let handing_over = std::time::Instant::now();
     if let Some(successor) = meta.hand_over_leadership() {
-        tracing::info!(successor, "handed Raft leadership over");
+        let took_ms = handing_over.elapsed().as_millis();
+        tracing::info!(successor, took_ms, "handed Raft leadership over");
     }
     if let Some(endpoint) = &endpoint {
         endpoint.shutdown();

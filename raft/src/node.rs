@@ -44,7 +44,10 @@ pub const KIND_PROBE: u8 = 5;
 pub const KIND_HEARTBEAT: u8 = 7;
 /// "Stand for election now": a leaving leader's request to its successor.
 pub const KIND_ELECT: u8 = 6;
-/// How long a leaving leader waits for its successor to take over.
+/// How long a leaving leader waits for its successor to take over. Its
+/// shards have stopped by then, so its partitions answer nobody meanwhile:
+/// this must stay well under `dispatcher.reroute_after_ms` (3 s), or other
+/// nodes reroute around it and store copies twice.
 const HANDOVER_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long one handover election may take before the successor is asked
 /// to stand again.
