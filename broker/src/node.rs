@@ -483,6 +483,8 @@ pub fn run(config: Config) -> Result<(), String> {
             Err(error) => result = Err(format!("shard {index} ended badly: {error}")),
         }
     }
+    // Other nodes' requests have no shard to go to any more.
+    inbox.close();
     // Leadership last: every shard already stopped; the successor takes
     // over before this node's QUIC goes away.
     let handing_over = std::time::Instant::now();

@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -515,6 +515,9 @@ pub struct DataInbox {
     shards: OnceLock<Vec<UnboundedSender<Inbound>>>,
     held: Arc<AtomicUsize>,
     max: usize,
+    /// Set once the node's shards stopped: requests are answered
+    /// `stopping` at once instead of waiting for a shard that is gone.
+    closed: AtomicBool,
 }
 
 /// One request held by the inbox; given back when answered or dropped.
@@ -543,7 +546,15 @@ impl DataInbox {
             shards: OnceLock::new(),
             held: Arc::default(),
             max,
+            closed: AtomicBool::new(false),
         }
+    }
+
+    /// The shards stopped (the node hands leadership over and exits next):
+    /// later requests are answered `stopping` at once, so callers retry
+    /// elsewhere instead of waiting out their deadline.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
     }
 
     /// Requests held now.
@@ -574,6 +585,10 @@ impl DataInbox {
         let this = self.clone();
         Box::pin(async move {
             let request = decode_request(&payload)?;
+            if this.closed.load(Ordering::SeqCst) {
+                let stopping = ApiError::new(ErrorCode::Stopping, "the node is stopping");
+                return encode_answer(&DataAnswer::failed(&stopping));
+            }
             let Some(_held) = this.try_hold() else {
                 let refused = ApiError::new(
                     ErrorCode::Overloaded,
@@ -637,6 +652,16 @@ mod tests {
         drop(first);
         assert_eq!(inbox.held(), 1, "a dropped request gives its place back");
         drop((second, receivers.pop()));
+        // Once the shards stopped, a request is answered at once.
+        inbox.close();
+        let mut late = inbox.handle(request);
+        let std::task::Poll::Ready(Ok(answer)) = late.as_mut().poll(&mut cx) else {
+            panic!("a request to a stopped node waits");
+        };
+        assert!(matches!(
+            decode_answer(&answer),
+            Ok(DataAnswer::Failed(error)) if error.code == "stopping"
+        ));
     }
 
     #[test]
