@@ -186,16 +186,7 @@ fn a_node_back_with_an_empty_folder_rejoins_the_cluster_it_left() {
 /// Produces `count` messages at `node`; every one must be answered 202.
 fn produce_ids(node: &Node, topic: &str, count: usize, tag: &str) -> BTreeSet<String> {
     (0..count)
-        .map(|i| {
-            let body = format!("{tag}-{i}");
-            let (status, answer) = node.request(
-                "POST",
-                &format!("/v1/topics/{topic}/messages"),
-                body.as_bytes(),
-            );
-            assert_eq!(status, 202, "{answer}");
-            answer["id"].as_str().expect("id").to_string()
-        })
+        .map(|i| node.produce(topic, &format!("{tag}-{i}")))
         .collect()
 }
 

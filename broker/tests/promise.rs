@@ -57,16 +57,6 @@ fn consume_and_ack_until(node: &Node, topic: &str, wanted: &BTreeSet<String>) ->
     seen
 }
 
-fn produce(node: &Node, topic: &str, body: &str) -> String {
-    let (status, answer) = node.request(
-        "POST",
-        &format!("/v1/topics/{topic}/messages"),
-        body.as_bytes(),
-    );
-    assert_eq!(status, 202, "{answer}");
-    answer["id"].as_str().expect("id").to_string()
-}
-
 #[test]
 fn clients_that_hang_up_mid_produce_neither_jam_the_ring_nor_bring_acked_messages_back() {
     let tmp = tempfile::tempdir().expect("tmp");
@@ -133,7 +123,7 @@ fn a_nack_of_the_last_allowed_delivery_moves_the_message_to_the_dead_letter_topi
         "work",
         json!({"partitions": 1, "max_deliveries": 2, "dead_letter_topic": "dead"}),
     );
-    let id = produce(&node, "work", "poison");
+    let id = node.produce("work", "poison");
     for delivery in 1..=2 {
         let got = node.consume("work", json!({"wait_ms": 5000}));
         assert_eq!(got.len(), 1, "delivery {delivery}");
@@ -206,7 +196,7 @@ fn a_second_process_on_the_same_folder_or_port_is_refused() {
     assert!(stderr.contains(&node.addr), "names the port: {stderr}");
 
     // The first node still serves.
-    produce(&node, "t", "still here");
+    node.produce("t", "still here");
 }
 
 /// Reads what the node answers on `stream` until it closes the connection

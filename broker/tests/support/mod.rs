@@ -202,6 +202,17 @@ impl Node {
         self.request(method, path, body.to_string().as_bytes())
     }
 
+    /// Produces one message; it must be answered 202. Returns its id.
+    pub fn produce(&self, topic: &str, body: &str) -> String {
+        let (status, answer) = self.request(
+            "POST",
+            &format!("/v1/topics/{topic}/messages"),
+            body.as_bytes(),
+        );
+        assert_eq!(status, 202, "{answer}");
+        answer["id"].as_str().expect("id").to_string()
+    }
+
     pub fn create_topic(&self, name: &str, body: Value) {
         let (status, answer) = self.json("PUT", &format!("/v1/topics/{name}"), body);
         assert!(
