@@ -187,8 +187,9 @@ fn receipt_key(fs: &BlockingFs, dir: &Path) -> Result<ReceiptKey, String> {
 }
 
 /// Blocks SIGTERM and SIGINT in this thread (and the threads it starts) and
-/// returns a flag that a signal thread sets when one arrives.
-fn stop_on_signal() -> Result<Arc<AtomicBool>, String> {
+/// returns a flag that a signal thread sets when one arrives (it also tells
+/// `stopping`).
+fn stop_on_signal(stopping: mpsc::Sender<()>) -> Result<Arc<AtomicBool>, String> {
     // SAFETY: plain libc signal-mask calls on a zeroed, then filled, sigset.
     let set = unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
@@ -211,6 +212,7 @@ fn stop_on_signal() -> Result<Arc<AtomicBool>, String> {
             if result == 0 {
                 tracing::info!(signal, "stopping gracefully");
                 raised.store(true, Ordering::SeqCst);
+                let _ = stopping.send(());
             }
         })
         .map_err(|e| e.to_string())?;
@@ -337,7 +339,8 @@ pub fn run(config: Config) -> Result<(), String> {
         .map_err(|_| "node_id must fit in 16 bits".to_string())?;
     // Signals are blocked before any thread starts, so every thread
     // inherits the mask and only the signal thread takes SIGTERM.
-    let stop = stop_on_signal()?;
+    let (stopping, stop_signalled) = mpsc::channel();
+    let stop = stop_on_signal(stopping.clone())?;
     let faults = fault_control(&config, &data_dir)?;
     let blocking_fs = BlockingFs::with_faults(faults.clone());
     let epoch = next_epoch(&blocking_fs, &data_dir)?;
@@ -475,6 +478,23 @@ pub fn run(config: Config) -> Result<(), String> {
     println!("listening client={listen} peer={peer_addr}");
     let _ = std::io::stdout().flush();
     tracing::info!(client = %listen, shards, "serving");
+    // Leadership moves while the shards drain: the successor takes over
+    // before this node's QUIC goes away, and the node's own partitions keep
+    // answering other nodes meanwhile.
+    let handing_over = {
+        let meta = meta.clone();
+        std::thread::Builder::new()
+            .name("narad-handover".into())
+            .spawn(move || {
+                let _ = stop_signalled.recv();
+                let started = std::time::Instant::now();
+                if let Some(successor) = meta.hand_over_leadership() {
+                    let took_ms = started.elapsed().as_millis();
+                    tracing::info!(successor, took_ms, "handed Raft leadership over");
+                }
+            })
+            .map_err(|e| format!("starting the handover thread: {e}"))?
+    };
     let mut result = Ok(());
     for (index, handle) in handles.into_iter().enumerate() {
         match handle.join() {
@@ -485,13 +505,9 @@ pub fn run(config: Config) -> Result<(), String> {
     }
     // Other nodes' requests have no shard to go to any more.
     inbox.close();
-    // Leadership last: every shard already stopped; the successor takes
-    // over before this node's QUIC goes away.
-    let handing_over = std::time::Instant::now();
-    if let Some(successor) = meta.hand_over_leadership() {
-        let took_ms = handing_over.elapsed().as_millis();
-        tracing::info!(successor, took_ms, "handed Raft leadership over");
-    }
+    // Shards that ended without a signal (a failure) hand over too.
+    let _ = stopping.send(());
+    let _ = handing_over.join();
     if let Some(endpoint) = &endpoint {
         endpoint.shutdown();
     }

@@ -44,10 +44,11 @@ pub const KIND_PROBE: u8 = 5;
 pub const KIND_HEARTBEAT: u8 = 7;
 /// "Stand for election now": a leaving leader's request to its successor.
 pub const KIND_ELECT: u8 = 6;
-/// How long a leaving leader waits for its successor to take over. Its
-/// shards have stopped by then, so its partitions answer nobody meanwhile:
+/// How long a leaving leader waits for a follower to catch up and take
+/// over. Its shards drain meanwhile, and the node's stop waits for both:
 /// this must stay well under `dispatcher.reroute_after_ms` (3 s), or other
-/// nodes reroute around it and store copies twice.
+/// nodes reroute around a node that is still stopping and store copies
+/// twice.
 const HANDOVER_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long one handover election may take before the successor is asked
 /// to stand again.
@@ -238,8 +239,21 @@ async fn propose_at_leader(
     command: Command,
     node_id: NodeId,
     submitted: &std::sync::atomic::AtomicBool,
+    leaving: &std::sync::atomic::AtomicBool,
 ) -> Result<Applied, MetaError> {
     loop {
+        // A leader handing over appends nothing more: an entry its
+        // successor lacks would cost the successor this node's vote. The
+        // write waits for the next leader instead.
+        let handing_over = leaving.load(std::sync::atomic::Ordering::SeqCst)
+            && raft.metrics().borrow().current_leader == Some(node_id);
+        if handing_over {
+            let _ = raft
+                .wait(Some(FORWARD_RETRY_WAIT))
+                .metrics(|m| m.current_leader != Some(node_id), "another leader")
+                .await;
+            continue;
+        }
         // A leader cut off from its quorum refuses at once instead of
         // appending a change that might commit much later.
         let stale_leader = {
@@ -334,7 +348,11 @@ pub struct MetaNode {
     catch_up_to: u64,
     /// Heartbeats this node received while it leads.
     heard: Heard,
+    leaving: Leaving,
 }
+
+/// Set once a stopping node starts to hand its leadership over.
+type Leaving = Arc<std::sync::atomic::AtomicBool>;
 
 /// When the leader last heard from each node, and its address.
 type Heard = Arc<std::sync::Mutex<BTreeMap<NodeId, (std::time::Instant, String)>>>;
@@ -358,6 +376,7 @@ struct Controller {
     interval: Duration,
     dead_after: Duration,
     heard: Heard,
+    leaving: Leaving,
 }
 
 impl Controller {
@@ -457,6 +476,7 @@ impl Controller {
             command,
             self.node_id,
             &submitted,
+            &self.leaving,
         );
         if let Ok(Err(error)) = tokio::time::timeout(PROPOSE_TIMEOUT, proposing).await {
             tracing::debug!(%error, "controller change not applied");
@@ -495,6 +515,20 @@ struct Probed {
 
 /// Whether metrics show a node with a leader that applied every entry it
 /// holds, and at least `catch_up_to`.
+/// A follower whose replicated log reaches this leader's last entry.
+fn caught_up_follower(
+    metrics: &openraft::RaftMetrics<NodeId, BasicNode>,
+    node_id: NodeId,
+) -> Option<NodeId> {
+    let last = metrics.last_log_index?;
+    metrics
+        .replication
+        .as_ref()?
+        .iter()
+        .find(|(id, matched)| **id != node_id && matched.map(|l| l.index) == Some(last))
+        .map(|(id, _)| *id)
+}
+
 fn metrics_caught_up(metrics: &openraft::RaftMetrics<NodeId, BasicNode>, catch_up_to: u64) -> bool {
     let applied = metrics.last_applied.map(|l| l.index);
     metrics.current_leader.is_some()
@@ -512,6 +546,8 @@ impl MetaNode {
         let caller = config.caller.clone();
         let heard: Heard = Arc::default();
         let served_heard = heard.clone();
+        let leaving: Leaving = Arc::default();
+        let controller_leaving = leaving.clone();
         let thread = std::thread::Builder::new()
             .name("narad-raft".into())
             .spawn(move || {
@@ -538,6 +574,7 @@ impl MetaNode {
                                 interval: Duration::from_millis(config.liveness_interval_ms),
                                 dead_after: Duration::from_millis(config.node_dead_after_ms),
                                 heard: heard.clone(),
+                                leaving: controller_leaving,
                             };
                             tokio::spawn(controller.run());
                             let _ = ready_sender.send(Ok((
@@ -571,6 +608,7 @@ impl MetaNode {
             refuse_votes_up_to,
             catch_up_to,
             heard: served_heard,
+            leaving,
         })
     }
 
@@ -690,9 +728,11 @@ impl MetaNode {
     pub async fn propose(&self, command: Command) -> Result<Applied, MetaError> {
         let (raft, caller) = (self.raft.clone(), self.caller.clone());
         let node_id = self.node_id;
+        let leaving = self.leaving.clone();
         let task = self.runtime.spawn(async move {
             let submitted = std::sync::atomic::AtomicBool::new(false);
-            let proposing = propose_at_leader(raft, caller, command, node_id, &submitted);
+            let proposing =
+                propose_at_leader(raft, caller, command, node_id, &submitted, &leaving);
             match tokio::time::timeout(PROPOSE_TIMEOUT, proposing).await {
                 Ok(result) => result,
                 // Once in a leader's log, a change may still be committed
@@ -716,6 +756,7 @@ impl MetaNode {
         let raft = self.raft.clone();
         let heard = self.heard.clone();
         let refuse_votes_up_to = self.refuse_votes_up_to;
+        let leaving = self.leaving.clone();
         Box::pin(async move {
             let bad = |e: serde_json::Error| format!("bad request of kind {kind}: {e}");
             let answer = match kind {
@@ -765,6 +806,10 @@ impl MetaNode {
                     serde_json::to_vec(&raft.install_snapshot(request).await)
                 }
                 KIND_FORWARD_WRITE => {
+                    if leaving.load(std::sync::atomic::Ordering::SeqCst) {
+                        // The sender tries whoever leads next.
+                        return Err("handing leadership over".to_string());
+                    }
                     let command: Command = serde_json::from_slice(&payload).map_err(bad)?;
                     // Only the leader takes forwarded writes: no second hop.
                     let result = match raft.client_write(command).await {
@@ -865,88 +910,114 @@ impl MetaNode {
             .map_err(|e| MetaError::Failed(format!("the metastore thread: {e}")))?
     }
 
-    /// Before a graceful stop: if this node leads, asks its most up-to-date
-    /// follower to stand for election at once and waits (briefly) until it
-    /// leads, so the cluster is leaderless for about one round trip instead
-    /// of an election timeout. Returns the new leader, if one took over.
+    /// Before a graceful stop: if this node leads, waits (briefly) until a
+    /// follower holds every entry this node has, asks it to stand for
+    /// election at once, and waits until it leads, so the cluster is
+    /// leaderless for about one round trip instead of an election timeout.
+    /// This node stands in no election from here on. Returns the new leader,
+    /// if one took over.
     pub fn hand_over_leadership(&self) -> Option<NodeId> {
         let caller = self.caller.clone()?;
         let (raft, node_id) = (self.raft.clone(), self.node_id);
+        let leaving = self.leaving.clone();
         let (done, result) = std::sync::mpsc::channel();
         self.runtime.spawn(async move {
-            let (successor, addr) = {
-                let metrics = raft.metrics();
-                let metrics = metrics.borrow();
-                if metrics.current_leader != Some(node_id) {
-                    tracing::info!("not the Raft leader at stop: nothing to hand over");
-                    let _ = done.send(None);
-                    return;
-                }
-                let best = metrics.replication.as_ref().and_then(|replication| {
-                    replication
-                        .iter()
-                        .filter(|(id, _)| **id != node_id)
-                        .max_by_key(|(_, matched)| matched.map(|l| l.index))
-                        .map(|(id, _)| *id)
-                });
-                let addr = best.and_then(|id| {
-                    metrics
-                        .membership_config
-                        .membership()
-                        .get_node(&id)
-                        .map(|n| n.addr.clone())
-                });
-                (best, addr)
-            };
-            let (Some(successor), Some(addr)) = (successor, addr) else {
+            // A leaving node stands in no election: it would win leadership
+            // only to drop it a moment later.
+            raft.runtime_config().elect(false);
+            leaving.store(true, std::sync::atomic::Ordering::SeqCst);
+            if raft.metrics().borrow().current_leader != Some(node_id) {
+                tracing::info!("not the Raft leader at stop: nothing to hand over");
                 let _ = done.send(None);
                 return;
-            };
-            // The successor must hold every entry this node has, or this
-            // node refuses it its vote: let replication catch it up first.
-            let _ = raft
-                .wait(Some(HANDOVER_ATTEMPT_WAIT))
-                .metrics(
-                    |m| {
-                        let matched = m
-                            .replication
-                            .as_ref()
-                            .and_then(|r| r.get(&successor).copied().flatten())
-                            .map(|l| l.index);
-                        matched.is_some() && matched == m.last_log_index
-                    },
-                    "the successor caught up",
-                )
-                .await;
-            // The first election often fails: a leader elected less than
-            // a lease ago (and every follower) refuses votes while its vote
-            // is fresh. But seeing the higher term makes this node step
-            // down, leaving its vote uncommitted, so the successor's next
-            // election gets its vote: ask again until one wins.
+            }
             let deadline = tokio::time::Instant::now() + HANDOVER_TIMEOUT;
+            let remaining = || deadline.saturating_duration_since(tokio::time::Instant::now());
+            // How far each follower's log was last seen to match this one.
+            let mut matched: BTreeMap<NodeId, u64> = BTreeMap::new();
+            let mut attempts = 0usize;
             let mut moved = None;
-            while moved.is_none() && tokio::time::Instant::now() < deadline {
-                let asked = caller
+            while moved.is_none() && !remaining().is_zero() {
+                let metrics = raft.metrics().borrow().clone();
+                if let Some(leader) = metrics.current_leader.filter(|l| *l != node_id) {
+                    moved = Some(leader);
+                    break;
+                }
+                let leading = metrics.current_leader == Some(node_id);
+                if leading {
+                    for (id, log) in metrics.replication.iter().flatten() {
+                        matched.insert(*id, log.map_or(0, |l| l.index));
+                    }
+                }
+                // Only a follower holding every entry of this node can win
+                // its vote (and any other node's whose log it matches).
+                let last = metrics.last_log_index.unwrap_or(0);
+                let able: Vec<NodeId> = matched
+                    .iter()
+                    .filter(|(id, index)| **id != node_id && **index >= last)
+                    .map(|(id, _)| *id)
+                    .collect();
+                let Some(successor) = (!able.is_empty()).then(|| able[attempts % able.len()])
+                else {
+                    // Wait for replication to catch a follower up (or for
+                    // another node to take over).
+                    let _ = raft
+                        .wait(Some(HANDOVER_ATTEMPT_WAIT.min(remaining())))
+                        .metrics(
+                            |m| {
+                                m.current_leader.is_some_and(|l| l != node_id)
+                                    || (leading && caught_up_follower(m, node_id).is_some())
+                            },
+                            "a follower holds the whole log",
+                        )
+                        .await;
+                    continue;
+                };
+                attempts += 1;
+                let Some(addr) = metrics
+                    .membership_config
+                    .membership()
+                    .get_node(&successor)
+                    .map(|n| n.addr.clone())
+                else {
+                    matched.remove(&successor);
+                    continue;
+                };
+                // The first election may fail: a leader elected less than a
+                // lease ago refuses votes while its vote is fresh. But the
+                // successor's higher term makes this node step down, leaving
+                // its vote uncommitted, so a later election gets its vote.
+                if let Err(error) = caller
                     .call(&addr, KIND_ELECT, Vec::new(), HANDOVER_ATTEMPT_WAIT)
-                    .await;
-                if let Err(error) = asked {
-                    tracing::warn!(successor, %error, "could not hand leadership over");
-                    let _ = done.send(None);
-                    return;
+                    .await
+                {
+                    tracing::warn!(successor, %error, "a successor did not stand for election");
+                    matched.remove(&successor);
+                    continue;
+                }
+                // A heartbeat now meets the successor's higher term, so a
+                // leader that refused its vote steps down at once instead of
+                // at its next heartbeat. Stop waiting when it does: the next
+                // election gets its vote.
+                if leading {
+                    let _ = raft.trigger().heartbeat().await;
                 }
                 moved = raft
-                    .wait(Some(HANDOVER_ATTEMPT_WAIT))
+                    .wait(Some(HANDOVER_ATTEMPT_WAIT.min(remaining())))
                     .metrics(
-                        |m| m.current_leader.is_some_and(|l| l != node_id),
+                        |m| {
+                            m.current_leader.is_some_and(|l| l != node_id)
+                                || (leading && m.current_leader != Some(node_id))
+                        },
                         "another leader",
                     )
                     .await
                     .ok()
-                    .and_then(|m| m.current_leader);
+                    .and_then(|m| m.current_leader.filter(|l| *l != node_id));
             }
             if moved.is_none() {
                 tracing::warn!(
-                    successor,
+                    attempts,
                     "could not hand leadership over: no new leader in time"
                 );
             }

@@ -493,3 +493,30 @@ pub fn metric(node: &Node, name: &str) -> f64 {
         })
         .unwrap_or(0.0)
 }
+
+/// What a node that stopped gracefully says about its Raft leadership, from
+/// its log's last word on it: `Ok(Some(ms))` when it handed leadership over
+/// in `ms`, `Ok(None)` when it did not lead, `Err` when the handover failed
+/// (or the log says nothing).
+pub fn handover_at_stop(log: &str) -> Result<Option<u64>, String> {
+    let line = log
+        .lines()
+        .rev()
+        .find(|l| {
+            l.contains("handed Raft leadership over")
+                || l.contains("not the Raft leader at stop")
+                || l.contains("could not hand leadership over")
+        })
+        .ok_or("the log says nothing about a handover")?;
+    if line.contains("not the Raft leader at stop") {
+        return Ok(None);
+    }
+    let took = line
+        .split_once("took_ms=")
+        .and_then(|(_, rest)| rest.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|ms| ms.parse().ok());
+    match took {
+        Some(ms) if line.contains("handed Raft leadership over") => Ok(Some(ms)),
+        _ => Err(line.to_string()),
+    }
+}
