@@ -96,6 +96,7 @@ async fn shard(
                 key: None,
                 value: request.body(),
                 accept_ms: 0,
+                topic_incarnation: Some(0),
             };
             let status = match wal.append(&record) {
                 Ok(appended) => {

@@ -187,6 +187,7 @@ async fn wal_level(
                     key: None,
                     value: &value,
                     accept_ms: 0,
+                    topic_incarnation: Some(0),
                 };
                 let sent = Instant::now();
                 let appended = wal.append(&record).expect("append");

@@ -37,9 +37,9 @@ pub struct DispatchRecord {
     pub key: Option<Vec<u8>>,
     pub value: bytes::Bytes,
     pub accept_ms: u64,
-    /// The incarnation of the topic that accepted it, when known (records
-    /// read back from the WAL at a start do not carry it): a record of a
-    /// topic deleted meanwhile never lands in one created again under its
+    /// The incarnation of the topic that accepted it (the WAL keeps it;
+    /// only records written by versions before it are without): a record of
+    /// a topic deleted meanwhile never lands in one created again under its
     /// name.
     pub incarnation: Option<u64>,
 }

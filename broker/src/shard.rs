@@ -878,6 +878,7 @@ impl Shard {
                 key: key.as_deref(),
                 value,
                 accept_ms,
+                topic_incarnation: Some(topic.incarnation),
             })
             .collect();
         // All or nothing: a full ring answers 429 having accepted none.
@@ -940,6 +941,7 @@ impl Shard {
                     key: r.record.key.as_deref(),
                     value: &r.record.value,
                     accept_ms: r.record.accept_ms,
+                    topic_incarnation: r.record.topic_incarnation,
                 })
                 .collect();
             let appended = loop {
@@ -968,7 +970,7 @@ impl Shard {
                         key: record.key.clone(),
                         value: bytes::Bytes::copy_from_slice(&record.value),
                         accept_ms: record.accept_ms,
-                        incarnation: None,
+                        incarnation: record.topic_incarnation,
                     },
                 );
                 last_durable = Some(appended.durable);
@@ -1067,7 +1069,7 @@ impl Shard {
                     key: record.key,
                     value: record.value.into(),
                     accept_ms: record.accept_ms,
-                    incarnation: None,
+                    incarnation: record.topic_incarnation,
                 },
                 now,
             );
@@ -1702,6 +1704,7 @@ impl Shard {
             key: message.key.as_deref(),
             value: &message.value,
             accept_ms,
+            topic_incarnation: Some(dlq.incarnation),
         };
         let appended = self.wal.append(&record).map_err(|e| from_storage(&e))?;
         self.dispatch_once_durable(

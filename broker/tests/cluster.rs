@@ -344,6 +344,74 @@ fn a_deleted_topic_leaves_no_folder_on_any_node_and_its_waiting_records_stay_out
 }
 
 #[test]
+fn records_left_in_a_crashed_nodes_wal_stay_out_of_a_topic_created_again_while_it_was_down() {
+    let mut cluster = Cluster::start(3);
+    cluster.wait_ready(WAIT);
+    let (status, answer) =
+        cluster.nodes[0].json("PUT", "/v1/topics/again", json!({"partitions": 1}));
+    assert_eq!(status, 201, "{answer}");
+    let owner = cluster.owners("again")[0];
+    let entry = (0..3).find(|i| *i != owner).expect("another node");
+    let third = (0..3)
+        .find(|i| *i != owner && *i != entry)
+        .expect("a third node");
+    let warm = produce_ids(&cluster.nodes[entry], "again", 3, "warm");
+    assert_eq!(
+        support::consume_all(&cluster.nodes[entry], "again").len(),
+        warm.len()
+    );
+    // Accepted into the entry node's WAL while the owner does not answer,
+    // then the entry node crashes with them undelivered.
+    cluster.nodes[owner].pause();
+    let waiting = produce_ids(&cluster.nodes[entry], "again", 20, "old");
+    cluster.nodes[entry].kill();
+    cluster.nodes[owner].resume();
+
+    // Meanwhile the topic is deleted and created again.
+    let at_third = |method: &str, body: &[u8]| {
+        support::try_request(
+            &cluster.nodes[third].addr,
+            method,
+            "/v1/topics/again",
+            body,
+            Duration::from_secs(5),
+        )
+        .map_or(0, |(status, _)| status)
+    };
+    assert!(
+        eventually(WAIT, || matches!(at_third("DELETE", b""), 204 | 404)),
+        "the topic deleted"
+    );
+    assert!(
+        eventually(WAIT, || matches!(
+            at_third("PUT", br#"{"partitions": 1}"#),
+            201 | 409
+        )),
+        "the topic created again"
+    );
+
+    // The entry node comes back and finds the old records in its WAL.
+    cluster.restart_node(entry, &[]);
+    cluster.wait_ready(WAIT);
+    let fresh = produce_ids(&cluster.nodes[entry], "again", 5, "new");
+    let mut delivered = std::collections::BTreeMap::new();
+    assert!(eventually(WAIT, || {
+        delivered.extend(support::consume_all(&cluster.nodes[third], "again"));
+        fresh.iter().all(|id| delivered.contains_key(id))
+    }));
+    let stray: Vec<&String> = waiting
+        .iter()
+        .filter(|id| delivered.contains_key(*id))
+        .collect();
+    assert!(
+        stray.is_empty(),
+        "{} of {} records of the deleted topic, recovered from a WAL, landed in the one created again",
+        stray.len(),
+        waiting.len()
+    );
+}
+
+#[test]
 fn a_leader_stopped_with_sigterm_hands_over_within_a_second_and_the_others_carry_on() {
     let mut cluster = Cluster::start(3);
     assert!(eventually(WAIT, || (0..3).all(|i| cluster.ready(i))));

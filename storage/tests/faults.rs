@@ -29,6 +29,7 @@ fn record(id: u128, value_len: usize) -> WalRecord {
         key: None,
         value: vec![b'x'; value_len],
         accept_ms: 42,
+        topic_incarnation: Some(1),
     }
 }
 

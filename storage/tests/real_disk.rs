@@ -37,6 +37,7 @@ fn record(id: u128) -> WalRecord {
         key: Some(b"k".to_vec()),
         value: vec![7u8; 1024],
         accept_ms: 1,
+        topic_incarnation: Some(3),
     }
 }
 

@@ -105,6 +105,7 @@ fn wal_workload(seed: u64) {
                             key: rng.chance(1, 2).then(|| random_bytes(&mut rng, 16)),
                             value: random_bytes(&mut rng, 600),
                             accept_ms: rng.below(1 << 40),
+                            topic_incarnation: rng.chance(1, 2).then(|| rng.below(1 << 20)),
                         };
                         next_id += 1;
                         if let Ok(appended) = wal.append(&record.as_ref()) {
@@ -158,6 +159,7 @@ fn wal_workload(seed: u64) {
                 key: None,
                 value: vec![],
                 accept_ms: 0,
+                topic_incarnation: None,
             };
             assert!(
                 wal.append(&probe.as_ref()).is_err(),

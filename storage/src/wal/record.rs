@@ -5,11 +5,15 @@
 //! 16  accept_ms   u64
 //! 24  partition   u32
 //! 28  topic_len   u16
-//! 30  reserved    u16 (0)
+//! 30  flags       u16
 //! 32  key_len     u32 (u32::MAX: no key)
 //! 36  value_len   u32
-//! 40  topic, key, value
+//! 40  topic_incarnation u64, when flags has FLAG_TOPIC_INCARNATION
+//! ..  topic, key, value
 //! ```
+//!
+//! Records written before the flags existed have 0 there (the field was
+//! reserved) and no topic incarnation.
 
 use crate::codec::{
     get_u128, get_u16, get_u32, get_u64, key_len_field, put_u128, put_u16, put_u32, put_u64, NO_KEY,
@@ -17,6 +21,11 @@ use crate::codec::{
 use crate::frame::frame_len;
 
 const BODY_FIXED_BYTES: usize = 40;
+/// The body carries the incarnation of the topic the message was accepted
+/// for, so that a topic deleted and created again under the same name never
+/// receives the old one's messages.
+const FLAG_TOPIC_INCARNATION: u16 = 1;
+const INCARNATION_BYTES: usize = 8;
 
 /// A message as the ingress WAL holds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,6 +36,8 @@ pub struct WalRecord {
     pub key: Option<Vec<u8>>,
     pub value: Vec<u8>,
     pub accept_ms: u64,
+    /// Which incarnation of `topic` accepted it (`None` in old records).
+    pub topic_incarnation: Option<u64>,
 }
 
 /// A borrowed message to append, so the hot path copies bytes only once.
@@ -38,6 +49,7 @@ pub struct WalRecordRef<'a> {
     pub key: Option<&'a [u8]>,
     pub value: &'a [u8],
     pub accept_ms: u64,
+    pub topic_incarnation: Option<u64>,
 }
 
 impl WalRecord {
@@ -49,13 +61,18 @@ impl WalRecord {
             key: self.key.as_deref(),
             value: &self.value,
             accept_ms: self.accept_ms,
+            topic_incarnation: self.topic_incarnation,
         }
     }
 }
 
 impl WalRecordRef<'_> {
     pub fn body_len(&self) -> usize {
-        BODY_FIXED_BYTES + self.topic.len() + self.key.map_or(0, <[u8]>::len) + self.value.len()
+        BODY_FIXED_BYTES
+            + self.topic_incarnation.map_or(0, |_| INCARNATION_BYTES)
+            + self.topic.len()
+            + self.key.map_or(0, <[u8]>::len)
+            + self.value.len()
     }
 
     /// Length of the whole frame this record becomes.
@@ -68,9 +85,13 @@ impl WalRecordRef<'_> {
         put_u64(buf, self.accept_ms);
         put_u32(buf, self.partition);
         put_u16(buf, u16::try_from(self.topic.len()).unwrap_or(u16::MAX));
-        put_u16(buf, 0);
+        let flags = self.topic_incarnation.map_or(0, |_| FLAG_TOPIC_INCARNATION);
+        put_u16(buf, flags);
         put_u32(buf, key_len_field(self.key));
         put_u32(buf, u32::try_from(self.value.len()).unwrap_or(u32::MAX));
+        if let Some(incarnation) = self.topic_incarnation {
+            put_u64(buf, incarnation);
+        }
         buf.extend_from_slice(self.topic.as_bytes());
         if let Some(key) = self.key {
             buf.extend_from_slice(key);
@@ -85,9 +106,20 @@ pub fn decode_body(body: &[u8]) -> Option<WalRecord> {
     let accept_ms = get_u64(body, 16)?;
     let partition = get_u32(body, 24)?;
     let topic_len = usize::from(get_u16(body, 28)?);
+    let flags = get_u16(body, 30)?;
+    if flags & !FLAG_TOPIC_INCARNATION != 0 {
+        // Written by a newer version: not a record this one can read.
+        return None;
+    }
     let key_len = get_u32(body, 32)?;
     let value_len = usize::try_from(get_u32(body, 36)?).ok()?;
     let mut at = BODY_FIXED_BYTES;
+    let topic_incarnation = if flags & FLAG_TOPIC_INCARNATION != 0 {
+        at += INCARNATION_BYTES;
+        Some(get_u64(body, BODY_FIXED_BYTES)?)
+    } else {
+        None
+    };
     let topic = std::str::from_utf8(body.get(at..at + topic_len)?)
         .ok()?
         .to_string();
@@ -111,6 +143,7 @@ pub fn decode_body(body: &[u8]) -> Option<WalRecord> {
         key,
         value,
         accept_ms,
+        topic_incarnation,
     })
 }
 
@@ -127,6 +160,7 @@ mod tests {
             key: Some(b"customer-42".to_vec()),
             value: vec![0, 1, 2, 255],
             accept_ms: 1_700_000_000_000,
+            topic_incarnation: Some(0x0102_0304_0506_0708),
         };
         let mut buf = Vec::new();
         record.as_ref().encode_body(&mut buf);
@@ -139,7 +173,29 @@ mod tests {
         };
         buf.clear();
         keyless.as_ref().encode_body(&mut buf);
-        assert_eq!(decode_body(&buf), Some(keyless));
+        assert_eq!(decode_body(&buf), Some(keyless.clone()));
         assert_eq!(decode_body(&buf[..buf.len() - 1]), None);
+    }
+
+    #[test]
+    fn a_record_from_before_topic_incarnations_reads_without_one() {
+        let record = WalRecord {
+            id: 7,
+            topic: "orders".into(),
+            partition: 1,
+            key: None,
+            value: b"old".to_vec(),
+            accept_ms: 5,
+            topic_incarnation: None,
+        };
+        let mut buf = Vec::new();
+        record.as_ref().encode_body(&mut buf);
+        // The layout records had when bytes 30..32 were reserved.
+        assert_eq!(&buf[30..32], &[0, 0]);
+        assert_eq!(buf.len(), BODY_FIXED_BYTES + 6 + 3);
+        assert_eq!(decode_body(&buf), Some(record));
+        // Flags this version does not know: not a record it can read.
+        buf[30] = 0x80;
+        assert_eq!(decode_body(&buf), None);
     }
 }
