@@ -12,6 +12,10 @@
 //!   produced or on the wrong topic, and no message acked with a 204 may be
 //!   delivered again unless its partition's owner crashed within the
 //!   contract's window after the ack. Duplicates are counted and reported.
+//! - Suite 3, a lost volume: under load, one node is killed, its data folder
+//!   deleted, and it rejoins empty. Only the messages that may have been on
+//!   that volume may be lost; every other 202'd message, and every one
+//!   accepted after the loss, must end up acked, under suite 2's other rules.
 //!
 //! Both run three nodes on loopback with producers and consumers spread over
 //! them; a client whose node does not answer moves to the next one, as
@@ -30,12 +34,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use narad_broker::partitioner::partition_for_key;
 use narad_check::{
     check, now_ms, Delivery, History, NemesisAction, Op, Outcome, Report, SettleAction, Strictness,
 };
 use serde_json::{json, Value};
 use support::cluster::Cluster;
-use support::{eventually, send_and_vanish, try_request};
+use support::{eventually, send_and_vanish, try_raw_request, try_request};
 
 /// How long a client waits for one answer before recording it as unknown.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -143,15 +148,28 @@ fn move_on<T>(answer: &Result<(u16, T), String>) -> bool {
     !matches!(answer, Ok((status, _)) if *status < 500)
 }
 
-/// How the clients behave: their seed and how often they nack or vanish.
+/// How the clients behave: their seed, how often they nack or vanish, and
+/// whether producers send keys (each message its own, so the checker knows
+/// the partition of every message, stored or lost).
 #[derive(Debug, Clone, Copy)]
 struct Mix {
     seed: u64,
     nack_percent: u64,
     vanish_percent: u64,
+    keyed: bool,
 }
 
 impl Mix {
+    /// No nacks, no vanishing clients, no keys.
+    fn plain() -> Self {
+        Self {
+            seed: 0,
+            nack_percent: 0,
+            vanish_percent: 0,
+            keyed: false,
+        }
+    }
+
     /// Whether to abandon the next request (never once producers stopped).
     fn vanish(&self, rng: &mut Rng, shared: &Shared) -> bool {
         rng.below(100) < self.vanish_percent && !shared.stop_producers.load(Ordering::SeqCst)
@@ -188,6 +206,7 @@ fn producer(shared: Arc<Shared>, client: String, count: Option<u64>, mut node: u
                     Op::Produce {
                         topic: topic.to_string(),
                         value,
+                        partition: None,
                         outcome: Outcome::Unknown { reason },
                     }
                 }
@@ -196,13 +215,19 @@ fn producer(shared: Arc<Shared>, client: String, count: Option<u64>, mut node: u
             i += 1;
             continue;
         }
-        let answer = try_request(
+        // The value doubles as the key: the partition follows from it.
+        let key = mix.keyed.then_some(value.as_str());
+        let partition = key.map(|k| partition_for_key(k.as_bytes(), PARTITIONS as u32));
+        let headers: Vec<(&str, &str)> = key.map(|k| ("Narad-Key", k)).into_iter().collect();
+        let answer = try_raw_request(
             &shared.addr(node),
             "POST",
             &format!("/v1/topics/{topic}/messages"),
+            &headers,
             value.as_bytes(),
             CLIENT_TIMEOUT,
-        );
+        )
+        .map(|(status, _, body)| (status, serde_json::from_slice(&body).unwrap_or(Value::Null)));
         let outcome = outcome_of(&answer, |b| b["id"].as_str().unwrap_or("").to_string());
         let accepted = matches!(answer, Ok((202, _)));
         if move_on(&answer) {
@@ -217,6 +242,7 @@ fn producer(shared: Arc<Shared>, client: String, count: Option<u64>, mut node: u
             Op::Produce {
                 topic: topic.to_string(),
                 value,
+                partition,
                 outcome,
             },
         );
@@ -578,16 +604,14 @@ fn start_clients(
     producers: usize,
     per_producer: Option<u64>,
     consumers: usize,
-    nack_percent: u64,
-    vanish_percent: u64,
+    mix: Mix,
 ) -> (
     Vec<std::thread::JoinHandle<()>>,
     Vec<std::thread::JoinHandle<()>>,
 ) {
     let mix = |client_seed: u64| Mix {
         seed: client_seed,
-        nack_percent,
-        vanish_percent,
+        ..mix
     };
     let producing = (0..producers)
         .map(|p| {
@@ -642,13 +666,26 @@ fn finish(
     consuming: Vec<std::thread::JoinHandle<()>>,
     stop_producers: bool,
 ) -> bool {
+    finish_when(shared, producing, consuming, stop_producers, || {
+        shared.all_acked()
+    })
+}
+
+/// [`finish`], with the consumers' work done once `all_acked` holds.
+fn finish_when(
+    shared: &Arc<Shared>,
+    producing: Vec<std::thread::JoinHandle<()>>,
+    consuming: Vec<std::thread::JoinHandle<()>>,
+    stop_producers: bool,
+    all_acked: impl Fn() -> bool,
+) -> bool {
     shared
         .stop_producers
         .store(stop_producers, Ordering::SeqCst);
     for handle in producing {
         handle.join().expect("producer");
     }
-    let drained = eventually(SETTLE_DEADLINE, || shared.all_acked() && drained(shared));
+    let drained = eventually(SETTLE_DEADLINE, || all_acked() && drained(shared));
     shared.stop_consumers.store(true, Ordering::SeqCst);
     for handle in consuming {
         handle.join().expect("consumer");
@@ -675,7 +712,7 @@ fn suite_1_healthy_cluster_delivers_every_message_once() {
     cluster.wait_ready(SETTLE_DEADLINE);
     let shared = shared_for(&cluster);
     create_topics(&cluster, &shared, 30_000);
-    let (producing, consuming) = start_clients(&shared, seed, 4, Some(300), 3, 0, 0);
+    let (producing, consuming) = start_clients(&shared, seed, 4, Some(300), 3, Mix::plain());
     let drained = finish(&shared, producing, consuming, false);
     keep_logs("suite1-healthy", seed, &cluster);
     let report = judge("suite1-healthy", seed, &shared, Strictness::Healthy);
@@ -754,7 +791,12 @@ fn suite_2_faults_every_accepted_message_is_acked_in_the_end() {
     // Short leases, so pauses also end leases and late acks get tested.
     let shared = shared_for(&cluster);
     create_topics(&cluster, &shared, 2_000);
-    let (producing, consuming) = start_clients(&shared, seed, 4, None, 3, 5, VANISH_PERCENT);
+    let mix = Mix {
+        nack_percent: 5,
+        vanish_percent: VANISH_PERCENT,
+        ..Mix::plain()
+    };
+    let (producing, consuming) = start_clients(&shared, seed, 4, None, 3, mix);
 
     let started = Instant::now();
     let mut done = Vec::new();
@@ -845,4 +887,78 @@ fn suite_2_faults_every_accepted_message_is_acked_in_the_end() {
     if done.len() <= 12 {
         eprintln!("suite2: faults {:?}", &plan[..done.len()]);
     }
+}
+
+/// Accepted messages to wait for before the volume is lost, and again after
+/// its node rejoined.
+const SUITE_3_LOAD: usize = 600;
+
+/// Suite 3: under load, a node loses its volume (SIGKILL, data folder
+/// deleted) and rejoins empty. Records wait for their partition's owner
+/// instead of being rerouted, so each message's partition follows from its
+/// key; the checker then allows the loss of exactly the messages that may
+/// have been on the wiped volume (in its partitions, or still in its WAL)
+/// when it went, and of nothing else. Everything accepted after that is
+/// delivered and acked.
+#[test]
+fn suite_3_a_lost_volume_loses_only_what_was_stored_on_it() {
+    let seed = seed();
+    let mut rng = Rng::new(seed);
+    let flags: Vec<String> = vec!["--set".into(), "dispatcher.reroute_after_ms=600000".into()];
+    let mut cluster = Cluster::start_each(CLUSTER_NODES, |_| flags.clone());
+    cluster.wait_ready(SETTLE_DEADLINE);
+    let shared = shared_for(&cluster);
+    create_topics(&cluster, &shared, 5_000);
+    let mix = Mix {
+        nack_percent: 5,
+        keyed: true,
+        ..Mix::plain()
+    };
+    let (producing, consuming) = start_clients(&shared, seed, 4, None, 3, mix);
+    let accepted = || shared.accepted.lock().expect("accepted").len();
+    assert!(
+        eventually(SETTLE_DEADLINE, || accepted() >= SUITE_3_LOAD),
+        "produces went through before the volume was lost"
+    );
+
+    let victim = rng.below(CLUSTER_NODES as u64) as usize;
+    let record = |action, begin: u64| {
+        shared.history.record(
+            "nemesis",
+            begin,
+            Op::Nemesis {
+                action,
+                node: format!("n{}", victim + 1),
+            },
+        );
+    };
+    let begin = now_ms();
+    cluster.nodes[victim].kill();
+    std::fs::remove_dir_all(&cluster.nodes[victim].data_dir).expect("wipe the volume");
+    record(NemesisAction::Wipe, begin);
+    let begin = now_ms();
+    cluster.restart_node(victim, &flags);
+    record(NemesisAction::Start, begin);
+    *shared.addrs.lock().expect("addrs") = cluster.addrs();
+    let before = accepted();
+    assert!(
+        eventually(SETTLE_DEADLINE, || accepted() >= before + SUITE_3_LOAD),
+        "produces went through after the node rejoined"
+    );
+
+    // Every accepted message the checker does not allow to be lost.
+    let all_acked = || check(&shared.history.events()).never_acked.count == 0;
+    let drained = finish_when(&shared, producing, consuming, true, all_acked);
+    keep_logs("suite3-lost-volume", seed, &cluster);
+    let report = judge("suite3-lost-volume", seed, &shared, Strictness::Faults);
+    eprintln!(
+        "suite3: n{} lost its volume; {} accepted messages may have gone with it, {} of them did",
+        victim + 1,
+        report.on_a_lost_volume,
+        report.lost_with_a_volume.count
+    );
+    assert!(
+        drained,
+        "the cluster holds nothing unacked within {SETTLE_DEADLINE:?} (seed {seed})"
+    );
 }

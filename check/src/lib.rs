@@ -93,6 +93,11 @@ pub enum Op {
     Produce {
         topic: String,
         value: String,
+        /// The partition the message's key maps to, when it was sent with
+        /// one (and records wait for their owner rather than being
+        /// rerouted): where it is stored.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        partition: Option<u32>,
         outcome: Outcome<String>,
     },
     Consume {
@@ -186,6 +191,9 @@ pub enum NemesisAction {
     Terminate,
     /// SIGSTOP.
     Pause,
+    /// SIGKILL, then the node's data folder deleted: a lost volume. The node
+    /// starts again empty.
+    Wipe,
     /// SIGCONT.
     Resume,
     /// The node started again.
@@ -199,7 +207,7 @@ impl NemesisAction {
     /// an acked message delivered again.
     pub fn acks_lost_ms(self) -> Option<u64> {
         match self {
-            NemesisAction::Kill => Some(ACKS_LOST_TO_A_KILL_MS),
+            NemesisAction::Kill | NemesisAction::Wipe => Some(ACKS_LOST_TO_A_KILL_MS),
             NemesisAction::PowerCut => Some(ACKS_LOST_TO_A_POWER_CUT_MS),
             NemesisAction::Terminate
             | NemesisAction::Pause
@@ -219,7 +227,10 @@ impl NemesisAction {
     fn ends_leases(self) -> bool {
         matches!(
             self,
-            NemesisAction::Kill | NemesisAction::PowerCut | NemesisAction::Terminate
+            NemesisAction::Kill
+                | NemesisAction::PowerCut
+                | NemesisAction::Terminate
+                | NemesisAction::Wipe
         )
     }
 }
@@ -306,6 +317,14 @@ pub struct Report {
     pub acked_then_delivered_excused: Finding,
     pub late_ack_accepted: Finding,
     pub never_acked: Finding,
+    /// Accepted messages that may have been on a volume when it was lost:
+    /// in a partition its node owned, or in its WAL (accepted by it, not yet
+    /// handed to the owner), 202'd before the loss.
+    pub on_a_lost_volume: usize,
+    /// Those of them never acked: gone with the volume, as the contract
+    /// allows. Reported, never failed; every other accepted message is
+    /// still held to `lost` and `never_acked`.
+    pub lost_with_a_volume: Finding,
     /// Accepted messages whose only acks got no answer (or 502): they may
     /// have landed, so they are not "never acked".
     pub acked_unanswered_only: usize,
@@ -356,12 +375,13 @@ impl Report {
     pub fn summary(&self) -> String {
         let mut out = format!(
             "accepted {}, delivered {}, acked {} ({} accepted ones only by acks without \
-             an answer); abandoned {} produces, {} consumes, {} acks; longest 202 to first \
-             delivery {} ms, longest lease end to redelivery {} ms",
+             an answer, {} on a lost volume); abandoned {} produces, {} consumes, {} acks; \
+             longest 202 to first delivery {} ms, longest lease end to redelivery {} ms",
             self.accepted,
             self.delivered,
             self.acked,
             self.acked_unanswered_only,
+            self.on_a_lost_volume,
             self.abandoned[0],
             self.abandoned[1],
             self.abandoned[2],
@@ -382,6 +402,7 @@ impl Report {
             ),
             ("late_ack_accepted", &self.late_ack_accepted),
             ("never_acked", &self.never_acked),
+            ("lost_with_a_volume", &self.lost_with_a_volume),
         ] {
             out.push_str(&format!("\n  {name}: {}", finding.count));
             for example in &finding.examples {
@@ -413,6 +434,17 @@ struct Fault<'a> {
     end_ms: u64,
 }
 
+/// The node that accepted a message, as the nemesis names nodes (`n2`): a
+/// message id's first 16 bits are the accepting node's id.
+fn accepted_by(id: &str) -> Option<String> {
+    let node = u16::from_str_radix(id.get(..4)?, 16).ok()?;
+    Some(format!("n{node}"))
+}
+
+/// An accepted message: its topic, value, when its produce started, and
+/// the partition its key maps to.
+type Accepted<'a> = (&'a str, &'a str, u64, Option<u32>);
+
 /// One produce attempt: its topic and, if it was answered 202, the id.
 #[derive(Debug, Clone, Copy)]
 struct Produced<'a> {
@@ -426,7 +458,7 @@ pub fn check(events: &[Event]) -> Report {
     // Produces by value (every attempt, answered or not) and the accepted
     // ids with their topic, value and start.
     let mut produced: HashMap<&str, Produced<'_>> = HashMap::new();
-    let mut accepted: BTreeMap<&str, (&str, &str, u64)> = BTreeMap::new();
+    let mut accepted: BTreeMap<&str, Accepted<'_>> = BTreeMap::new();
     let mut deliveries: BTreeMap<&str, Vec<Seen<'_>>> = BTreeMap::new();
     // Receipt → settle events answered with success.
     let mut settled: HashMap<&str, Vec<Settled<'_>>> = HashMap::new();
@@ -441,6 +473,7 @@ pub fn check(events: &[Event]) -> Report {
             Op::Produce {
                 topic,
                 value,
+                partition,
                 outcome,
             } => {
                 let id = match outcome {
@@ -449,7 +482,7 @@ pub fn check(events: &[Event]) -> Report {
                 };
                 produced.insert(value, Produced { topic, id });
                 if let Some(id) = id {
-                    accepted.insert(id, (topic, value, event.start_ms));
+                    accepted.insert(id, (topic, value, event.start_ms, *partition));
                 }
             }
             // May have been accepted: it may appear, with this value.
@@ -568,7 +601,24 @@ pub fn check(events: &[Event]) -> Report {
         })
     };
 
-    for (id, (topic, _, _)) in &accepted {
+    // Whether an accepted message may have been on a volume when it was
+    // lost: produced before the wipe ended, and stored in a partition of the
+    // wiped node or accepted by it (its WAL went too).
+    let on_a_lost_volume = |id: &str, (topic, _, start_ms, partition): &Accepted<'_>| {
+        let by = accepted_by(id);
+        let owner = partition.and_then(|p| owners.get(&(*topic, p)).copied());
+        faults.iter().any(|f| {
+            f.action == NemesisAction::Wipe
+                && *start_ms <= f.end_ms
+                && (by.as_deref() == Some(f.node) || owner == Some(f.node))
+        })
+    };
+    for (id, message) in &accepted {
+        let topic = message.0;
+        if on_a_lost_volume(id, message) {
+            report.on_a_lost_volume += 1;
+            continue;
+        }
         if !deliveries.contains_key(id) {
             report
                 .lost
@@ -607,7 +657,7 @@ pub fn check(events: &[Event]) -> Report {
                 }),
                 Some(p) => {
                     let first_id = *id_of_value.entry(value).or_insert(id);
-                    if let Some((_, sent, _)) = accepted.get(id).filter(|a| a.1 != value) {
+                    if let Some((_, sent, _, _)) = accepted.get(id).filter(|a| a.1 != value) {
                         report.wrong_value.add(|| {
                             format!("{id}: produced with {sent:?}, delivered with {value:?}")
                         });
@@ -623,7 +673,7 @@ pub fn check(events: &[Event]) -> Report {
                 }
             }
         }
-        if let (Some((_, _, accepted_at)), Some(first)) =
+        if let (Some((_, _, accepted_at, _)), Some(first)) =
             (accepted.get(id), seen.iter().map(|s| s.end_ms).min())
         {
             report.max_first_delivery_ms = report
@@ -775,8 +825,15 @@ pub fn check(events: &[Event]) -> Report {
             report.acked += 1;
         }
     }
-    for (id, (topic, _, _)) in &accepted {
+    for (id, message) in &accepted {
+        let topic = message.0;
         if acked_ids.contains(id) {
+            continue;
+        }
+        if on_a_lost_volume(id, message) {
+            report
+                .lost_with_a_volume
+                .add(|| format!("{id} on {topic}: 202, then its volume was lost"));
             continue;
         }
         // Delivered, and acked without an answer: it may have landed.

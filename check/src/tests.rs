@@ -39,6 +39,21 @@ impl Builder {
             Op::Produce {
                 topic: topic.into(),
                 value: format!("v-{id}"),
+                partition: None,
+                outcome: Outcome::Ok { value: id.into() },
+            },
+        )
+    }
+
+    /// A keyed produce whose key maps to `partition`.
+    fn produce_keyed(&mut self, at: u64, id: &str, topic: &str, partition: u32) -> &mut Self {
+        self.push(
+            at,
+            at + 1,
+            Op::Produce {
+                topic: topic.into(),
+                value: format!("v-{id}"),
+                partition: Some(partition),
                 outcome: Outcome::Ok { value: id.into() },
             },
         )
@@ -51,6 +66,7 @@ impl Builder {
             Op::Produce {
                 topic: topic.into(),
                 value: format!("v-{id}"),
+                partition: None,
                 outcome: Outcome::Unknown {
                     reason: "timeout".into(),
                 },
@@ -635,6 +651,7 @@ fn histories_round_trip_through_their_file() {
         Op::Produce {
             topic: "t".into(),
             value: "v".into(),
+            partition: Some(3),
             outcome: Outcome::Refused {
                 status: 429,
                 code: "overloaded".into(),
@@ -979,4 +996,56 @@ fn recheck_a_saved_history() {
         .map(|v| v.0)
         .collect();
     eprintln!("violations under faults: {violations:?}");
+}
+
+/// Ids as the broker makes them: the accepting node in the first 16 bits.
+fn id_from(node: u16, n: u64) -> String {
+    format!("{node:04x}{n:028x}")
+}
+
+#[test]
+fn a_lost_volume_excuses_only_messages_that_may_have_been_on_it() {
+    let mut history = Builder::default();
+    history.owners("t", &["n1", "n2"]);
+    // Before the wipe of n2 (at 1000): in n2's partition, accepted by n1.
+    let in_wiped_partition = id_from(1, 1);
+    history.produce_keyed(100, &in_wiped_partition, "t", 1);
+    // Accepted by n2 (its WAL went too), for n1's partition.
+    let in_wiped_wal = id_from(2, 2);
+    history.produce_keyed(200, &in_wiped_wal, "t", 0);
+    // Accepted by n1 for n1's partition: must survive.
+    let elsewhere = id_from(1, 3);
+    history.produce_keyed(300, &elsewhere, "t", 0);
+    history.nemesis_on(1_000, NemesisAction::Wipe, "n2");
+    history.nemesis_on(1_100, NemesisAction::Start, "n2");
+    // After the wipe, in n2's new partition: must arrive.
+    let after = id_from(1, 4);
+    history.produce_keyed(2_000, &after, "t", 1);
+
+    let report = history.report();
+    assert_eq!(report.on_a_lost_volume, 2, "{}", report.summary());
+    assert_eq!(report.lost_with_a_volume.count, 2, "{}", report.summary());
+    assert_eq!(report.never_acked.count, 2, "{}", report.summary());
+    let failing: Vec<&String> = report.never_acked.examples.iter().collect();
+    assert!(
+        failing.iter().any(|e| e.contains(&elsewhere)),
+        "{failing:?}"
+    );
+    assert!(failing.iter().any(|e| e.contains(&after)), "{failing:?}");
+    assert!(report
+        .violations(Strictness::Faults)
+        .iter()
+        .any(|v| v.0 == "never_acked"));
+}
+
+#[test]
+fn without_a_wipe_a_keyed_message_never_acked_fails() {
+    let mut history = Builder::default();
+    history.owners("t", &["n1", "n2"]);
+    history.produce_keyed(100, &id_from(2, 1), "t", 1);
+    history.nemesis_on(1_000, NemesisAction::Kill, "n2");
+    history.nemesis_on(1_100, NemesisAction::Start, "n2");
+    let report = history.report();
+    assert_eq!(report.on_a_lost_volume, 0, "{}", report.summary());
+    assert_eq!(report.never_acked.count, 1, "{}", report.summary());
 }
