@@ -428,6 +428,7 @@ fn a_leader_stopped_with_sigterm_hands_over_within_a_second_and_the_others_carry
     // contract: about 150 ms).
     let log = cluster.nodes[leader].stderr();
     let took = support::handover_at_stop(&log);
+    eprintln!("handover: {took:?} ms");
     assert!(
         matches!(took, Ok(Some(ms)) if ms <= HANDOVER_BOUND_MS),
         "handover: {took:?}\n{log}"

@@ -53,6 +53,9 @@ const HANDOVER_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long one handover election may take before the successor is asked
 /// to stand again.
 const HANDOVER_ATTEMPT_WAIT: Duration = Duration::from_millis(300);
+/// After a leaving leader stepped down, how long it gives its successor's
+/// running election before asking for another.
+const HANDOVER_STEP_DOWN_WAIT: Duration = Duration::from_millis(50);
 /// How long a starting node with an empty folder asks its peers.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// A leader whose last quorum acknowledgement is older than this is not
@@ -936,6 +939,7 @@ impl MetaNode {
             // How far each follower's log was last seen to match this one.
             let mut matched: BTreeMap<NodeId, u64> = BTreeMap::new();
             let mut attempts = 0usize;
+            let mut asked: Option<NodeId> = None;
             let mut moved = None;
             while moved.is_none() && !remaining().is_zero() {
                 let metrics = raft.metrics().borrow().clone();
@@ -957,8 +961,13 @@ impl MetaNode {
                     .filter(|(id, index)| **id != node_id && **index >= last)
                     .map(|(id, _)| *id)
                     .collect();
-                let Some(successor) = (!able.is_empty()).then(|| able[attempts % able.len()])
-                else {
+                // One successor at a time: asking a second while the first
+                // may be winning makes them fight over the same term.
+                let successor = match asked {
+                    Some(asked) if able.contains(&asked) => Some(asked),
+                    _ => (!able.is_empty()).then(|| able[attempts % able.len()]),
+                };
+                let Some(successor) = successor else {
                     // Wait for replication to catch a follower up (or for
                     // another node to take over).
                     let _ = raft
@@ -974,6 +983,7 @@ impl MetaNode {
                     continue;
                 };
                 attempts += 1;
+                asked = Some(successor);
                 let Some(addr) = metrics
                     .membership_config
                     .membership()
@@ -1002,7 +1012,7 @@ impl MetaNode {
                 if leading {
                     let _ = raft.trigger().heartbeat().await;
                 }
-                moved = raft
+                let waited = raft
                     .wait(Some(HANDOVER_ATTEMPT_WAIT.min(remaining())))
                     .metrics(
                         |m| {
@@ -1011,9 +1021,24 @@ impl MetaNode {
                         },
                         "another leader",
                     )
-                    .await
+                    .await;
+                moved = waited
+                    .as_ref()
                     .ok()
                     .and_then(|m| m.current_leader.filter(|l| *l != node_id));
+                if moved.is_none() && waited.is_ok() {
+                    // Stepped down: the successor may win with the vote
+                    // this node just gave; ask again only if it does not.
+                    moved = raft
+                        .wait(Some(HANDOVER_STEP_DOWN_WAIT.min(remaining())))
+                        .metrics(
+                            |m| m.current_leader.is_some_and(|l| l != node_id),
+                            "another leader",
+                        )
+                        .await
+                        .ok()
+                        .and_then(|m| m.current_leader);
+                }
             }
             if moved.is_none() {
                 tracing::warn!(
