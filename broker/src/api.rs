@@ -22,6 +22,13 @@ use narad_raft::state::Topic;
 use serde_json::{json, Value};
 
 use crate::mesh::ShardGauges;
+use crate::metric_names::{
+    CONNECTIONS_OPEN, CONSUMER_STATE_FAILED, DISPATCHER_PENDING_RECORDS, HTTP_BUFFERED_BODY_BYTES,
+    HTTP_REQUESTS_TOTAL, HTTP_REQUEST_SECONDS, INGRESS_WAL_FAILED, NODE_ALIVE,
+    PARTITION_AVAILABLE_MESSAGES, PARTITION_FRONTIER, PARTITION_HIGH_WATERMARK,
+    PARTITION_IN_FLIGHT, PARTITION_OLDEST_UNACKED_AGE_SECONDS, RAFT_IS_LEADER, RAFT_TERM,
+    WAL_USED_BYTES,
+};
 use crate::shard::{Shard, MAX_MESSAGE_BYTES_DEFAULT};
 
 /// The routes of this build.
@@ -156,8 +163,8 @@ fn record_request(route: &'static str, status: u16, elapsed: std::time::Duration
         let mut cache = cache.borrow_mut();
         let (counter, histogram) = cache.entry((route, status)).or_insert_with(|| {
             (
-                metrics::counter!("narad_http_requests_total", "route" => route, "status" => status.to_string()),
-                metrics::histogram!("narad_http_request_seconds", "route" => route),
+                metrics::counter!(HTTP_REQUESTS_TOTAL, "route" => route, "status" => status.to_string()),
+                metrics::histogram!(HTTP_REQUEST_SECONDS, "route" => route),
             )
         });
         counter.increment(1);
@@ -237,7 +244,7 @@ async fn dispatch(
             let topic = shard.topic(name)?;
             let items = parse_batch(&body, topic.config.max_message_bytes)?;
             let batch_bytes: usize = items.iter().map(|i| i.value.len()).sum();
-            let batch_max = shard.config().u64("http.max_batch_bytes");
+            let batch_max = shard.settings().http.max_batch_bytes;
             if batch_bytes as u64 > batch_max {
                 return Err(ApiError::new(
                     ErrorCode::TooLarge,
@@ -403,10 +410,11 @@ async fn get_topic(shard: &Shard, name: &str) -> Result<HttpResponse, ApiError> 
 }
 
 async fn put_topic(shard: &Shard, name: &str, body: &[u8]) -> Result<HttpResponse, ApiError> {
-    let floor = shard.config().u64("topics.retention_floor_ms");
+    let floor = shard.settings().topics.retention_floor_ms;
     let max_message = shard
-        .config()
-        .u64("http.max_batch_bytes")
+        .settings()
+        .http
+        .max_batch_bytes
         .max(MAX_MESSAGE_BYTES_DEFAULT);
     let patch = TopicPatch::parse(body, floor, max_message)?;
     let (created, topic) = shard.put_topic(name, patch).await?;
@@ -433,13 +441,13 @@ async fn metrics(shard: &Shard) -> HttpResponse {
     };
     let failed = shards.iter().any(|g| g.wal_failure.is_some());
     gauge(
-        "narad_ingress_wal_failed",
+        INGRESS_WAL_FAILED,
         "1 once an ingress WAL of the node failed (its shard answers 500 to produces until restart)",
         vec![(String::new(), if failed { 1.0 } else { 0.0 })],
     );
     let acks_failed = shards.iter().any(|g| g.ack_state_failure.is_some());
     gauge(
-        "narad_consumer_state_failed",
+        CONSUMER_STATE_FAILED,
         "1 once the ack state of a partition on this node failed (its acks answer 503 ack_state_failed)",
         vec![(String::new(), if acks_failed { 1.0 } else { 0.0 })],
     );
@@ -450,17 +458,17 @@ async fn metrics(shard: &Shard) -> HttpResponse {
             .collect()
     };
     gauge(
-        "narad_wal_used_bytes",
+        WAL_USED_BYTES,
         "bytes of the ingress WAL ring in use",
         per_shard(&|g| g.wal_used_bytes as f64),
     );
     gauge(
-        "narad_dispatcher_pending_records",
+        DISPATCHER_PENDING_RECORDS,
         "accepted records not yet committed to their partition",
         per_shard(&|g| g.dispatcher_pending as f64),
     );
     gauge(
-        "narad_raft_is_leader",
+        RAFT_IS_LEADER,
         "1 while this node is the Raft leader",
         vec![(
             String::new(),
@@ -468,12 +476,12 @@ async fn metrics(shard: &Shard) -> HttpResponse {
         )],
     );
     gauge(
-        "narad_connections_open",
+        CONNECTIONS_OPEN,
         "client connections open on this node (at most http.max_connections)",
         vec![(String::new(), shard.http_budget().connections_open() as f64)],
     );
     gauge(
-        "narad_http_buffered_body_bytes",
+        HTTP_BUFFERED_BODY_BYTES,
         "bytes of request bodies this node holds (at most http.max_buffered_body_bytes)",
         vec![(
             String::new(),
@@ -481,7 +489,7 @@ async fn metrics(shard: &Shard) -> HttpResponse {
         )],
     );
     gauge(
-        "narad_node_alive",
+        NODE_ALIVE,
         "1 for each member this node's controller sees alive, 0 once marked dead",
         shard
             .members_alive()
@@ -495,7 +503,7 @@ async fn metrics(shard: &Shard) -> HttpResponse {
             .collect(),
     );
     gauge(
-        "narad_raft_term",
+        RAFT_TERM,
         "current Raft term",
         vec![(String::new(), shard.meta().term() as f64)],
     );
@@ -510,27 +518,27 @@ async fn metrics(shard: &Shard) -> HttpResponse {
             .collect()
     };
     gauge(
-        "narad_partition_high_watermark",
+        PARTITION_HIGH_WATERMARK,
         "next offset of the partition",
         series(&|s| s.high_watermark as f64),
     );
     gauge(
-        "narad_partition_frontier",
+        PARTITION_FRONTIER,
         "lowest offset not acked",
         series(&|s| s.frontier as f64),
     );
     gauge(
-        "narad_partition_available_messages",
+        PARTITION_AVAILABLE_MESSAGES,
         "messages neither leased nor acked",
         series(&|s| s.available as f64),
     );
     gauge(
-        "narad_partition_in_flight",
+        PARTITION_IN_FLIGHT,
         "messages under a lease",
         series(&|s| s.in_flight as f64),
     );
     gauge(
-        "narad_partition_oldest_unacked_age_seconds",
+        PARTITION_OLDEST_UNACKED_AGE_SECONDS,
         "age of the oldest unacked message",
         series(&|s| s.oldest_unacked_age_ms as f64 / 1000.0),
     );

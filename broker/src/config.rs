@@ -6,7 +6,6 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 
 use narad_storage::limits::{BLOCK_BYTES, WAL_RING_BYTES_MIN};
 
@@ -304,6 +303,28 @@ pub struct Config {
     values: BTreeMap<&'static str, (Option<String>, Source)>,
 }
 
+/// Puts `value` at the path `parts` of a nested JSON object.
+fn insert_at(
+    map: &mut serde_json::Map<String, serde_json::Value>,
+    parts: &[&str],
+    value: serde_json::Value,
+) {
+    match parts {
+        [] => {}
+        [leaf] => {
+            map.insert((*leaf).to_string(), value);
+        }
+        [first, rest @ ..] => {
+            let entry = map
+                .entry((*first).to_string())
+                .or_insert_with(|| serde_json::Value::Object(serde_json::Map::new()));
+            if let Some(inner) = entry.as_object_mut() {
+                insert_at(inner, rest, value);
+            }
+        }
+    }
+}
+
 /// The environment variable of a key: `storage.segment_bytes` → `NARAD_STORAGE__SEGMENT_BYTES`.
 pub fn env_name(key: &str) -> String {
     format!("NARAD_{}", key.to_uppercase().replace('.', "__"))
@@ -490,31 +511,41 @@ impl Config {
         Ok(())
     }
 
-    /// An integer key's value. Panics on a key that is not an integer key:
-    /// that is a programming error, caught by the tests.
-    pub fn u64(&self, key: &str) -> u64 {
+    /// An integer key's value, for the checks above. Panics on a key that
+    /// is not an integer key: that is a programming error, caught by the
+    /// tests. Everything else reads [`crate::settings::Settings`].
+    fn u64(&self, key: &str) -> u64 {
         self.text(key)
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or_else(|| panic!("config key {key} is not a set integer"))
     }
 
-    pub fn text(&self, key: &str) -> Option<&str> {
+    fn text(&self, key: &str) -> Option<&str> {
         self.values.get(key).and_then(|(v, _)| v.as_deref())
-    }
-
-    pub fn addr(&self, key: &str) -> SocketAddr {
-        self.text(key)
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("config key {key} is not an address"))
-    }
-
-    pub fn data_dir(&self) -> PathBuf {
-        PathBuf::from(self.text("data_dir").unwrap_or("./narad-data"))
     }
 
     /// Where a key's value came from.
     pub fn source(&self, key: &str) -> Option<Source> {
         self.values.get(key).map(|(_, s)| *s)
+    }
+
+    /// Every value as one JSON object nested at the dots (integers as
+    /// numbers, unset keys as null), for [`crate::settings::Settings`].
+    pub fn nested(&self) -> serde_json::Value {
+        let mut root = serde_json::Map::new();
+        for (key, kind, _) in KEYS {
+            let value = match (self.text(key), kind) {
+                (None, _) => serde_json::Value::Null,
+                (Some(text), Kind::U64 { .. }) => text
+                    .trim()
+                    .parse::<u64>()
+                    .map_or_else(|_| text.into(), serde_json::Value::from),
+                (Some(text), _) => text.into(),
+            };
+            let parts: Vec<&str> = key.split('.').collect();
+            insert_at(&mut root, &parts, value);
+        }
+        serde_json::Value::Object(root)
     }
 
     /// Every key with its default, for the configuration reference.
@@ -543,7 +574,10 @@ mod tests {
             ("storage.segment_bytes", 67_108_864),
             ("dispatcher.max_linger_ms", 50),
             ("dispatcher.checkpoint_interval_ms", 250),
-            ("dispatcher.reroute_after_ms", 3000),
+            (
+                "dispatcher.reroute_after_ms",
+                crate::limits::REROUTE_AFTER_MS_DEFAULT,
+            ),
             ("leases.sweep_interval_ms", 1000),
             ("cluster.heartbeat_interval_ms", 1000),
             ("cluster.node_dead_after_ms", 30_000),
@@ -554,8 +588,8 @@ mod tests {
             assert_eq!(config.u64(key), value, "{key}");
         }
         assert_eq!(config.text("cluster.secret"), None);
-        assert_eq!(config.data_dir(), PathBuf::from("./narad-data"));
-        assert_eq!(config.addr("listen").to_string(), "127.0.0.1:8080");
+        assert_eq!(config.text("data_dir"), Some("./narad-data"));
+        assert_eq!(config.text("listen"), Some("127.0.0.1:8080"));
     }
 
     #[test]
@@ -662,22 +696,26 @@ mod tests {
     /// that nothing reads would be accepted and change nothing.
     #[test]
     fn every_accepted_key_has_a_reader() {
-        let config_rs = include_str!("config.rs");
-        let table_end = config_rs
-            .find("/// Environment variables with the `NARAD_` prefix")
-            .expect("the key table ends");
+        // Code reads a setting by its path in `Settings`
+        // (`settings.storage.segment_bytes`, `settings.listen`), which
+        // `Settings::from_config` fills from exactly these keys.
         let sources = [
-            &config_rs[table_end..],
             include_str!("node.rs"),
-            include_str!("shard.rs"),
             include_str!("api.rs"),
             include_str!("main.rs"),
             include_str!("cli.rs"),
+            include_str!("shard/mod.rs"),
+            include_str!("shard/owners.rs"),
+            include_str!("shard/topics.rs"),
         ];
         for (key, _) in Config::keys() {
-            let quoted = format!("\"{key}\"");
+            let path = if key.contains('.') {
+                format!(".{key}")
+            } else {
+                format!("settings.{key}")
+            };
             assert!(
-                sources.iter().any(|source| source.contains(&quoted)),
+                sources.iter().any(|source| source.contains(&path)),
                 "config key {key} is accepted but nothing reads it"
             );
         }

@@ -8,22 +8,28 @@
 //! - [`mesh`] and [`remote`]: requests between shards and between nodes;
 //! - [`api`] and [`errors`]: the HTTP API's routes and the one mapping of
 //!   errors to status codes; [`cli`]: the client subcommands;
-//! - sans-IO pieces with their tests: [`dispatcher`] (batching, retry,
-//!   reroute), [`leases`], [`owner`] (one partition), [`receipt`] (receipts
+//! - sans-IO pieces with their tests: [`route`] (where a partition lives,
+//!   grouping by location, consume and reroute order, answers back in
+//!   request order), [`dispatcher`] (batching, retry, reroute), [`leases`], [`owner`] (one partition), [`receipt`] (receipts
 //!   under a MAC), [`partitioner`], [`signal`], [`config`] (every key, its
 //!   default and the precedence of flags, environment, file and defaults).
 
 pub mod api;
 pub mod cli;
 pub mod config;
+pub mod controller;
 pub mod dispatcher;
 pub mod errors;
 pub mod leases;
+pub mod limits;
 pub mod mesh;
+pub mod metric_names;
 pub mod node;
 pub mod owner;
 pub mod partitioner;
 pub mod receipt;
 pub mod remote;
+pub mod route;
+pub mod settings;
 pub mod shard;
 pub mod signal;

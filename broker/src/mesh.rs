@@ -17,11 +17,9 @@ use narad_net::{ApiError, ErrorCode};
 use narad_raft::state::Topic;
 use narad_storage::log::Message;
 
+use crate::limits::MESH_CHANNEL_CAPACITY;
 use crate::owner::PartitionStats;
 use crate::receipt::Receipt;
-
-/// Messages one shard may have queued for another before senders wait.
-const CHANNEL_CAPACITY: usize = 1024;
 
 /// Where an answer goes.
 pub type Reply<T> = oneshot::Sender<T>;
@@ -119,7 +117,7 @@ pub fn wire(shards: usize) -> Vec<MeshEnds> {
             if from == to {
                 continue;
             }
-            let (sender, receiver) = shared_channel::new_bounded(CHANNEL_CAPACITY);
+            let (sender, receiver) = shared_channel::new_bounded(MESH_CHANNEL_CAPACITY);
             ends[from].senders[to] = Some(sender);
             ends[to].receivers.push(receiver);
         }

@@ -25,10 +25,19 @@ use narad_storage::io::glommio_fs::GlommioFs;
 use narad_storage::wal::{Wal, WalConfig};
 
 use crate::config::Config;
+use crate::limits::{
+    CLUSTER_CATCH_UP_WAIT, IDLE_PARTITION_FIRST_OPEN, IDLE_PARTITION_OPEN_INTERVAL,
+    META_CATCH_UP_TIMEOUT, STOP_BARRIER_TIMEOUT, STOP_POLL_INTERVAL,
+};
 use crate::mesh::{self, MeshEnds};
+use crate::metric_names::{
+    CONSUME_LONG_POLLS_WAITING, DISPATCHER_COMMIT_RECORDS, DISPATCHER_REROUTES_TOTAL,
+    STORAGE_CORRUPT_RECORDS_TOTAL, WAL_RECORDS_PER_SYNC, WAL_SYNC_SECONDS,
+};
 use crate::receipt::ReceiptKey;
 use crate::remote::{self, DataInbox, Inbound, Peers};
-use crate::shard::{every, NodeFs, Shard, ShardIdentity, ShardParts, IDLE_PARTITION_OPEN_INTERVAL};
+use crate::settings::Settings;
+use crate::shard::{every, NodeFs, Shard, ShardIdentity, ShardParts};
 
 const EPOCH_FILE: &str = "node.epoch";
 /// Held locked by the process that runs on the data folder.
@@ -38,16 +47,6 @@ pub const FAULT_CONTROL_FILE: &str = "fault-control";
 const FAULT_POLL_INTERVAL: Duration = Duration::from_millis(10);
 const RECEIPT_KEY_FILE: &str = "receipt.key";
 const IO_MEMORY_BYTES: usize = 16 * 1024 * 1024;
-/// How long a clustered node waits for a leader before it serves anyway.
-const CLUSTER_CATCH_UP_WAIT: Duration = Duration::from_secs(2);
-/// How long a starting node waits for its metastore to replay its log.
-const META_CATCH_UP_TIMEOUT: Duration = Duration::from_secs(60);
-/// How soon after the start a shard opens its idle partitions (for
-/// retention), leaving the start itself to serving.
-const IDLE_PARTITION_FIRST_OPEN: Duration = Duration::from_secs(1);
-const STOP_POLL_INTERVAL: Duration = Duration::from_millis(20);
-/// How long a stopping shard waits for the others at each stop barrier.
-const STOP_BARRIER_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often the metrics exporter drains its histograms.
 const METRICS_UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
 /// Buckets of every latency histogram, in seconds.
@@ -67,13 +66,13 @@ fn install_metrics() -> Result<metrics_exporter_prometheus::PrometheusHandle, St
         .set_buckets(LATENCY_BUCKETS_SECONDS)
         .and_then(|b| {
             b.set_buckets_for_metric(
-                Matcher::Full("narad_wal_records_per_sync".into()),
+                Matcher::Full(WAL_RECORDS_PER_SYNC.into()),
                 RECORDS_PER_SYNC_BUCKETS,
             )
         })
         .and_then(|b| {
             b.set_buckets_for_metric(
-                Matcher::Full("narad_dispatcher_commit_records".into()),
+                Matcher::Full(DISPATCHER_COMMIT_RECORDS.into()),
                 RECORDS_PER_SYNC_BUCKETS,
             )
         })
@@ -262,7 +261,7 @@ impl NodeShared {
 /// Everything one shard needs to start, moved into its thread.
 struct ShardStart {
     index: usize,
-    config: Config,
+    settings: Arc<Settings>,
     data_dir: PathBuf,
     node_id: u16,
     epoch: u32,
@@ -280,9 +279,9 @@ struct ShardStart {
 }
 
 /// The number of shards: `shards`, or every online CPU when 0.
-fn shard_count(config: &Config) -> usize {
+fn shard_count(settings: &Settings) -> usize {
     let cpus = std::thread::available_parallelism().map_or(1, usize::from);
-    match config.u64("shards") {
+    match settings.shards {
         0 => cpus,
         n => usize::try_from(n).unwrap_or(cpus),
     }
@@ -291,8 +290,8 @@ fn shard_count(config: &Config) -> usize {
 /// The fault layer's switches (`testing.faults`; tests only). When on, a
 /// thread applies `<data_dir>/fault-control` every few milliseconds; with
 /// power loss, files whose creation never became durable are deleted first.
-fn fault_control(config: &Config, data_dir: &Path) -> Result<Arc<FaultControl>, String> {
-    let mode = config.text("testing.faults").unwrap_or("off");
+fn fault_control(settings: &Settings, data_dir: &Path) -> Result<Arc<FaultControl>, String> {
+    let mode = settings.testing.faults.as_str();
     let control = FaultControl::new(mode == "power_loss");
     if mode == "off" {
         return Ok(control);
@@ -324,7 +323,8 @@ fn fault_control(config: &Config, data_dir: &Path) -> Result<Arc<FaultControl>, 
 
 /// Runs a node until SIGTERM or SIGINT; returns once it stopped gracefully.
 pub fn run(config: Config) -> Result<(), String> {
-    let data_dir: PathBuf = config.data_dir();
+    let settings = Arc::new(Settings::from_config(&config)?);
+    let data_dir: PathBuf = settings.data_dir.clone();
     std::fs::create_dir_all(&data_dir)
         .map_err(|e| format!("creating {}: {e}", data_dir.display()))?;
     // glommio opens directories relative to no directory at all: give it an
@@ -332,31 +332,30 @@ pub fn run(config: Config) -> Result<(), String> {
     let data_dir = std::fs::canonicalize(&data_dir)
         .map_err(|e| format!("resolving {}: {e}", data_dir.display()))?;
     let _lock = lock_data_dir(&data_dir)?;
-    refuse_port_in_use(config.addr("listen"))?;
+    refuse_port_in_use(settings.listen)?;
     let incarnation = draw_incarnation()?;
-    let shards = shard_count(&config);
-    let node_id = u16::try_from(config.u64("node_id"))
-        .map_err(|_| "node_id must fit in 16 bits".to_string())?;
+    let shards = shard_count(&settings);
+    let node_id = settings.node_id;
     // Signals are blocked before any thread starts, so every thread
     // inherits the mask and only the signal thread takes SIGTERM.
     let (stopping, stop_signalled) = mpsc::channel();
     let stop = stop_on_signal(stopping.clone())?;
-    let faults = fault_control(&config, &data_dir)?;
+    let faults = fault_control(&settings, &data_dir)?;
     let blocking_fs = BlockingFs::with_faults(faults.clone());
     let epoch = next_epoch(&blocking_fs, &data_dir)?;
     let metrics = install_metrics()?;
-    metrics::gauge!("narad_consume_long_polls_waiting").set(0.0);
-    metrics::counter!("narad_dispatcher_reroutes_total").absolute(0);
-    metrics::counter!("narad_storage_corrupt_records_total").increment(0);
+    metrics::gauge!(CONSUME_LONG_POLLS_WAITING).set(0.0);
+    metrics::counter!(DISPATCHER_REROUTES_TOTAL).absolute(0);
+    metrics::counter!(STORAGE_CORRUPT_RECORDS_TOTAL).increment(0);
     let key = receipt_key(&blocking_fs, &data_dir)?;
-    let peer = config.addr("peer_listen");
-    let members = parse_peers(&config, node_id)?;
+    let peer = settings.peer_listen;
+    let members = parse_peers(&settings, node_id)?;
     let clustered = !members.is_empty();
     let mut meta_config =
         MetaNodeConfig::single(u64::from(node_id), data_dir.join("raft"), peer.to_string());
-    meta_config.snapshot_after_entries = config.u64("raft.snapshot_after_entries");
-    meta_config.liveness_interval_ms = config.u64("cluster.heartbeat_interval_ms");
-    meta_config.node_dead_after_ms = config.u64("cluster.node_dead_after_ms");
+    meta_config.snapshot_after_entries = settings.raft.snapshot_after_entries;
+    meta_config.liveness_interval_ms = settings.cluster.heartbeat_interval_ms;
+    meta_config.node_dead_after_ms = settings.cluster.node_dead_after_ms;
     meta_config.fs = blocking_fs;
     // With peers: QUIC up first (the metastore talks through it), the
     // metastore handed to its handler once started.
@@ -365,7 +364,7 @@ pub fn run(config: Config) -> Result<(), String> {
     let inbox = Arc::new(DataInbox::new());
     let mut peers = None;
     let endpoint = if clustered {
-        let tls = peer_tls(&config)?;
+        let tls = peer_tls(&settings)?;
         let handler_meta = served_meta.clone();
         let handler_inbox = inbox.clone();
         let handler: PeerHandler = Arc::new(move |kind, payload| {
@@ -401,19 +400,19 @@ pub fn run(config: Config) -> Result<(), String> {
         finished: AtomicUsize::new(0),
         wal_failed: Arc::default(),
         http_budget: NodeBudget::new(
-            usize::try_from(config.u64("http.max_connections")).unwrap_or(usize::MAX),
-            config.u64("http.max_buffered_body_bytes"),
+            usize::try_from(settings.http.max_connections).unwrap_or(usize::MAX),
+            settings.http.max_buffered_body_bytes,
         ),
     });
     let cpus = std::thread::available_parallelism().map_or(1, usize::from);
     let (startup, started) = mpsc::channel();
-    let mut listen = config.addr("listen");
+    let mut listen = settings.listen;
     let mut handles = Vec::with_capacity(shards);
     let mut inboxes = inbox.wire(shards).into_iter();
     for (index, ends) in mesh::wire(shards).into_iter().enumerate() {
         let start = ShardStart {
             index,
-            config: config.clone(),
+            settings: settings.clone(),
             data_dir: data_dir.clone(),
             node_id,
             epoch,
@@ -520,8 +519,8 @@ pub fn run(config: Config) -> Result<(), String> {
 
 /// The initial members from `peers` (`1=HOST:PORT,2=HOST:PORT`), this node
 /// included; empty without peers (a single-node cluster).
-fn parse_peers(config: &Config, node_id: u16) -> Result<BTreeMap<u64, String>, String> {
-    let Some(text) = config.text("peers") else {
+fn parse_peers(settings: &Settings, node_id: u16) -> Result<BTreeMap<u64, String>, String> {
+    let Some(text) = &settings.peers else {
         return Ok(BTreeMap::new());
     };
     let mut members = BTreeMap::new();
@@ -551,13 +550,13 @@ fn parse_peers(config: &Config, node_id: u16) -> Result<BTreeMap<u64, String>, S
 
 /// Trust between nodes: operator files when all three are set, else the
 /// cluster secret (the config check already refused neither).
-fn peer_tls(config: &Config) -> Result<PeerTls, String> {
+fn peer_tls(settings: &Settings) -> Result<PeerTls, String> {
     let files = (
-        config.text("cluster.tls.ca_file"),
-        config.text("cluster.tls.cert_file"),
-        config.text("cluster.tls.key_file"),
+        settings.cluster.tls.ca_file.as_deref(),
+        settings.cluster.tls.cert_file.as_deref(),
+        settings.cluster.tls.key_file.as_deref(),
     );
-    let tls = match (files, config.text("cluster.secret")) {
+    let tls = match (files, settings.cluster.secret.as_deref()) {
         ((Some(ca), Some(cert), Some(key)), _) => PeerTls::from_files(ca, cert, key),
         (_, Some(secret)) => PeerTls::from_secret(secret),
         _ => {
@@ -596,7 +595,7 @@ impl PeerCaller for QuicCaller {
 async fn run_shard(start: ShardStart) -> Result<(), String> {
     let ShardStart {
         index,
-        config,
+        settings,
         data_dir,
         node_id,
         epoch,
@@ -612,7 +611,6 @@ async fn run_shard(start: ShardStart) -> Result<(), String> {
         peers,
         inbox: remote_inbox,
     } = start;
-    let config = Rc::new(config);
     // Connecting waits for every peer to connect too: start it first, so a
     // slow bind here never holds another shard.
     let connecting = glommio::spawn_local(ends.connect());
@@ -627,7 +625,7 @@ async fn run_shard(start: ShardStart) -> Result<(), String> {
     let fs = NodeFs::wrap(disk, faults);
     let clock: SharedClock = Rc::new(SystemClock);
     let wal_config = WalConfig {
-        ring_bytes: config.u64("storage.wal_ring_bytes"),
+        ring_bytes: settings.storage.wal_ring_bytes,
     };
     let wal_dir = data_dir.join("wal");
     let (wal, recovery) = Wal::open(&fs, &wal_dir.join(format!("shard-{index}")), wal_config)
@@ -652,7 +650,7 @@ async fn run_shard(start: ShardStart) -> Result<(), String> {
     };
     let shard = Shard::new(ShardParts {
         identity,
-        config: config.clone(),
+        settings: settings.clone(),
         data_dir: data_dir.clone(),
         fs,
         clock,
@@ -691,8 +689,8 @@ async fn run_shard(start: ShardStart) -> Result<(), String> {
 
     let committed = shard.clone();
     let committer = wal.clone().run_committer(move |outcome, elapsed| {
-        metrics::histogram!("narad_wal_sync_seconds").record(elapsed.as_secs_f64());
-        metrics::histogram!("narad_wal_records_per_sync").record(outcome.records as f64);
+        metrics::histogram!(WAL_SYNC_SECONDS).record(elapsed.as_secs_f64());
+        metrics::histogram!(WAL_RECORDS_PER_SYNC).record(outcome.records as f64);
         // Every durable record goes to the dispatcher, whether or not the
         // request that appended it still waits.
         committed.dispatch_durable();
@@ -716,11 +714,10 @@ async fn run_shard(start: ShardStart) -> Result<(), String> {
         })
         .detach();
     }
-    let checkpoint_interval =
-        Duration::from_millis(config.u64("dispatcher.checkpoint_interval_ms"));
+    let checkpoint_interval = Duration::from_millis(settings.dispatcher.checkpoint_interval_ms);
     glommio::spawn_local(wal.clone().run_checkpointer(checkpoint_interval)).detach();
     let dispatcher = glommio::spawn_local(shard.clone().run_dispatcher());
-    let sweep = Duration::from_millis(config.u64("leases.sweep_interval_ms"));
+    let sweep = Duration::from_millis(settings.leases.sweep_interval_ms);
     glommio::spawn_local(every(shard.clone(), sweep, |s| {
         Box::pin(async move { s.sweep_all().await })
     }))
@@ -737,7 +734,7 @@ async fn run_shard(start: ShardStart) -> Result<(), String> {
         .await;
     })
     .detach();
-    let maintain = Duration::from_millis(config.u64("storage.ack_flush_interval_ms"));
+    let maintain = Duration::from_millis(settings.storage.ack_flush_interval_ms);
     glommio::spawn_local(every(shard.clone(), maintain, |s| {
         Box::pin(async move { s.maintain_all().await })
     }))
@@ -748,10 +745,10 @@ async fn run_shard(start: ShardStart) -> Result<(), String> {
     }
 
     let limits = ServerLimits {
-        header_timeout: Duration::from_millis(config.u64("http.header_timeout_ms")),
-        body_timeout: Duration::from_millis(config.u64("http.body_timeout_ms")),
-        idle_timeout: Duration::from_millis(config.u64("http.idle_timeout_ms")),
-        body_bytes_max: usize::try_from(2 * config.u64("http.max_batch_bytes") + BODY_BYTES_SLACK)
+        header_timeout: Duration::from_millis(settings.http.header_timeout_ms),
+        body_timeout: Duration::from_millis(settings.http.body_timeout_ms),
+        idle_timeout: Duration::from_millis(settings.http.idle_timeout_ms),
+        body_bytes_max: usize::try_from(2 * settings.http.max_batch_bytes + BODY_BYTES_SLACK)
             .unwrap_or(usize::MAX),
     };
     let handler_shard = shard.clone();

@@ -27,10 +27,8 @@ use narad_storage::log::{Message, PartitionLog, StoredMessage};
 use narad_storage::StorageError;
 
 use crate::leases::{Lease, LeaseGone, LeaseTable};
+use crate::limits::{COMMIT_TIMES_MAX, RECENT_IDS_MAX};
 
-/// Record ids a partition remembers to drop a repeated commit: more than
-/// the largest dispatcher batch, so a whole batch sent again is caught.
-const RECENT_IDS_MAX: usize = 8192;
 use crate::signal::{Changed, Signal};
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -179,12 +177,6 @@ pub struct PartitionOwner<F: FileSystem> {
     /// dead-letter topic.
     dead_pending: RefCell<BTreeSet<u64>>,
 }
-
-/// Commit times a partition keeps for its oldest-unacked age: beyond it,
-/// every other one is dropped (the age then comes from an earlier batch, so
-/// it reads at most a little high), so an unconsumed partition's memory
-/// stays bounded however many commits it takes.
-const COMMIT_TIMES_MAX: usize = 1024;
 
 fn record_commit_time(times: &mut VecDeque<(u64, u64)>, base: u64, now_ms: u64) {
     if times.len() >= COMMIT_TIMES_MAX {

@@ -25,6 +25,7 @@ use narad_raft::node::BoxFuture;
 use narad_raft::state::NodeId;
 use rkyv::rancor::Error as RkyvError;
 
+use crate::limits::{EMPTY_HINT_TTL_MS, INBOX_REQUESTS_MAX, UNREACHABLE_BACKOFF_MS};
 use crate::mesh::shard_for;
 use crate::owner::PartitionStats;
 
@@ -34,33 +35,6 @@ pub const KIND_COLLECT: u8 = 17;
 pub const KIND_SETTLE: u8 = 18;
 pub const KIND_STATS: u8 = 19;
 pub const KIND_AVAILABLE: u8 = 20;
-
-/// A dispatcher commit to a remote owner: append, fdatasync, read back
-/// (milliseconds when healthy). Short, so that a dead owner is retried a
-/// few times within `dispatcher.reroute_after_ms` before the reroute.
-pub const COMMIT_CALL_TIMEOUT: Duration = Duration::from_secs(1);
-/// Leasing from a remote owner never waits for messages, so it answers fast.
-pub const COLLECT_CALL_TIMEOUT: Duration = Duration::from_millis(1500);
-/// Asking another node for more once a consume already holds leases: the
-/// client's leases are running, so a node that does not answer soon (down but
-/// not yet known to be) is not waited for. Leases it granted after all come
-/// back when their visibility timeout ends.
-pub const COLLECT_TOP_UP_TIMEOUT: Duration = Duration::from_millis(200);
-pub const SETTLE_CALL_TIMEOUT: Duration = Duration::from_secs(2);
-/// Figures are a convenience of describe (and of the answer to a topic
-/// PUT): a node that does not answer quickly leaves its figures at zero.
-pub const STATS_CALL_TIMEOUT: Duration = Duration::from_millis(300);
-pub const AVAILABLE_CALL_TIMEOUT: Duration = Duration::from_millis(500);
-/// A shard tells other nodes "messages are available here" at most this
-/// often; everything that became available in between rides along.
-pub const AVAILABLE_COALESCE: Duration = Duration::from_millis(2);
-/// A node that answered "nothing available" is asked again after this
-/// long even without hearing that it has messages (a lost notice costs at
-/// most this much).
-pub const EMPTY_HINT_TTL_MS: u64 = 1000;
-/// A node that did not answer a consume is skipped by unpinned consumes
-/// for this long.
-pub const UNREACHABLE_BACKOFF_MS: u64 = 1000;
 
 pub fn is_data_kind(kind: u8) -> bool {
     (KIND_COMMIT..=KIND_AVAILABLE).contains(&kind)
@@ -503,12 +477,6 @@ pub struct Inbound {
     pub request: DataRequest,
     pub reply: oneshot::Sender<DataAnswer>,
 }
-
-/// Requests of other nodes a node holds at once (queued for a shard or
-/// being answered). Over it a request is answered `overloaded` at once: the
-/// caller's dispatcher backs off and retries, a consume moves on, so a
-/// flood from peers cannot grow this node's memory without bound.
-pub const INBOX_REQUESTS_MAX: usize = 8192;
 
 /// Hands requests from the QUIC thread to this node's shards.
 pub struct DataInbox {

@@ -35,6 +35,7 @@ pub mod frame;
 pub mod io;
 pub mod limits;
 pub mod log;
+pub mod metric_names;
 pub mod rng;
 mod util_fs;
 pub mod wal;

@@ -34,6 +34,7 @@ use crate::limits::{
     BATCH_BYTES_MAX, BATCH_RECORDS_MAX, BLOCK_BYTES, RECOVERY_READ_CHUNK_BYTES,
     SEGMENT_BYTES_DEFAULT, SEGMENT_PREALLOC_STEP_BYTES_DEFAULT,
 };
+use crate::metric_names::STORAGE_CORRUPT_RECORDS_TOTAL;
 use crate::util_fs::{create_file_through, read_exact_or_short, zero_fill};
 
 const SEGMENT_MAGIC: u32 = 0x4E53_4547;
@@ -373,8 +374,7 @@ impl<F: FileSystem> PartitionLog<F> {
             });
         }
         if recovery.corrupt_records > 0 {
-            metrics::counter!("narad_storage_corrupt_records_total")
-                .increment(recovery.corrupt_records);
+            metrics::counter!(STORAGE_CORRUPT_RECORDS_TOTAL).increment(recovery.corrupt_records);
             tracing::error!(
                 dir = %dir.display(), corrupt = recovery.corrupt_records,
                 "partition log holds damaged records; they are never served, every valid record is kept"
@@ -702,7 +702,7 @@ impl<F: FileSystem> PartitionLog<F> {
 
     fn report_corrupt(&self, path: &Path, offset: u64, count: u64) {
         self.corrupt_records.set(self.corrupt_records.get() + count);
-        metrics::counter!("narad_storage_corrupt_records_total").increment(count);
+        metrics::counter!(STORAGE_CORRUPT_RECORDS_TOTAL).increment(count);
         tracing::error!(path = %path.display(), offset, count, "damaged record in partition log; not served");
     }
 

@@ -40,6 +40,7 @@ use crate::io::{FileSystem, OpenMode, StorageFile};
 use crate::limits::{
     BLOCK_BYTES, RECOVERY_READ_CHUNK_BYTES, WAL_RING_BYTES_DEFAULT, WAL_RING_BYTES_MIN,
 };
+use crate::metric_names::STORAGE_CORRUPT_RECORDS_TOTAL;
 use crate::util_fs::{create_file_through, read_exact_or_short};
 pub use record::{WalRecord, WalRecordRef};
 
@@ -385,8 +386,7 @@ impl<F: FileSystem> Wal<F> {
             Self::recover(&ring_bytes, capacity, best.map(|(_, tail)| tail));
         drop(ring_bytes);
         if recovery.corrupt_records > 0 {
-            metrics::counter!("narad_storage_corrupt_records_total")
-                .increment(recovery.corrupt_records);
+            metrics::counter!(STORAGE_CORRUPT_RECORDS_TOTAL).increment(recovery.corrupt_records);
             tracing::error!(
                 path = %ring_path.display(), corrupt = recovery.corrupt_records,
                 "ingress WAL holds damaged records; they are skipped and every valid record after them is recovered"

@@ -1,0 +1,128 @@
+//! Every limit, interval and timeout of the broker, in one place, with the
+//! relations between them checked at compile time. (The storage engine's
+//! are in `narad_storage::limits`; the metastore's beside its node.)
+
+use std::time::Duration;
+
+use narad_storage::limits::{BATCH_BYTES_MAX, BATCH_RECORDS_MAX};
+
+// ------------------------------------------------------------ messages
+
+/// Default `max_message_bytes` of a topic.
+pub const MAX_MESSAGE_BYTES_DEFAULT: u64 = 1024 * 1024;
+/// Bits of a message id: node (16) | shard (16) | incarnation (48) |
+/// sequence (48).
+pub const ID_NODE_BITS: u32 = 16;
+pub const ID_SHARD_BITS: u32 = 16;
+pub const ID_INCARNATION_BITS: u32 = 48;
+pub const ID_SEQUENCE_BITS: u32 = 48;
+
+// ------------------------------------------------------------ dispatch
+
+/// Largest commit batch the dispatcher sends.
+pub const COMMIT_BATCH_RECORDS_MAX: usize = 4096;
+pub const COMMIT_BATCH_BYTES_MAX: u64 = 8 * 1024 * 1024;
+/// Backoff between retries of a failed commit.
+pub const COMMIT_RETRY_BACKOFF_MIN_MS: u64 = 50;
+pub const COMMIT_RETRY_BACKOFF_MAX_MS: u64 = 2000;
+/// `dispatcher.reroute_after_ms`: how long a destination may fail before
+/// its records go to a sibling partition.
+pub const REROUTE_AFTER_MS_DEFAULT: u64 = 3000;
+/// Record ids a partition remembers to drop a repeated commit: more than
+/// the largest dispatcher batch, so a whole batch sent again is caught.
+pub const RECENT_IDS_MAX: usize = 8192;
+/// Records written per batch when a shard adopts a removed shard's WAL.
+pub const ADOPT_CHUNK_RECORDS: usize = 256;
+/// How often adoption tries again while this shard's ring is full.
+pub const ADOPT_FULL_RETRY: Duration = Duration::from_millis(20);
+
+// ------------------------------------------------------------ partitions
+
+/// Bytes of recent messages each partition keeps in memory.
+pub const TAIL_CACHE_BYTES: usize = 4 * 1024 * 1024;
+/// Commit times a partition keeps for its oldest-unacked age: beyond it,
+/// every other one is dropped (the age then comes from an earlier batch, so
+/// it reads at most a little high), so an unconsumed partition's memory
+/// stays bounded however many commits it takes.
+pub const COMMIT_TIMES_MAX: usize = 1024;
+/// How often a shard opens the partitions it owns that are not open yet,
+/// so that retention reaches idle ones (retention is an hour at least).
+pub const IDLE_PARTITION_OPEN_INTERVAL: Duration = Duration::from_secs(30);
+
+// ------------------------------------------------------------ between shards
+
+/// Messages one shard may have queued for another before senders wait.
+pub const MESH_CHANNEL_CAPACITY: usize = 1024;
+/// How long `/metrics` and `/readyz` wait for another shard's figures.
+pub const GAUGES_TIMEOUT: Duration = Duration::from_secs(2);
+
+// ------------------------------------------------------------ between nodes
+
+/// A dispatcher commit to a remote owner: append, fdatasync, read back
+/// (milliseconds when healthy). Short, so that a dead owner is retried a
+/// few times within `dispatcher.reroute_after_ms` before the reroute.
+pub const COMMIT_CALL_TIMEOUT: Duration = Duration::from_secs(1);
+/// Leasing from a remote owner never waits for messages, so it answers fast.
+pub const COLLECT_CALL_TIMEOUT: Duration = Duration::from_millis(1500);
+/// Asking another node for more once a consume already holds leases: the
+/// client's leases are running, so a node that does not answer soon (down but
+/// not yet known to be) is not waited for. Leases it granted after all come
+/// back when their visibility timeout ends.
+pub const COLLECT_TOP_UP_TIMEOUT: Duration = Duration::from_millis(200);
+pub const SETTLE_CALL_TIMEOUT: Duration = Duration::from_secs(2);
+/// Figures are a convenience of describe (and of the answer to a topic
+/// PUT): a node that does not answer quickly leaves its figures at zero.
+pub const STATS_CALL_TIMEOUT: Duration = Duration::from_millis(300);
+pub const AVAILABLE_CALL_TIMEOUT: Duration = Duration::from_millis(500);
+/// A shard tells other nodes "messages are available here" at most this
+/// often; everything that became available in between rides along.
+pub const AVAILABLE_COALESCE: Duration = Duration::from_millis(2);
+/// A node that answered "nothing available" is asked again after this
+/// long even without hearing that it has messages (a lost notice costs at
+/// most this much).
+pub const EMPTY_HINT_TTL_MS: u64 = 1000;
+/// A node that did not answer a consume is skipped by unpinned consumes
+/// for this long.
+pub const UNREACHABLE_BACKOFF_MS: u64 = 1000;
+/// Requests of other nodes a node holds at once (queued for a shard or
+/// being answered). Over it a request is answered `overloaded` at once: the
+/// caller's dispatcher backs off and retries, a consume moves on, so a
+/// flood from peers cannot grow this node's memory without bound.
+pub const INBOX_REQUESTS_MAX: usize = 8192;
+
+// ------------------------------------------------------------ start and stop
+
+/// How long a clustered node waits for a leader before it serves anyway.
+pub const CLUSTER_CATCH_UP_WAIT: Duration = Duration::from_secs(2);
+/// How long a starting node waits for its metastore to replay its log.
+pub const META_CATCH_UP_TIMEOUT: Duration = Duration::from_secs(60);
+/// How soon after the start a shard opens its idle partitions (for
+/// retention), leaving the start itself to serving.
+pub const IDLE_PARTITION_FIRST_OPEN: Duration = Duration::from_secs(1);
+/// How often a shard looks at the stop flag.
+pub const STOP_POLL_INTERVAL: Duration = Duration::from_millis(20);
+/// How long a graceful stop waits for the dispatcher to drain.
+pub const STOP_DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long a stopping shard waits for the others at each stop barrier.
+pub const STOP_BARRIER_TIMEOUT: Duration = Duration::from_secs(30);
+
+// ------------------------------------------------------------ relations
+
+// A message id is exactly 128 bits.
+const _: () = assert!(ID_NODE_BITS + ID_SHARD_BITS + ID_INCARNATION_BITS + ID_SEQUENCE_BITS == 128);
+// A whole commit batch sent again is recognised as a repeat.
+const _: () = assert!(RECENT_IDS_MAX > COMMIT_BATCH_RECORDS_MAX);
+// A commit batch fits one partition-log batch.
+const _: () = assert!(COMMIT_BATCH_RECORDS_MAX as u64 <= BATCH_RECORDS_MAX as u64);
+const _: () = assert!(COMMIT_BATCH_BYTES_MAX <= BATCH_BYTES_MAX);
+const _: () = assert!(COMMIT_RETRY_BACKOFF_MIN_MS <= COMMIT_RETRY_BACKOFF_MAX_MS);
+// A dead owner is retried more than once before its records are rerouted.
+const _: () = assert!(2 * COMMIT_CALL_TIMEOUT.as_millis() < REROUTE_AFTER_MS_DEFAULT as u128);
+const _: () = assert!(COMMIT_RETRY_BACKOFF_MAX_MS < REROUTE_AFTER_MS_DEFAULT);
+// A top-up never waits longer than a first ask.
+const _: () = assert!(COLLECT_TOP_UP_TIMEOUT.as_millis() < COLLECT_CALL_TIMEOUT.as_millis());
+// The drain ends before the other shards give up waiting at the barrier.
+const _: () = assert!(STOP_DRAIN_TIMEOUT.as_millis() < STOP_BARRIER_TIMEOUT.as_millis());
+// Idle partitions are opened soon after the start, then periodically.
+const _: () =
+    assert!(IDLE_PARTITION_FIRST_OPEN.as_millis() < IDLE_PARTITION_OPEN_INTERVAL.as_millis());

@@ -1,0 +1,149 @@
+//! Every setting, typed: read once from the resolved [`Config`] at start
+//! (through serde), so the code names a setting by its field and a
+//! misspelt one does not compile. The key table, the sources' precedence
+//! and the checks stay in [`crate::config`]; a key the table accepts that
+//! has no field here fails [`Settings::from_config`] (and its test).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use crate::config::Config;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    pub data_dir: PathBuf,
+    pub listen: SocketAddr,
+    pub node_id: u16,
+    pub peer_listen: SocketAddr,
+    /// `1=HOST:PORT,2=HOST:PORT`; unset for a single node.
+    pub peers: Option<String>,
+    /// 0: one per core.
+    pub shards: u64,
+    pub storage: Storage,
+    pub dispatcher: Dispatcher,
+    pub leases: Leases,
+    pub cluster: Cluster,
+    pub topics: Topics,
+    pub raft: Raft,
+    pub http: Http,
+    pub testing: Testing,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Storage {
+    pub consumer_offset_commit_interval_ms: u64,
+    pub ack_flush_interval_ms: u64,
+    pub segment_bytes: u64,
+    pub wal_ring_bytes: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Dispatcher {
+    pub max_linger_ms: u64,
+    pub busy_linger_ms: u64,
+    pub checkpoint_interval_ms: u64,
+    pub reroute_after_ms: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Leases {
+    pub sweep_interval_ms: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cluster {
+    pub heartbeat_interval_ms: u64,
+    pub node_dead_after_ms: u64,
+    pub secret: Option<String>,
+    pub tls: ClusterTls,
+}
+
+/// The operator's certificate files for the peer network (all three, or
+/// the cluster secret instead).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterTls {
+    pub ca_file: Option<String>,
+    pub cert_file: Option<String>,
+    pub key_file: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Topics {
+    pub default_retention_ms: u64,
+    pub default_visibility_timeout_ms: u64,
+    pub retention_floor_ms: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Raft {
+    pub snapshot_after_entries: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Http {
+    pub header_timeout_ms: u64,
+    pub body_timeout_ms: u64,
+    pub idle_timeout_ms: u64,
+    pub max_batch_bytes: u64,
+    pub max_connections: u64,
+    pub max_buffered_body_bytes: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Testing {
+    /// `off`, `switchable` or `power_loss`.
+    pub faults: String,
+}
+
+impl Settings {
+    /// The settings of a resolved configuration (its values were checked
+    /// against the key table already, so only a key without a field here,
+    /// a programming error, can fail this).
+    pub fn from_config(config: &Config) -> Result<Self, String> {
+        serde_json::from_value(config.nested())
+            .map_err(|e| format!("the configuration does not fit the settings: {e}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_accepted_key_has_a_typed_setting() {
+        // `deny_unknown_fields` on every level: a key the table accepts
+        // without a field fails here, and a field without a key fails as
+        // missing.
+        let config = Config::resolve(None, Vec::new(), &[]).expect("defaults");
+        let settings = Settings::from_config(&config).expect("settings");
+        assert_eq!(settings.listen.to_string(), "127.0.0.1:8080");
+        assert_eq!(settings.dispatcher.reroute_after_ms, 3000);
+        assert_eq!(settings.storage.ack_flush_interval_ms, 100);
+        assert!(settings.peers.is_none() && settings.cluster.tls.ca_file.is_none());
+        let set = Config::resolve(
+            None,
+            Vec::new(),
+            &[
+                ("cluster.secret".to_string(), "s".to_string()),
+                ("peers".to_string(), "1=127.0.0.1:9080".to_string()),
+                ("node_id".to_string(), "7".to_string()),
+            ],
+        )
+        .expect("flags");
+        let settings = Settings::from_config(&set).expect("settings");
+        assert_eq!(settings.node_id, 7);
+        assert_eq!(settings.cluster.secret.as_deref(), Some("s"));
+    }
+}

@@ -1,0 +1,439 @@
+//! Consume: leases from this shard's partitions, then other shards', then
+//! other nodes', with long polls; lease sweeps, retention and dead letters.
+
+use super::*;
+use crate::metric_names::{CONSUME_LONG_POLLS_WAITING, DEAD_LETTERED_TOTAL};
+
+impl Shard {
+    /// Long-polls for up to `max_messages` messages of a topic.
+    pub async fn consume(
+        &self,
+        topic: &Topic,
+        request: ConsumeRequest,
+    ) -> Result<Vec<ConsumedMessage>, ApiError> {
+        if let Some(partition) = request.partition {
+            if partition >= topic.config.partitions {
+                return Err(ApiError::new(
+                    ErrorCode::InvalidRequest,
+                    format!(
+                        "partition must be from 0 to {}, got {partition}",
+                        topic.config.partitions - 1
+                    ),
+                ));
+            }
+        }
+        let visibility = request
+            .visibility_timeout_ms
+            .unwrap_or(topic.config.visibility_timeout_ms);
+        let deadline = self.now() + request.wait_ms;
+        loop {
+            let seen = self.availability.version();
+            let got = self.collect(topic, request, visibility).await?;
+            let now = self.now();
+            if !got.is_empty() || now >= deadline || self.stopping.get() {
+                return Ok(got);
+            }
+            let wait = Duration::from_millis(deadline - now);
+            let _parked = LongPollGauge::park();
+            futures_lite::future::or(self.availability.changed(seen), glommio::timer::sleep(wait))
+                .await;
+        }
+    }
+
+    /// Leases from the topic's partitions: this node's first (going round
+    /// its shards from a rotating start), then other nodes' that may have
+    /// messages, from a rotating start too, so no partition starves. A
+    /// pinned partition of another node is asked directly: 502 if its
+    /// owner does not answer, 503 once the owner is marked dead.
+    pub(super) async fn collect(
+        &self,
+        topic: &Topic,
+        request: ConsumeRequest,
+        visibility: u64,
+    ) -> Result<Vec<ConsumedMessage>, ApiError> {
+        let rotation = self.round_robin.get().wrapping_add(1);
+        self.round_robin.set(rotation);
+        let partitions = consume_order(topic.config.partitions, rotation, request.partition);
+        let max = request.max_messages as usize;
+        let (local, remote) = self.placement(topic).split_by_node(partitions);
+        if request.partition.is_some() {
+            if let Some((node, partitions)) = remote.clone().into_iter().next() {
+                if self.is_dead(node) {
+                    return Err(Self::owner_dead(node));
+                }
+                return self
+                    .collect_remote(
+                        topic,
+                        node,
+                        partitions,
+                        max,
+                        visibility,
+                        COLLECT_CALL_TIMEOUT,
+                    )
+                    .await
+                    .map_err(|e| e.to_api(node));
+            }
+        }
+        let mut out = match self
+            .collect_on_node(topic, local, max, visibility, rotation)
+            .await
+        {
+            Ok(out) => out,
+            Err(error) if remote.is_empty() => return Err(error),
+            Err(error) => {
+                tracing::warn!(%error, "consume: this node's partitions failed; asking the others");
+                Vec::new()
+            }
+        };
+        let Some(peers) = self.peers.clone() else {
+            return Ok(out);
+        };
+        for (node, partitions) in rotated(remote.into_iter().collect(), rotation) {
+            let room = max - out.len();
+            if room == 0 {
+                break;
+            }
+            let asked_at = self.now();
+            if self.is_dead(node) || !peers.worth_asking(node, asked_at) {
+                continue;
+            }
+            let timeout = if out.is_empty() {
+                COLLECT_CALL_TIMEOUT
+            } else {
+                COLLECT_TOP_UP_TIMEOUT
+            };
+            match self
+                .collect_remote(topic, node, partitions, room, visibility, timeout)
+                .await
+            {
+                Ok(got) if got.is_empty() => peers.found_empty(node, asked_at),
+                Ok(got) => {
+                    peers.found_messages(node);
+                    out.extend(got);
+                }
+                Err(CallError::Unreachable(reason)) => {
+                    tracing::debug!(
+                        node,
+                        reason,
+                        "consume: a node did not answer; skipping it for a while"
+                    );
+                    peers.unreachable(node, self.now());
+                }
+                Err(CallError::Refused(error)) => {
+                    tracing::debug!(node, %error, "consume: a node refused");
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Leases up to `max` messages from partitions of another node.
+    pub(super) async fn collect_remote(
+        &self,
+        topic: &Topic,
+        node: NodeId,
+        partitions: Vec<u32>,
+        max: usize,
+        visibility: u64,
+        timeout: Duration,
+    ) -> Result<Vec<ConsumedMessage>, CallError> {
+        let request = DataRequest::Collect {
+            topic: topic.name.clone(),
+            incarnation: topic.incarnation,
+            partitions,
+            max: u32::try_from(max).unwrap_or(u32::MAX),
+            visibility_ms: visibility,
+        };
+        match self.call_node(node, &request, timeout).await? {
+            DataAnswer::Collected(messages) => Ok(messages
+                .into_iter()
+                .map(|m| m.into_consumed(&topic.name))
+                .collect()),
+            _ => Err(CallError::Refused(ApiError::new(
+                ErrorCode::Internal,
+                format!("node {node} answered a consume oddly"),
+            ))),
+        }
+    }
+
+    /// Leases from partitions of this node, going round its shards from a
+    /// rotating start.
+    pub(super) async fn collect_on_node(
+        &self,
+        topic: &Topic,
+        partitions: Vec<u32>,
+        max: usize,
+        visibility: u64,
+        rotation: u32,
+    ) -> Result<Vec<ConsumedMessage>, ApiError> {
+        let groups = rotated(self.placement(topic).group_by_shard(partitions), rotation);
+        let mut out = Vec::new();
+        for (shard, partitions) in groups {
+            let room = max - out.len();
+            if room == 0 {
+                break;
+            }
+            let got = if shard == self.mesh.me() {
+                self.collect_local(topic, &partitions, room, visibility)
+                    .await
+            } else {
+                let topic = topic.clone();
+                self.mesh
+                    .call(shard, None, |reply| ShardMsg::Collect {
+                        topic,
+                        partitions,
+                        max: room,
+                        visibility_ms: visibility,
+                        reply,
+                    })
+                    .await
+                    .and_then(|answer| answer)
+            };
+            match got {
+                Ok(got) => out.extend(got),
+                // Messages already leased go back to the client; the failed
+                // shard's are simply not leased.
+                Err(error) if !out.is_empty() => {
+                    tracing::warn!(shard, %error, "consume: a shard failed; answering with what others gave");
+                    break;
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Leases up to `max` messages from partitions of this shard.
+    pub(super) async fn collect_local(
+        &self,
+        topic: &Topic,
+        partitions: &[u32],
+        max: usize,
+        visibility: u64,
+    ) -> Result<Vec<ConsumedMessage>, ApiError> {
+        let mut out = Vec::new();
+        for &partition in partitions {
+            if out.len() >= max {
+                break;
+            }
+            let owner = self.owner(topic, partition).await?;
+            self.sweep_owner(&owner);
+            let deliveries = owner
+                .consume(max - out.len(), visibility, self.now())
+                .await
+                .map_err(|e| from_owner(&e))?;
+            for delivery in deliveries {
+                let receipt = Receipt {
+                    topic: topic.name.clone(),
+                    partition,
+                    offset: delivery.offset,
+                    lease_id: delivery.lease.lease_id,
+                    owner_epoch: self.identity.incarnation,
+                }
+                .encode(&self.receipt_key);
+                out.push(ConsumedMessage {
+                    id: format!("{:032x}", delivery.message.id),
+                    topic: topic.name.clone(),
+                    partition,
+                    offset: delivery.offset,
+                    key: delivery
+                        .message
+                        .key
+                        .as_ref()
+                        .map(|k| String::from_utf8_lossy(k).into_owned()),
+                    value: JsonValue::from_bytes(&delivery.message.value),
+                    receipt,
+                    delivery_count: delivery.lease.delivery_count,
+                    produced_at_ms: delivery.message.produced_at_ms,
+                    lease_expires_at_ms: delivery.lease.expires_at_ms,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Ends expired leases of one partition; messages out of deliveries are
+    /// queued for the dead-letter mover. Synchronous: a consume dropped here
+    /// leaves nothing half done.
+    pub(super) fn sweep_owner(&self, owner: &Owner) {
+        let sweep = owner.sweep(self.now());
+        // Only a sweep that ended leases changes availability; notifying on
+        // every sweep would wake a long poll with its own sweep, and the
+        // poll would spin without yielding the shard.
+        if sweep.ended > 0 {
+            self.announce_available();
+        }
+        // Also a move that failed to read its message: tried again each sweep.
+        if sweep.dead > 0 || owner.has_dead_letters() {
+            self.dead_letters_due.notify();
+        }
+    }
+
+    /// The dead-letter mover: a task of its own (never a request's future),
+    /// so a client that goes away cannot leave a message parked. Each
+    /// message is written durably to the dead-letter topic, then settled
+    /// in its partition; a move cut short is done again (at least once).
+    pub async fn run_dead_letters(self: Rc<Self>) {
+        loop {
+            let seen = self.dead_letters_due.version();
+            for (key, slot) in self.owners_snapshot() {
+                let OwnerSlot::Ready(owner) = slot else {
+                    continue;
+                };
+                if !owner.has_dead_letters() {
+                    continue;
+                }
+                let Some(topic) = self.topic(&key.0).ok().filter(|t| t.incarnation == key.1) else {
+                    continue;
+                };
+                self.move_dead_letters(&topic, &owner).await;
+            }
+            if self.stopping.get() {
+                return;
+            }
+            self.dead_letters_due.changed(seen).await;
+        }
+    }
+
+    pub(super) async fn move_dead_letters(&self, topic: &Topic, owner: &Owner) {
+        loop {
+            let letter = match owner.next_dead_letter().await {
+                Ok(Some(letter)) => letter,
+                Ok(None) => return,
+                Err(error) => {
+                    tracing::warn!(topic = %topic.name, %error, "reading a message for the dead-letter topic failed");
+                    return;
+                }
+            };
+            match self.dead_letter(topic, &letter.message).await {
+                Ok(()) => {
+                    metrics::counter!(DEAD_LETTERED_TOTAL, "topic" => topic.name.clone())
+                        .increment(1);
+                    owner.dead_lettered(letter.offset);
+                }
+                Err(error) => {
+                    tracing::warn!(topic = %topic.name, offset = letter.offset, %error, "dead-lettering failed; delivering again");
+                    owner.dead_letter_failed(letter.offset);
+                    self.announce_available();
+                }
+            }
+        }
+    }
+
+    /// Writes a message durably to the topic's dead-letter topic (same id,
+    /// key and value) through this shard's WAL.
+    pub(super) async fn dead_letter(
+        &self,
+        topic: &Topic,
+        message: &Message,
+    ) -> Result<(), ApiError> {
+        let dlq_name = topic
+            .config
+            .dead_letter_topic
+            .as_deref()
+            .ok_or_else(|| ApiError::new(ErrorCode::Internal, "no dead-letter topic"))?;
+        let dlq = self.topic(dlq_name)?;
+        let partition = self.pick_partition(&dlq, message.key.as_deref());
+        let accept_ms = self.now();
+        let record = WalRecordRef {
+            id: message.id,
+            topic: &dlq.name,
+            partition,
+            key: message.key.as_deref(),
+            value: &message.value,
+            accept_ms,
+            topic_incarnation: Some(dlq.incarnation),
+        };
+        let appended = self.wal.append(&record).map_err(|e| from_storage(&e))?;
+        self.dispatch_once_durable(
+            &dlq.name,
+            partition,
+            appended.end,
+            DispatchRecord {
+                pos: appended.pos,
+                id: message.id,
+                key: message.key.clone(),
+                value: message.value.clone(),
+                accept_ms,
+                incarnation: Some(dlq.incarnation),
+            },
+        );
+        appended.durable.await.map_err(|e| from_storage(&e))
+    }
+
+    /// Sweeps every open partition (the periodic lease sweep).
+    pub async fn sweep_all(&self) {
+        for topic in self.topics() {
+            for (key, slot) in self.owners_snapshot() {
+                if key.0 == topic.name && key.1 == topic.incarnation {
+                    if let OwnerSlot::Ready(owner) = slot {
+                        self.sweep_owner(&owner);
+                    }
+                }
+            }
+        }
+    }
+
+    pub(super) fn owners_snapshot(&self) -> Vec<(OwnerKey, OwnerSlot)> {
+        self.owners
+            .borrow()
+            .iter()
+            .filter_map(|(k, slot)| match slot {
+                OwnerSlot::Ready(owner) => Some((k.clone(), OwnerSlot::Ready(owner.clone()))),
+                OwnerSlot::Opening => None,
+            })
+            .collect()
+    }
+
+    /// Opens every partition this shard owns that is not open yet, so that
+    /// retention (applied by [`Self::maintain_all`] to open partitions) also
+    /// ages out partitions nobody produced to or consumed from since the
+    /// node started. Runs every [`IDLE_PARTITION_OPEN_INTERVAL`].
+    pub async fn open_idle_partitions(&self) {
+        if !self.meta.caught_up() {
+            return;
+        }
+        for topic in self.topics() {
+            if topic.config.retention_ms == 0 {
+                continue;
+            }
+            for partition in 0..topic.config.partitions {
+                let local = self.owner_node(&topic, partition) == self.me()
+                    && self.mesh.is_local(&topic.name, partition);
+                let key = (topic.name.clone(), topic.incarnation, partition);
+                if !local || self.owners.borrow().contains_key(&key) {
+                    continue;
+                }
+                if let Err(error) = self.owner(&topic, partition).await {
+                    tracing::warn!(topic = %topic.name, partition, %error, "could not open a partition for retention");
+                }
+            }
+        }
+    }
+
+    /// Writes acks on their intervals and applies retention everywhere.
+    pub async fn maintain_all(&self) {
+        for owner in self.open_owners() {
+            if let Err(error) = owner.maintain().await {
+                tracing::warn!(%error, "partition maintenance failed");
+            }
+        }
+    }
+}
+
+/// Counts long polls parked waiting for messages
+/// (`narad_consume_long_polls_waiting`), also when the client goes away.
+struct LongPollGauge;
+
+impl LongPollGauge {
+    fn park() -> Self {
+        metrics::gauge!(CONSUME_LONG_POLLS_WAITING).increment(1.0);
+        Self
+    }
+}
+
+impl Drop for LongPollGauge {
+    fn drop(&mut self) {
+        metrics::gauge!(CONSUME_LONG_POLLS_WAITING).decrement(1.0);
+    }
+}

@@ -1,0 +1,281 @@
+//! The dispatcher's task: commit batches to their partition's owner (this
+//! shard, another shard, another node), retry with backoff, reroute around an
+//! owner that stays unreachable, and tell other nodes about new messages.
+
+use super::*;
+use crate::metric_names::{DISPATCHER_COMMIT_RECORDS, DISPATCHER_REROUTES_TOTAL};
+
+impl Shard {
+    /// The dispatcher loop: sends ready batches, sleeps until the next
+    /// deadline or a push.
+    pub async fn run_dispatcher(self: Rc<Self>) {
+        loop {
+            let seen = self.dispatch_signal.version();
+            let batches = self.dispatcher.borrow_mut().poll_ready(self.now());
+            for batch in batches {
+                let shard = self.clone();
+                glommio::spawn_local(async move { shard.commit_batch(batch).await }).detach();
+            }
+            if self.stopping.get() && self.undispatched() == 0 {
+                return;
+            }
+            let deadline = self.dispatcher.borrow().next_deadline_ms();
+            let wait = deadline.map(|d| Duration::from_millis(d.saturating_sub(self.now()).max(1)));
+            match wait {
+                Some(wait) => {
+                    futures_lite::future::or(
+                        self.dispatch_signal.changed(seen),
+                        glommio::timer::sleep(wait),
+                    )
+                    .await;
+                }
+                None => self.dispatch_signal.changed(seen).await,
+            }
+        }
+    }
+
+    /// Commits one batch to the shard and node that own its partition.
+    /// When the owner is marked dead, or its commits have failed for
+    /// `dispatcher.reroute_after_ms`, the records go to a live sibling
+    /// partition instead; the WAL keeps them until some owner confirms.
+    pub(super) async fn commit_batch(&self, batch: CommitBatch) {
+        let topic = self
+            .meta
+            .view()
+            .state
+            .topics
+            .get(batch.destination.topic.as_ref())
+            .cloned();
+        let mut dead_owner = None;
+        let result = match topic {
+            // A node that restarted without a quorum may not have applied
+            // the topic yet: its records wait until the metadata is known.
+            None | Some(_) if !self.meta.caught_up() && !self.knows(&batch) => Err(ApiError::new(
+                ErrorCode::NoLeader,
+                "the metadata is not caught up; the records wait",
+            )),
+            // The topic was deleted after the produce: nothing to deliver to.
+            None => {
+                tracing::debug!(topic = %batch.destination.topic, "commit: topic gone");
+                Ok(())
+            }
+            Some(topic) if batch.destination.partition >= topic.config.partitions => {
+                tracing::debug!("commit: partition gone");
+                Ok(())
+            }
+            // Every record belongs to an earlier topic of this name, deleted
+            // since: nothing to deliver to.
+            Some(topic)
+                if batch
+                    .records
+                    .iter()
+                    .all(|r| !r.belongs_to(topic.incarnation)) =>
+            {
+                tracing::debug!(topic = %topic.name, "commit: records of a deleted incarnation");
+                Ok(())
+            }
+            Some(topic) => {
+                let partition = batch.destination.partition;
+                let node = self.owner_node(&topic, partition);
+                if node == self.me() {
+                    let messages: Vec<Message> = batch
+                        .records
+                        .iter()
+                        .filter(|r| r.belongs_to(topic.incarnation))
+                        .map(|r| Message {
+                            id: r.id,
+                            produced_at_ms: r.accept_ms,
+                            key: r.key.clone(),
+                            value: r.value.clone(),
+                        })
+                        .collect();
+                    self.commit_on_node(&topic, partition, messages).await
+                } else if self.is_dead(node) {
+                    dead_owner = Some(node);
+                    Err(Self::owner_dead(node))
+                } else {
+                    let request = DataRequest::Commit {
+                        topic: topic.name.clone(),
+                        incarnation: topic.incarnation,
+                        partition,
+                        messages: batch
+                            .records
+                            .iter()
+                            .filter(|r| r.belongs_to(topic.incarnation))
+                            .map(|r| WireMessage {
+                                id: r.id,
+                                produced_at_ms: r.accept_ms,
+                                key: r.key.clone(),
+                                value: r.value.to_vec(),
+                            })
+                            .collect(),
+                    };
+                    self.call_node(node, &request, COMMIT_CALL_TIMEOUT)
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| e.to_api(node))
+                }
+            }
+        };
+        match result {
+            Ok(()) => {
+                metrics::histogram!(DISPATCHER_COMMIT_RECORDS).record(batch.records.len() as f64);
+                let positions = self
+                    .dispatcher
+                    .borrow_mut()
+                    .on_committed(batch.batch_id, self.now());
+                for pos in positions {
+                    self.wal.mark_committed(pos);
+                }
+            }
+            Err(error) => {
+                if dead_owner.is_none() {
+                    tracing::warn!(topic = %batch.destination.topic, partition = batch.destination.partition, %error, "commit failed; will retry");
+                }
+                let outcome = self
+                    .dispatcher
+                    .borrow_mut()
+                    .on_failed(batch.batch_id, self.now());
+                if dead_owner.is_some()
+                    || matches!(outcome, Some(FailureOutcome::RerouteDue { .. }))
+                {
+                    self.reroute(&batch.destination);
+                }
+            }
+        }
+        self.dispatch_signal.notify();
+    }
+
+    /// Whether the metadata this node holds knows the batch's destination.
+    pub(super) fn knows(&self, batch: &CommitBatch) -> bool {
+        self.meta
+            .view()
+            .state
+            .topics
+            .get(batch.destination.topic.as_ref())
+            .is_some_and(|t| batch.destination.partition < t.config.partitions)
+    }
+
+    /// Moves the records waiting for a destination whose owner is dead or
+    /// keeps failing to a sibling partition of the same topic: one of this
+    /// node's if it has any, else one whose owner is alive. With no such
+    /// sibling they keep waiting for their owner.
+    pub(super) fn reroute(&self, from: &Destination) {
+        let Ok(topic) = self.topic(&from.topic) else {
+            return;
+        };
+        let placement = self.placement(&topic);
+        let failing = placement.node_of(from.partition);
+        let turn = self.round_robin.get().wrapping_add(1);
+        let Some(sibling) = reroute_target(
+            &placement,
+            topic.config.partitions,
+            from.partition,
+            |node| self.is_dead(node),
+            turn,
+        ) else {
+            return;
+        };
+        self.round_robin.set(turn);
+        let records = self.dispatcher.borrow_mut().take_pending(from);
+        if records.is_empty() {
+            return;
+        }
+        let count = records.len();
+        let to = Destination {
+            topic: from.topic.clone(),
+            partition: sibling,
+        };
+        let now = self.now();
+        let mut dispatcher = self.dispatcher.borrow_mut();
+        for record in records {
+            dispatcher.push(to.clone(), record, now);
+        }
+        drop(dispatcher);
+        metrics::counter!(DISPATCHER_REROUTES_TOTAL).increment(count as u64);
+        tracing::warn!(topic = %from.topic, partition = from.partition, owner = failing, to = sibling, records = count, "rerouted records around an unavailable owner");
+    }
+
+    /// Appends a batch to a partition of this node, at the shard that owns it.
+    pub(super) async fn commit_on_node(
+        &self,
+        topic: &Topic,
+        partition: u32,
+        messages: Vec<Message>,
+    ) -> Result<(), ApiError> {
+        let shard = self.mesh.owner_of(&topic.name, partition);
+        if shard == self.mesh.me() {
+            return self.commit_local(topic, partition, messages).await;
+        }
+        let topic = topic.clone();
+        self.mesh
+            .call(shard, None, |reply| ShardMsg::Commit {
+                topic,
+                partition,
+                messages,
+                reply,
+            })
+            .await
+            .and_then(|answer| answer)
+    }
+
+    /// Appends a batch to a partition of this shard and wakes long polls on
+    /// every shard.
+    pub(super) async fn commit_local(
+        &self,
+        topic: &Topic,
+        partition: u32,
+        messages: Vec<Message>,
+    ) -> Result<(), ApiError> {
+        let owner = self.owner(topic, partition).await?;
+        owner
+            .commit(&messages, self.now())
+            .await
+            .map_err(|e| from_owner(&e))?;
+        self.announce_available();
+        Ok(())
+    }
+
+    /// Messages became available here: wake long polls on every shard and
+    /// tell the other nodes.
+    pub(super) fn announce_available(&self) {
+        self.availability.notify();
+        self.mesh.announce_available();
+        self.peer_notice.notify();
+    }
+
+    /// Tells the other nodes when messages became available on this shard,
+    /// at most every `AVAILABLE_COALESCE`, so their long polls wake. At most
+    /// one notice is in flight to each node, so a node that does not answer
+    /// costs nothing but its own notices.
+    pub async fn notify_peers(self: Rc<Self>) {
+        let Some(peers) = self.peers.clone() else {
+            return;
+        };
+        let in_flight: Rc<RefCell<HashSet<NodeId>>> = Rc::default();
+        let mut seen = self.peer_notice.version();
+        loop {
+            self.peer_notice.changed(seen).await;
+            seen = self.peer_notice.version();
+            for node in peers.others() {
+                if self.is_dead(node) || !in_flight.borrow_mut().insert(node) {
+                    continue;
+                }
+                let (peers, in_flight) = (peers.clone(), in_flight.clone());
+                let request = DataRequest::Available { from: peers.me() };
+                glommio::spawn_local(async move {
+                    if let Err(error) = peers.call(node, &request, AVAILABLE_CALL_TIMEOUT).await {
+                        tracing::debug!(node, ?error, "an availability notice was not delivered");
+                    }
+                    in_flight.borrow_mut().remove(&node);
+                })
+                .detach();
+            }
+            glommio::timer::sleep(AVAILABLE_COALESCE).await;
+        }
+    }
+
+    pub fn dispatcher_pending(&self) -> usize {
+        self.dispatcher.borrow().pending_records()
+    }
+}

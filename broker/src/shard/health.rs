@@ -1,0 +1,90 @@
+//! Readiness and the figures `/metrics` and `/readyz` gather from every shard.
+
+use super::*;
+
+impl Shard {
+    /// Why the node is not ready, if it is not: stopping, any shard's WAL
+    /// failed, or no Raft leader.
+    pub async fn not_ready(&self) -> Option<ApiError> {
+        if self.stopping.get() {
+            return Some(ApiError::new(ErrorCode::Stopping, "the node is stopping"));
+        }
+        for gauges in self.gauges().await {
+            if let Some(reason) = gauges.wal_failure {
+                return Some(ApiError::new(
+                    ErrorCode::WalFailed,
+                    format!("the ingress WAL of shard {} failed: {reason}", gauges.shard),
+                ));
+            }
+            if let Some(reason) = gauges.ack_state_failure {
+                return Some(ApiError::new(
+                    ErrorCode::AckStateFailed,
+                    format!(
+                        "the ack state of a partition of shard {} failed: {reason}",
+                        gauges.shard
+                    ),
+                ));
+            }
+        }
+        if self.meta.leader().is_none() {
+            return Some(ApiError::new(
+                ErrorCode::NoLeader,
+                "the node has no Raft leader",
+            ));
+        }
+        if !self.meta.caught_up() {
+            return Some(ApiError::new(
+                ErrorCode::CatchingUp,
+                "the node has not yet applied the metadata the cluster committed",
+            ));
+        }
+        None
+    }
+
+    /// This shard's figures.
+    pub fn local_gauges(&self) -> ShardGauges {
+        let now = self.now();
+        let partitions = self
+            .owners_snapshot()
+            .into_iter()
+            .filter_map(|((topic, _, partition), slot)| match slot {
+                OwnerSlot::Ready(owner) => Some((topic, partition, owner.stats(now))),
+                OwnerSlot::Opening => None,
+            })
+            .collect();
+        ShardGauges {
+            shard: self.mesh.me(),
+            wal_used_bytes: self.wal.stats().used_bytes,
+            wal_failure: self.wal.failure().map(|f| f.to_string()),
+            ack_state_failure: self
+                .open_owners()
+                .iter()
+                .find_map(|owner| owner.ack_state_failure()),
+            dispatcher_pending: self.dispatcher_pending() as u64,
+            partitions,
+        }
+    }
+
+    /// Every shard's figures (a shard that does not answer in time is left
+    /// out and logged).
+    pub async fn gauges(&self) -> Vec<ShardGauges> {
+        let mut all = vec![self.local_gauges()];
+        for shard in 0..self.mesh.shards() {
+            if shard == self.mesh.me() {
+                continue;
+            }
+            match self
+                .mesh
+                .call(shard, Some(GAUGES_TIMEOUT), |reply| ShardMsg::Gauges {
+                    reply,
+                })
+                .await
+            {
+                Ok(gauges) => all.push(gauges),
+                Err(error) => tracing::warn!(shard, %error, "no figures from a shard"),
+            }
+        }
+        all.sort_by_key(|g| g.shard);
+        all
+    }
+}

@@ -1,0 +1,334 @@
+//! One shard: a glommio executor that owns an ingress WAL ring, a
+//! dispatcher and the partitions of this node that hash to it, and serves
+//! the API on the shared client port.
+//!
+//! A request may need partitions of another shard: commits, consumes,
+//! settles and figures then go to the owning shard as one [`ShardMsg`]
+//! (`mesh.rs`). A partition of another node is reached over QUIC
+//! (`remote.rs`): the dispatcher commits to its owner there, unpinned
+//! consumes lease from it after this node's own partitions, and receipts
+//! are settled where they were issued.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use narad_net::http_server::NodeBudget;
+use narad_net::types::{ConsumeRequest, ConsumedMessage, SettleAction, TopicPatch};
+use narad_net::value::JsonValue;
+use narad_net::{ApiError, ErrorCode};
+use narad_raft::node::MetaNode;
+use narad_raft::state::{Applied, Command, NodeId, Topic, TopicConfig};
+use narad_raft::store::MetaView;
+use narad_storage::clock::SharedClock;
+use narad_storage::consumer::{ConsumerConfig, ConsumerState};
+use narad_storage::error::StorageError;
+use narad_storage::io::faulty::FaultyFs;
+use narad_storage::io::glommio_fs::GlommioFs;
+use narad_storage::io::FileSystem;
+use narad_storage::limits::SEGMENT_PREALLOC_STEP_BYTES_DEFAULT;
+use narad_storage::log::{LogConfig, Message, PartitionLog};
+use narad_storage::wal::{Wal, WalConfig, WalPos, WalRecord, WalRecordRef};
+
+use crate::controller::place;
+use crate::dispatcher::{
+    CommitBatch, Destination, DispatchRecord, Dispatcher, DispatcherConfig, FailureOutcome,
+};
+use crate::errors::{from_meta, from_owner, from_storage};
+use crate::limits::{
+    ADOPT_CHUNK_RECORDS, ADOPT_FULL_RETRY, AVAILABLE_CALL_TIMEOUT, AVAILABLE_COALESCE,
+    COLLECT_CALL_TIMEOUT, COLLECT_TOP_UP_TIMEOUT, COMMIT_BATCH_BYTES_MAX, COMMIT_BATCH_RECORDS_MAX,
+    COMMIT_CALL_TIMEOUT, COMMIT_RETRY_BACKOFF_MAX_MS, COMMIT_RETRY_BACKOFF_MIN_MS, GAUGES_TIMEOUT,
+    ID_INCARNATION_BITS, ID_SEQUENCE_BITS, ID_SHARD_BITS, SETTLE_CALL_TIMEOUT, STATS_CALL_TIMEOUT,
+    STOP_DRAIN_TIMEOUT, TAIL_CACHE_BYTES,
+};
+use crate::mesh::{Mesh, SettleOutcome, ShardGauges, ShardMsg};
+use crate::owner::{OwnerConfig, PartitionOwner, PartitionStats};
+use crate::partitioner::partition_for_key;
+use crate::receipt::{Receipt, ReceiptKey};
+use crate::remote::{
+    CallError, DataAnswer, DataRequest, Inbound, Peers, WireConsumed, WireMessage, WireOutcome,
+    WireStats,
+};
+use crate::route::{consume_order, group_by, reroute_target, rotated, InOrder, Placement};
+use crate::settings::Settings;
+use crate::signal::Signal;
+
+mod consume;
+mod dispatch;
+mod health;
+mod nodes;
+mod owners;
+mod produce;
+mod serve;
+mod settle;
+mod stop;
+mod topics;
+
+pub use crate::limits::MAX_MESSAGE_BYTES_DEFAULT;
+
+type OwnerKey = (String, u64, u32);
+/// The metadata version the cached topics come from, and the topics.
+type TopicCache = (Option<Arc<MetaView>>, HashMap<String, Rc<Topic>>);
+/// The file system of a node: the real disk under the fault layer, which
+/// passes every call through unless a test switched it on.
+pub type NodeFs = FaultyFs<GlommioFs>;
+type Owner = Rc<PartitionOwner<NodeFs>>;
+
+enum OwnerSlot {
+    Opening,
+    Ready(Owner),
+}
+
+/// A message id: unique for the life of the cluster, since the incarnation
+/// is drawn at random at every start and the sequence counts within it.
+fn message_id(identity: ShardIdentity, seq: u64) -> u128 {
+    let incarnation_mask = (1u128 << ID_INCARNATION_BITS) - 1;
+    let sequence_mask = (1u128 << ID_SEQUENCE_BITS) - 1;
+    (u128::from(identity.node_id) << (ID_SHARD_BITS + ID_INCARNATION_BITS + ID_SEQUENCE_BITS))
+        | (u128::from(identity.shard_id) << (ID_INCARNATION_BITS + ID_SEQUENCE_BITS))
+        | ((u128::from(identity.incarnation) & incarnation_mask) << ID_SEQUENCE_BITS)
+        | (u128::from(seq) & sequence_mask)
+}
+
+/// An owner slot marked `Opening` by a request: removed again (and its
+/// waiters woken) if the request is dropped before the open finished.
+struct OpeningSlot<'a> {
+    shard: &'a Shard,
+    key: Option<OwnerKey>,
+}
+
+impl OpeningSlot<'_> {
+    /// The open finished: its caller fills or removes the slot.
+    fn settled(mut self) {
+        self.key = None;
+    }
+}
+
+impl Drop for OpeningSlot<'_> {
+    fn drop(&mut self) {
+        let Some(key) = self.key.take() else {
+            return;
+        };
+        let mut owners = self.shard.owners.borrow_mut();
+        if matches!(owners.get(&key), Some(OwnerSlot::Opening)) {
+            owners.remove(&key);
+        }
+        drop(owners);
+        self.shard.owners_changed.notify();
+    }
+}
+
+/// Identity of this shard's process, for message ids and receipts.
+#[derive(Debug, Clone, Copy)]
+pub struct ShardIdentity {
+    pub node_id: u16,
+    pub shard_id: u16,
+    /// Increases on every start of the node (kept in its data folder).
+    pub epoch: u32,
+    /// Drawn at random at every start: message ids and receipts carry it,
+    /// so ids never repeat and receipts of an earlier start end, even when
+    /// the data folder was lost or copied.
+    pub incarnation: u64,
+}
+
+/// What a shard is made of.
+pub struct ShardParts {
+    pub identity: ShardIdentity,
+    pub settings: Arc<Settings>,
+    pub data_dir: PathBuf,
+    pub fs: NodeFs,
+    pub clock: SharedClock,
+    pub wal: Rc<Wal<NodeFs>>,
+    pub meta: Arc<MetaNode>,
+    pub receipt_key: ReceiptKey,
+    pub metrics: metrics_exporter_prometheus::PrometheusHandle,
+    pub mesh: Mesh,
+    /// The other nodes of the cluster; `None` for a single node.
+    pub peers: Option<Arc<Peers>>,
+    /// Set once any shard's ingress WAL failed: the node answers 500 to
+    /// produces until it restarts.
+    pub node_wal_failed: Arc<AtomicBool>,
+    /// The node's connections and request bodies (for its metrics).
+    pub http_budget: Arc<NodeBudget>,
+}
+
+pub struct Shard {
+    identity: ShardIdentity,
+    mesh: Mesh,
+    settings: Arc<Settings>,
+    data_dir: PathBuf,
+    fs: NodeFs,
+    clock: SharedClock,
+    wal: Rc<Wal<NodeFs>>,
+    meta: Arc<MetaNode>,
+    receipt_key: ReceiptKey,
+    owners: RefCell<HashMap<OwnerKey, OwnerSlot>>,
+    owners_changed: Signal,
+    dispatcher: RefCell<Dispatcher>,
+    /// Records appended to the WAL and not yet durable, in WAL order, with
+    /// where each ends: [`Self::dispatch_durable`] moves them on.
+    awaiting_durability: RefCell<VecDeque<(WalPos, Destination, DispatchRecord)>>,
+    dispatch_signal: Signal,
+    availability: Signal,
+    /// Raised when a partition queued messages for its dead-letter topic.
+    dead_letters_due: Signal,
+    next_seq: Cell<u64>,
+    round_robin: Cell<u32>,
+    /// Topics of one metadata version, shared by the requests that need them.
+    topic_cache: RefCell<TopicCache>,
+    stopping: Cell<bool>,
+    /// Set once acks were flushed for the stop: later settles are refused,
+    /// since nothing would write them.
+    acks_closed: Cell<bool>,
+    metrics: metrics_exporter_prometheus::PrometheusHandle,
+    peers: Option<Arc<Peers>>,
+    /// Raised when messages became available here, for other nodes.
+    peer_notice: Signal,
+    /// Requests of other nodes being answered, and a signal when one ends.
+    remote_in_flight: Cell<usize>,
+    remote_done: Signal,
+    node_wal_failed: Arc<AtomicBool>,
+    http_budget: Arc<NodeBudget>,
+}
+
+impl Shard {
+    pub fn new(parts: ShardParts) -> Rc<Self> {
+        let ShardParts {
+            identity,
+            settings,
+            data_dir,
+            fs,
+            clock,
+            wal,
+            meta,
+            receipt_key,
+            metrics,
+            mesh,
+            peers,
+            node_wal_failed,
+            http_budget,
+        } = parts;
+        let dispatcher = Dispatcher::new(DispatcherConfig {
+            max_linger_ms: settings.dispatcher.max_linger_ms,
+            busy_linger_ms: settings.dispatcher.busy_linger_ms,
+            reroute_after_ms: settings.dispatcher.reroute_after_ms,
+            batch_records_max: COMMIT_BATCH_RECORDS_MAX,
+            batch_bytes_max: COMMIT_BATCH_BYTES_MAX,
+            retry_backoff_min_ms: COMMIT_RETRY_BACKOFF_MIN_MS,
+            retry_backoff_max_ms: COMMIT_RETRY_BACKOFF_MAX_MS,
+            in_flight_per_destination_max: 1,
+        });
+        Rc::new(Self {
+            identity,
+            mesh,
+            settings,
+            data_dir,
+            fs,
+            clock,
+            wal,
+            meta,
+            receipt_key,
+            owners: RefCell::new(HashMap::new()),
+            owners_changed: Signal::default(),
+            dispatcher: RefCell::new(dispatcher),
+            awaiting_durability: RefCell::new(VecDeque::new()),
+            dispatch_signal: Signal::default(),
+            availability: Signal::default(),
+            dead_letters_due: Signal::default(),
+            next_seq: Cell::new(0),
+            round_robin: Cell::new(0),
+            topic_cache: RefCell::new((None, HashMap::new())),
+            stopping: Cell::new(false),
+            acks_closed: Cell::new(false),
+            metrics,
+            peers,
+            peer_notice: Signal::default(),
+            remote_in_flight: Cell::new(0),
+            remote_done: Signal::default(),
+            node_wal_failed,
+            http_budget,
+        })
+    }
+
+    /// The node's connections and request bodies held now.
+    pub fn http_budget(&self) -> &NodeBudget {
+        &self.http_budget
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    pub fn meta(&self) -> &MetaNode {
+        &self.meta
+    }
+
+    pub fn wal(&self) -> &Wal<NodeFs> {
+        &self.wal
+    }
+
+    /// The Prometheus text of every recorded metric.
+    pub fn render_metrics(&self) -> String {
+        self.metrics.render()
+    }
+
+    pub fn is_stopping(&self) -> bool {
+        self.stopping.get()
+    }
+
+    fn now(&self) -> u64 {
+        self.clock.now_ms()
+    }
+}
+
+/// Runs `tick` every `interval` until the shard stops.
+pub async fn every(
+    shard: Rc<Shard>,
+    interval: Duration,
+    tick: impl Fn(Rc<Shard>) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>,
+) {
+    while !shard.is_stopping() {
+        glommio::timer::sleep(interval).await;
+        tick(shard.clone()).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_pack_node_shard_incarnation_and_sequence() {
+        let identity = ShardIdentity {
+            node_id: 7,
+            shard_id: 1,
+            epoch: 1,
+            incarnation: 0x0000_1234_5678_9abc,
+        };
+        let text = format!("{:032x}", message_id(identity, 42));
+        assert_eq!(text, "00070001123456789abc00000000002a");
+    }
+
+    #[test]
+    fn a_node_started_again_with_an_empty_folder_never_repeats_an_id() {
+        // Same node, shard and start counter (a lost volume starts the
+        // counter again): only the incarnation drawn at start differs.
+        let before = ShardIdentity {
+            node_id: 2,
+            shard_id: 0,
+            epoch: 1,
+            incarnation: 0xaaaa,
+        };
+        let after = ShardIdentity {
+            incarnation: 0xbbbb,
+            ..before
+        };
+        let first: HashSet<u128> = (0..1000).map(|seq| message_id(before, seq)).collect();
+        assert!((0..1000).all(|seq| !first.contains(&message_id(after, seq))));
+    }
+}

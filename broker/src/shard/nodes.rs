@@ -1,0 +1,87 @@
+//! Where the cluster's nodes stand: this node, the owner of a partition,
+//! which nodes are alive, and calls to another node.
+
+use super::*;
+
+impl Shard {
+    pub(super) fn me(&self) -> NodeId {
+        NodeId::from(self.identity.node_id)
+    }
+
+    /// Where the topic's partitions live, as this shard sees them.
+    pub(super) fn placement<'a>(&self, topic: &'a Topic) -> Placement<'a> {
+        Placement {
+            me: self.me(),
+            shard: self.mesh.me(),
+            shards: self.mesh.shards(),
+            topic: &topic.name,
+            owners: &topic.owners,
+        }
+    }
+
+    /// The node that owns a partition (per the metastore).
+    pub(super) fn owner_node(&self, topic: &Topic, partition: u32) -> NodeId {
+        self.placement(topic).node_of(partition)
+    }
+
+    /// Whether the controller marked a node dead.
+    pub(super) fn is_dead(&self, node: NodeId) -> bool {
+        node != self.me()
+            && self
+                .meta
+                .view()
+                .state
+                .nodes
+                .get(&node)
+                .is_some_and(|record| !record.alive)
+    }
+
+    /// Every node of the cluster the controller has not marked dead, in id
+    /// order (this node always among them).
+    /// Every member of the cluster and whether this node's view of the
+    /// controller's liveness holds it alive (this node always is).
+    pub fn members_alive(&self) -> Vec<(NodeId, bool)> {
+        let mut members: Vec<(NodeId, bool)> = self
+            .meta
+            .members()
+            .into_iter()
+            .map(|(node, _)| (node, !self.is_dead(node)))
+            .collect();
+        if !members.iter().any(|(node, _)| *node == self.me()) {
+            members.push((self.me(), true));
+        }
+        members.sort_unstable();
+        members
+    }
+
+    pub(super) fn live_nodes(&self) -> Vec<NodeId> {
+        let mut nodes = vec![self.me()];
+        if let Some(peers) = &self.peers {
+            nodes.extend(peers.others().filter(|n| !self.is_dead(*n)));
+        }
+        nodes.sort_unstable();
+        nodes
+    }
+
+    pub(super) fn owner_dead(node: NodeId) -> ApiError {
+        ApiError::new(
+            ErrorCode::OwnerDead,
+            format!("the partition's owner, node {node}, is marked dead; its messages wait for it"),
+        )
+    }
+
+    /// Calls another node of the cluster.
+    pub(super) async fn call_node(
+        &self,
+        node: NodeId,
+        request: &DataRequest,
+        timeout: Duration,
+    ) -> Result<DataAnswer, CallError> {
+        match &self.peers {
+            Some(peers) => peers.call(node, request, timeout).await,
+            None => Err(CallError::Unreachable(format!(
+                "node {node} is not a member of this single-node cluster"
+            ))),
+        }
+    }
+}

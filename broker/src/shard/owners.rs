@@ -1,0 +1,102 @@
+//! The partitions of this shard: each opened on first use (or by the idle
+//! sweep) as a [`PartitionOwner`].
+
+use super::*;
+
+impl Shard {
+    /// The owner of a partition of this shard, opened on first use.
+    pub(super) async fn owner(&self, topic: &Topic, partition: u32) -> Result<Owner, ApiError> {
+        debug_assert!(
+            self.mesh.is_local(&topic.name, partition),
+            "a shard opens only its own partitions"
+        );
+        let key = (topic.name.clone(), topic.incarnation, partition);
+        loop {
+            let seen = self.owners_changed.version();
+            match self.owners.borrow().get(&key) {
+                Some(OwnerSlot::Ready(owner)) => return Ok(owner.clone()),
+                Some(OwnerSlot::Opening) => {}
+                None => break,
+            }
+            self.owners_changed.changed(seen).await;
+        }
+        self.owners
+            .borrow_mut()
+            .insert(key.clone(), OwnerSlot::Opening);
+        // Opening reads the partition's files and may take a while; if this
+        // request is dropped meanwhile, the slot goes and the next caller
+        // opens it (the files are consistent at every await of an open).
+        let opening = OpeningSlot {
+            shard: self,
+            key: Some(key.clone()),
+        };
+        let opened = self.open_owner(topic, partition).await;
+        opening.settled();
+        let mut owners = self.owners.borrow_mut();
+        let result = match opened {
+            Ok(owner) => {
+                let owner = Rc::new(owner);
+                owners.insert(key, OwnerSlot::Ready(owner.clone()));
+                Ok(owner)
+            }
+            Err(error) => {
+                owners.remove(&key);
+                Err(error)
+            }
+        };
+        drop(owners);
+        self.owners_changed.notify();
+        result
+    }
+
+    pub(super) async fn open_owner(
+        &self,
+        topic: &Topic,
+        partition: u32,
+    ) -> Result<PartitionOwner<NodeFs>, ApiError> {
+        let dir = self
+            .topic_dir(&topic.name, topic.incarnation)
+            .join(partition.to_string());
+        let log_config = LogConfig {
+            segment_bytes: self.settings.storage.segment_bytes,
+            prealloc_step_bytes: SEGMENT_PREALLOC_STEP_BYTES_DEFAULT
+                .min(self.settings.storage.segment_bytes),
+            retention_ms: topic.config.retention_ms,
+        };
+        let (log, recovery) = PartitionLog::open(&self.fs, &dir, log_config, self.clock.clone())
+            .await
+            .map_err(|e| from_storage(&e))?;
+        if recovery.torn_tail || recovery.corrupt_records > 0 {
+            tracing::warn!(topic = %topic.name, partition, ?recovery, "partition log recovered");
+        }
+        let consumer_config = ConsumerConfig {
+            ack_flush_interval_ms: self.settings.storage.ack_flush_interval_ms,
+            commit_interval_ms: self.settings.storage.consumer_offset_commit_interval_ms,
+            ..ConsumerConfig::default()
+        };
+        let acks = ConsumerState::open(
+            &self.fs,
+            &dir.join("consumer"),
+            consumer_config,
+            self.clock.clone(),
+        )
+        .await
+        .map_err(|e| from_storage(&e))?;
+        let owner_config = OwnerConfig {
+            max_deliveries: topic.config.max_deliveries,
+            tail_cache_bytes: TAIL_CACHE_BYTES,
+        };
+        Ok(PartitionOwner::new(log, acks, owner_config))
+    }
+
+    pub(super) fn open_owners(&self) -> Vec<Owner> {
+        self.owners
+            .borrow()
+            .values()
+            .filter_map(|slot| match slot {
+                OwnerSlot::Ready(owner) => Some(owner.clone()),
+                OwnerSlot::Opening => None,
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,295 @@
+//! Topics: the cached metadata, creating, changing and deleting topics,
+//! removing the folders of deleted ones, and per-partition figures.
+
+use super::*;
+
+impl Shard {
+    /// The topic, or 404 `topic_not_found` at once. Served from a cache of
+    /// the current metadata version, so a request does not copy the topic.
+    pub fn topic(&self, name: &str) -> Result<Rc<Topic>, ApiError> {
+        let view = self.meta.view();
+        let mut cache = self.topic_cache.borrow_mut();
+        if !cache
+            .0
+            .as_ref()
+            .is_some_and(|cached| Arc::ptr_eq(cached, &view))
+        {
+            cache.1.clear();
+            cache.0 = Some(view.clone());
+        }
+        if let Some(topic) = cache.1.get(name) {
+            return Ok(topic.clone());
+        }
+        let Some(topic) = view.state.topics.get(name).cloned() else {
+            // A node still learning the cluster's metadata cannot say a
+            // topic is missing: 404 is final for a client, 503 is retried.
+            if !self.meta.caught_up() {
+                return Err(ApiError::new(
+                    ErrorCode::CatchingUp,
+                    format!(
+                        "this node has not yet learned the cluster's topics; topic {name:?} may exist: retry"
+                    ),
+                ));
+            }
+            return Err(ApiError::new(
+                ErrorCode::TopicNotFound,
+                format!("topic {name:?} does not exist"),
+            ));
+        };
+        let topic = Rc::new(topic);
+        cache.1.insert(name.to_string(), topic.clone());
+        Ok(topic)
+    }
+
+    pub fn topics(&self) -> Vec<Topic> {
+        self.meta.view().state.topics.values().cloned().collect()
+    }
+
+    /// Creates or updates a topic through the metastore. Returns whether it
+    /// was created, and the topic.
+    pub async fn put_topic(
+        &self,
+        name: &str,
+        patch: TopicPatch,
+    ) -> Result<(bool, Topic), ApiError> {
+        let existing = self.meta.view().state.topics.get(name).cloned();
+        let base = existing
+            .as_ref()
+            .map(|t| t.config.clone())
+            .unwrap_or_else(|| TopicConfig {
+                partitions: 8,
+                visibility_timeout_ms: self.settings.topics.default_visibility_timeout_ms,
+                retention_ms: self.settings.topics.default_retention_ms,
+                max_deliveries: 0,
+                dead_letter_topic: None,
+                schema: None,
+                max_message_bytes: MAX_MESSAGE_BYTES_DEFAULT,
+            });
+        let config = TopicConfig {
+            partitions: patch.partitions.unwrap_or(base.partitions),
+            visibility_timeout_ms: patch
+                .visibility_timeout_ms
+                .unwrap_or(base.visibility_timeout_ms),
+            retention_ms: patch.retention_ms.unwrap_or(base.retention_ms),
+            max_deliveries: patch.max_deliveries.unwrap_or(base.max_deliveries),
+            dead_letter_topic: patch.dead_letter_topic.unwrap_or(base.dead_letter_topic),
+            schema: patch.schema.unwrap_or(base.schema),
+            max_message_bytes: patch.max_message_bytes.unwrap_or(base.max_message_bytes),
+        };
+        if let Some(dlq) = &config.dead_letter_topic {
+            narad_net::names::validate_topic_name(dlq).map_err(|e| {
+                ApiError::new(
+                    ErrorCode::InvalidRequest,
+                    format!("dead_letter_topic: {}", e.message),
+                )
+            })?;
+        }
+        if let Some(schema) = &config.schema {
+            return Err(ApiError::new(
+                ErrorCode::InvalidRequest,
+                format!("schema {schema:?} does not exist"),
+            ));
+        }
+        let existing_partitions = existing.as_ref().map_or(0, |t| t.config.partitions);
+        let added = config.partitions.saturating_sub(existing_partitions);
+        // The controller's placement (`controller::place`).
+        let new_owners = place(name, existing_partitions, added, &self.live_nodes());
+        let command = Command::PutTopic {
+            name: name.to_string(),
+            config,
+            new_owners,
+            now_ms: self.now(),
+        };
+        let applied = self
+            .meta
+            .propose(command)
+            .await
+            .map_err(|e| from_meta(&e))?;
+        let (created, topic) = match applied {
+            Applied::TopicCreated(topic) => (true, topic),
+            Applied::TopicUpdated(topic) | Applied::TopicUnchanged(topic) => (false, topic),
+            Applied::TopicDeleted | Applied::ClusterChanged | Applied::Nothing => {
+                return Err(ApiError::new(
+                    ErrorCode::Internal,
+                    "the metastore answered a topic change oddly",
+                ))
+            }
+        };
+        self.reconcile_owners();
+        Ok((created, topic))
+    }
+
+    pub async fn delete_topic(&self, name: &str) -> Result<(), ApiError> {
+        self.topic(name)?;
+        self.meta
+            .propose(Command::DeleteTopic {
+                name: name.to_string(),
+            })
+            .await
+            .map_err(|e| from_meta(&e))?;
+        // Every node (this one included) closes its partitions and removes
+        // their folders when it applies the delete (`watch_topics`).
+        self.reconcile_owners();
+        Ok(())
+    }
+
+    /// Brings this shard's open partitions in line with the metastore:
+    /// partitions of deleted topics close, topic updates (retention,
+    /// `max_deliveries`) apply.
+    pub fn reconcile_owners(&self) {
+        let view = self.meta.view();
+        let topics = &view.state.topics;
+        let mut owners = self.owners.borrow_mut();
+        owners.retain(|(name, incarnation, _), _| {
+            topics
+                .get(name)
+                .is_some_and(|t| t.incarnation == *incarnation)
+        });
+        for ((name, _, _), slot) in owners.iter() {
+            if let (OwnerSlot::Ready(owner), Some(topic)) = (slot, topics.get(name)) {
+                owner.reconfigure(topic.config.retention_ms, topic.config.max_deliveries);
+            }
+        }
+    }
+
+    /// Reconciles on every metadata change, whichever shard or node made it.
+    pub async fn watch_topics(self: Rc<Self>) {
+        let mut changes = self.meta.subscribe();
+        self.reap_deleted_topics().await;
+        while changes.changed().await.is_ok() {
+            self.reconcile_owners();
+            self.reap_deleted_topics().await;
+        }
+    }
+
+    /// Removes the partition folders of topics that no longer exist (deleted,
+    /// or created again as a new incarnation), on shard 0 of every node, once
+    /// the metadata is caught up (before that, a topic missing from this
+    /// node's view may merely be unknown yet). Through the file seam, off
+    /// the executor.
+    pub(super) async fn reap_deleted_topics(&self) {
+        if self.identity.shard_id != 0 || !self.meta.caught_up() {
+            return;
+        }
+        let root = self.data_dir.join("partitions");
+        let Ok(entries) = self.fs.list_dir(&root).await else {
+            return;
+        };
+        let view = self.meta.view();
+        for entry in entries {
+            let Some((name, incarnation)) = entry
+                .rsplit_once('-')
+                .and_then(|(name, n)| Some((name, n.parse::<u64>().ok()?)))
+            else {
+                continue;
+            };
+            let live = view
+                .state
+                .topics
+                .get(name)
+                .is_some_and(|t| t.incarnation == incarnation);
+            if live {
+                continue;
+            }
+            let dir = root.join(&entry);
+            match self.fs.remove_dir_all(&dir).await {
+                Ok(()) => {
+                    tracing::info!(dir = %dir.display(), "removed the partitions of a deleted topic")
+                }
+                Err(error) => {
+                    tracing::warn!(dir = %dir.display(), %error, "could not remove a deleted topic's partitions")
+                }
+            }
+        }
+    }
+
+    pub(super) fn topic_dir(&self, name: &str, incarnation: u64) -> PathBuf {
+        self.data_dir
+            .join("partitions")
+            .join(format!("{name}-{incarnation}"))
+    }
+
+    /// Per-partition figures of a topic (opening its partitions if needed),
+    /// asking the shard and node that owns each. A node that does not
+    /// answer leaves its partitions' figures at zero.
+    pub async fn partition_stats(&self, topic: &Topic) -> Result<Vec<PartitionStats>, ApiError> {
+        let mut stats = vec![PartitionStats::default(); topic.config.partitions as usize];
+        let (local, remote) = self
+            .placement(topic)
+            .split_by_node(0..topic.config.partitions);
+        let mut figures = self.stats_on_node(topic, local).await?;
+        for (node, partitions) in remote {
+            let unreachable = self
+                .peers
+                .as_ref()
+                .is_some_and(|p| p.recently_unreachable(node, self.now()));
+            if self.is_dead(node) || unreachable {
+                continue;
+            }
+            let request = DataRequest::Stats {
+                topic: topic.name.clone(),
+                incarnation: topic.incarnation,
+                partitions,
+            };
+            match self.call_node(node, &request, STATS_CALL_TIMEOUT).await {
+                Ok(DataAnswer::Stats(list)) => {
+                    figures.extend(list.iter().map(WireStats::to_stats));
+                }
+                Ok(_) => tracing::warn!(node, "partition figures: an odd answer"),
+                Err(CallError::Unreachable(reason)) => {
+                    tracing::debug!(node, reason, "partition figures: no answer from a node");
+                    if let Some(peers) = &self.peers {
+                        peers.unreachable(node, self.now());
+                    }
+                }
+                Err(CallError::Refused(error)) => {
+                    tracing::debug!(node, %error, "partition figures: a node refused")
+                }
+            }
+        }
+        for (partition, figures) in figures {
+            if let Some(slot) = stats.get_mut(partition as usize) {
+                *slot = figures;
+            }
+        }
+        Ok(stats)
+    }
+
+    /// Figures of partitions of this node, from the shards that own them.
+    pub(super) async fn stats_on_node(
+        &self,
+        topic: &Topic,
+        partitions: Vec<u32>,
+    ) -> Result<Vec<(u32, PartitionStats)>, ApiError> {
+        let mut stats = Vec::with_capacity(partitions.len());
+        for (shard, partitions) in self.placement(topic).group_by_shard(partitions) {
+            let figures = if shard == self.mesh.me() {
+                self.local_stats(topic, &partitions).await?
+            } else {
+                let topic = topic.clone();
+                self.mesh
+                    .call(shard, None, |reply| ShardMsg::Stats {
+                        topic,
+                        partitions,
+                        reply,
+                    })
+                    .await??
+            };
+            stats.extend(figures);
+        }
+        Ok(stats)
+    }
+
+    pub(super) async fn local_stats(
+        &self,
+        topic: &Topic,
+        partitions: &[u32],
+    ) -> Result<Vec<(u32, PartitionStats)>, ApiError> {
+        let mut stats = Vec::with_capacity(partitions.len());
+        for &partition in partitions {
+            let owner = self.owner(topic, partition).await?;
+            stats.push((partition, owner.stats(self.now())));
+        }
+        Ok(stats)
+    }
+}
