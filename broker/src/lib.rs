@@ -30,6 +30,7 @@ pub mod partitioner;
 pub mod receipt;
 pub mod remote;
 pub mod route;
+pub mod runtime;
 pub mod settings;
 pub mod shard;
 pub mod signal;

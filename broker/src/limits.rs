@@ -103,6 +103,8 @@ pub const IDLE_PARTITION_FIRST_OPEN: Duration = Duration::from_secs(1);
 pub const STOP_POLL_INTERVAL: Duration = Duration::from_millis(20);
 /// How long a graceful stop waits for the dispatcher to drain.
 pub const STOP_DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
+/// How often the drain looks again when nothing woke it.
+pub const STOP_DRAIN_POLL: Duration = Duration::from_millis(50);
 /// How long a stopping shard waits for the others at each stop barrier.
 pub const STOP_BARRIER_TIMEOUT: Duration = Duration::from_secs(30);
 

@@ -27,16 +27,19 @@ impl Shard {
             .unwrap_or(topic.config.visibility_timeout_ms);
         let deadline = self.now() + request.wait_ms;
         loop {
-            let seen = self.availability.version();
+            let seen = self.flow.availability.version();
             let got = self.collect(topic, request, visibility).await?;
             let now = self.now();
-            if !got.is_empty() || now >= deadline || self.stopping.get() {
+            if !got.is_empty() || now >= deadline || self.flow.stopping.get() {
                 return Ok(got);
             }
             let wait = Duration::from_millis(deadline - now);
             let _parked = LongPollGauge::park();
-            futures_lite::future::or(self.availability.changed(seen), glommio::timer::sleep(wait))
-                .await;
+            futures_lite::future::or(
+                self.flow.availability.changed(seen),
+                self.env.runtime.sleep(wait),
+            )
+            .await;
         }
     }
 
@@ -51,8 +54,8 @@ impl Shard {
         request: ConsumeRequest,
         visibility: u64,
     ) -> Result<Vec<ConsumedMessage>, ApiError> {
-        let rotation = self.round_robin.get().wrapping_add(1);
-        self.round_robin.set(rotation);
+        let rotation = self.flow.round_robin.get().wrapping_add(1);
+        self.flow.round_robin.set(rotation);
         let partitions = consume_order(topic.config.partitions, rotation, request.partition);
         let max = request.max_messages as usize;
         let (local, remote) = self.placement(topic).split_by_node(partitions);
@@ -85,7 +88,7 @@ impl Shard {
                 Vec::new()
             }
         };
-        let Some(peers) = self.peers.clone() else {
+        let Some(peers) = self.remote.peers.clone() else {
             return Ok(out);
         };
         for (node, partitions) in rotated(remote.into_iter().collect(), rotation) {
@@ -230,7 +233,7 @@ impl Shard {
                     lease_id: delivery.lease.lease_id,
                     owner_epoch: self.identity.incarnation,
                 }
-                .encode(&self.receipt_key);
+                .encode(&self.env.receipt_key);
                 out.push(ConsumedMessage {
                     id: format!("{:032x}", delivery.message.id),
                     topic: topic.name.clone(),
@@ -265,7 +268,7 @@ impl Shard {
         }
         // Also a move that failed to read its message: tried again each sweep.
         if sweep.dead > 0 || owner.has_dead_letters() {
-            self.dead_letters_due.notify();
+            self.flow.dead_letters_due.notify();
         }
     }
 
@@ -275,7 +278,7 @@ impl Shard {
     /// in its partition; a move cut short is done again (at least once).
     pub async fn run_dead_letters(self: Rc<Self>) {
         loop {
-            let seen = self.dead_letters_due.version();
+            let seen = self.flow.dead_letters_due.version();
             for (key, slot) in self.owners_snapshot() {
                 let OwnerSlot::Ready(owner) = slot else {
                     continue;
@@ -288,10 +291,10 @@ impl Shard {
                 };
                 self.move_dead_letters(&topic, &owner).await;
             }
-            if self.stopping.get() {
+            if self.flow.stopping.get() {
                 return;
             }
-            self.dead_letters_due.changed(seen).await;
+            self.flow.dead_letters_due.changed(seen).await;
         }
     }
 
@@ -376,6 +379,7 @@ impl Shard {
 
     pub(super) fn owners_snapshot(&self) -> Vec<(OwnerKey, OwnerSlot)> {
         self.owners
+            .slots
             .borrow()
             .iter()
             .filter_map(|(k, slot)| match slot {
@@ -390,7 +394,7 @@ impl Shard {
     /// ages out partitions nobody produced to or consumed from since the
     /// node started. Runs every [`IDLE_PARTITION_OPEN_INTERVAL`].
     pub async fn open_idle_partitions(&self) {
-        if !self.meta.caught_up() {
+        if !self.env.meta.caught_up() {
             return;
         }
         for topic in self.topics() {
@@ -401,7 +405,7 @@ impl Shard {
                 let local = self.owner_node(&topic, partition) == self.me()
                     && self.mesh.is_local(&topic.name, partition);
                 let key = (topic.name.clone(), topic.incarnation, partition);
-                if !local || self.owners.borrow().contains_key(&key) {
+                if !local || self.owners.slots.borrow().contains_key(&key) {
                     continue;
                 }
                 if let Err(error) = self.owner(&topic, partition).await {

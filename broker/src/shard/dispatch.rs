@@ -10,26 +10,28 @@ impl Shard {
     /// deadline or a push.
     pub async fn run_dispatcher(self: Rc<Self>) {
         loop {
-            let seen = self.dispatch_signal.version();
-            let batches = self.dispatcher.borrow_mut().poll_ready(self.now());
+            let seen = self.dispatch.signal.version();
+            let batches = self.dispatch.queue.borrow_mut().poll_ready(self.now());
             for batch in batches {
                 let shard = self.clone();
-                glommio::spawn_local(async move { shard.commit_batch(batch).await }).detach();
+                self.env
+                    .runtime
+                    .spawn(Box::pin(async move { shard.commit_batch(batch).await }));
             }
-            if self.stopping.get() && self.undispatched() == 0 {
+            if self.flow.stopping.get() && self.undispatched() == 0 {
                 return;
             }
-            let deadline = self.dispatcher.borrow().next_deadline_ms();
+            let deadline = self.dispatch.queue.borrow().next_deadline_ms();
             let wait = deadline.map(|d| Duration::from_millis(d.saturating_sub(self.now()).max(1)));
             match wait {
                 Some(wait) => {
                     futures_lite::future::or(
-                        self.dispatch_signal.changed(seen),
-                        glommio::timer::sleep(wait),
+                        self.dispatch.signal.changed(seen),
+                        self.env.runtime.sleep(wait),
                     )
                     .await;
                 }
-                None => self.dispatch_signal.changed(seen).await,
+                None => self.dispatch.signal.changed(seen).await,
             }
         }
     }
@@ -40,6 +42,7 @@ impl Shard {
     /// partition instead; the WAL keeps them until some owner confirms.
     pub(super) async fn commit_batch(&self, batch: CommitBatch) {
         let topic = self
+            .env
             .meta
             .view()
             .state
@@ -50,10 +53,12 @@ impl Shard {
         let result = match topic {
             // A node that restarted without a quorum may not have applied
             // the topic yet: its records wait until the metadata is known.
-            None | Some(_) if !self.meta.caught_up() && !self.knows(&batch) => Err(ApiError::new(
-                ErrorCode::NoLeader,
-                "the metadata is not caught up; the records wait",
-            )),
+            None | Some(_) if !self.env.meta.caught_up() && !self.knows(&batch) => {
+                Err(ApiError::new(
+                    ErrorCode::NoLeader,
+                    "the metadata is not caught up; the records wait",
+                ))
+            }
             // The topic was deleted after the produce: nothing to deliver to.
             None => {
                 tracing::debug!(topic = %batch.destination.topic, "commit: topic gone");
@@ -121,7 +126,8 @@ impl Shard {
             Ok(()) => {
                 metrics::histogram!(DISPATCHER_COMMIT_RECORDS).record(batch.records.len() as f64);
                 let positions = self
-                    .dispatcher
+                    .dispatch
+                    .queue
                     .borrow_mut()
                     .on_committed(batch.batch_id, self.now());
                 for pos in positions {
@@ -133,7 +139,8 @@ impl Shard {
                     tracing::warn!(topic = %batch.destination.topic, partition = batch.destination.partition, %error, "commit failed; will retry");
                 }
                 let outcome = self
-                    .dispatcher
+                    .dispatch
+                    .queue
                     .borrow_mut()
                     .on_failed(batch.batch_id, self.now());
                 if dead_owner.is_some()
@@ -143,12 +150,13 @@ impl Shard {
                 }
             }
         }
-        self.dispatch_signal.notify();
+        self.dispatch.signal.notify();
     }
 
     /// Whether the metadata this node holds knows the batch's destination.
     pub(super) fn knows(&self, batch: &CommitBatch) -> bool {
-        self.meta
+        self.env
+            .meta
             .view()
             .state
             .topics
@@ -166,7 +174,7 @@ impl Shard {
         };
         let placement = self.placement(&topic);
         let failing = placement.node_of(from.partition);
-        let turn = self.round_robin.get().wrapping_add(1);
+        let turn = self.flow.round_robin.get().wrapping_add(1);
         let Some(sibling) = reroute_target(
             &placement,
             topic.config.partitions,
@@ -176,8 +184,8 @@ impl Shard {
         ) else {
             return;
         };
-        self.round_robin.set(turn);
-        let records = self.dispatcher.borrow_mut().take_pending(from);
+        self.flow.round_robin.set(turn);
+        let records = self.dispatch.queue.borrow_mut().take_pending(from);
         if records.is_empty() {
             return;
         }
@@ -187,7 +195,7 @@ impl Shard {
             partition: sibling,
         };
         let now = self.now();
-        let mut dispatcher = self.dispatcher.borrow_mut();
+        let mut dispatcher = self.dispatch.queue.borrow_mut();
         for record in records {
             dispatcher.push(to.clone(), record, now);
         }
@@ -239,9 +247,9 @@ impl Shard {
     /// Messages became available here: wake long polls on every shard and
     /// tell the other nodes.
     pub(super) fn announce_available(&self) {
-        self.availability.notify();
+        self.flow.availability.notify();
         self.mesh.announce_available();
-        self.peer_notice.notify();
+        self.remote.notice.notify();
     }
 
     /// Tells the other nodes when messages became available on this shard,
@@ -249,33 +257,32 @@ impl Shard {
     /// one notice is in flight to each node, so a node that does not answer
     /// costs nothing but its own notices.
     pub async fn notify_peers(self: Rc<Self>) {
-        let Some(peers) = self.peers.clone() else {
+        let Some(peers) = self.remote.peers.clone() else {
             return;
         };
         let in_flight: Rc<RefCell<HashSet<NodeId>>> = Rc::default();
-        let mut seen = self.peer_notice.version();
+        let mut seen = self.remote.notice.version();
         loop {
-            self.peer_notice.changed(seen).await;
-            seen = self.peer_notice.version();
+            self.remote.notice.changed(seen).await;
+            seen = self.remote.notice.version();
             for node in peers.others() {
                 if self.is_dead(node) || !in_flight.borrow_mut().insert(node) {
                     continue;
                 }
                 let (peers, in_flight) = (peers.clone(), in_flight.clone());
                 let request = DataRequest::Available { from: peers.me() };
-                glommio::spawn_local(async move {
+                self.env.runtime.spawn(Box::pin(async move {
                     if let Err(error) = peers.call(node, &request, AVAILABLE_CALL_TIMEOUT).await {
                         tracing::debug!(node, ?error, "an availability notice was not delivered");
                     }
                     in_flight.borrow_mut().remove(&node);
-                })
-                .detach();
+                }));
             }
-            glommio::timer::sleep(AVAILABLE_COALESCE).await;
+            self.env.runtime.sleep(AVAILABLE_COALESCE).await;
         }
     }
 
     pub fn dispatcher_pending(&self) -> usize {
-        self.dispatcher.borrow().pending_records()
+        self.dispatch.queue.borrow().pending_records()
     }
 }

@@ -6,7 +6,7 @@ impl Shard {
     /// Why the node is not ready, if it is not: stopping, any shard's WAL
     /// failed, or no Raft leader.
     pub async fn not_ready(&self) -> Option<ApiError> {
-        if self.stopping.get() {
+        if self.flow.stopping.get() {
             return Some(ApiError::new(ErrorCode::Stopping, "the node is stopping"));
         }
         for gauges in self.gauges().await {
@@ -26,13 +26,13 @@ impl Shard {
                 ));
             }
         }
-        if self.meta.leader().is_none() {
+        if self.env.meta.leader().is_none() {
             return Some(ApiError::new(
                 ErrorCode::NoLeader,
                 "the node has no Raft leader",
             ));
         }
-        if !self.meta.caught_up() {
+        if !self.env.meta.caught_up() {
             return Some(ApiError::new(
                 ErrorCode::CatchingUp,
                 "the node has not yet applied the metadata the cluster committed",

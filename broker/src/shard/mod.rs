@@ -44,7 +44,7 @@ use crate::limits::{
     COLLECT_CALL_TIMEOUT, COLLECT_TOP_UP_TIMEOUT, COMMIT_BATCH_BYTES_MAX, COMMIT_BATCH_RECORDS_MAX,
     COMMIT_CALL_TIMEOUT, COMMIT_RETRY_BACKOFF_MAX_MS, COMMIT_RETRY_BACKOFF_MIN_MS, GAUGES_TIMEOUT,
     ID_INCARNATION_BITS, ID_SEQUENCE_BITS, ID_SHARD_BITS, SETTLE_CALL_TIMEOUT, STATS_CALL_TIMEOUT,
-    STOP_DRAIN_TIMEOUT, TAIL_CACHE_BYTES,
+    STOP_DRAIN_POLL, STOP_DRAIN_TIMEOUT, TAIL_CACHE_BYTES,
 };
 use crate::mesh::{Mesh, SettleOutcome, ShardGauges, ShardMsg};
 use crate::owner::{OwnerConfig, PartitionOwner, PartitionStats};
@@ -55,6 +55,7 @@ use crate::remote::{
     WireStats,
 };
 use crate::route::{consume_order, group_by, reroute_target, rotated, InOrder, Placement};
+use crate::runtime::SharedRuntime;
 use crate::settings::Settings;
 use crate::signal::Signal;
 
@@ -114,12 +115,12 @@ impl Drop for OpeningSlot<'_> {
         let Some(key) = self.key.take() else {
             return;
         };
-        let mut owners = self.shard.owners.borrow_mut();
+        let mut owners = self.shard.owners.slots.borrow_mut();
         if matches!(owners.get(&key), Some(OwnerSlot::Opening)) {
             owners.remove(&key);
         }
         drop(owners);
-        self.shard.owners_changed.notify();
+        self.shard.owners.changed.notify();
     }
 }
 
@@ -140,60 +141,86 @@ pub struct ShardIdentity {
 pub struct ShardParts {
     pub identity: ShardIdentity,
     pub settings: Arc<Settings>,
-    pub data_dir: PathBuf,
-    pub fs: NodeFs,
-    pub clock: SharedClock,
-    pub wal: Rc<Wal<NodeFs>>,
-    pub meta: Arc<MetaNode>,
-    pub receipt_key: ReceiptKey,
-    pub metrics: metrics_exporter_prometheus::PrometheusHandle,
     pub mesh: Mesh,
+    pub wal: Rc<Wal<NodeFs>>,
     /// The other nodes of the cluster; `None` for a single node.
     pub peers: Option<Arc<Peers>>,
-    /// Set once any shard's ingress WAL failed: the node answers 500 to
-    /// produces until it restarts.
-    pub node_wal_failed: Arc<AtomicBool>,
-    /// The node's connections and request bodies (for its metrics).
-    pub http_budget: Arc<NodeBudget>,
+    pub env: ShardEnv,
 }
 
 pub struct Shard {
     identity: ShardIdentity,
-    mesh: Mesh,
     settings: Arc<Settings>,
-    data_dir: PathBuf,
-    fs: NodeFs,
-    clock: SharedClock,
+    mesh: Mesh,
+    env: ShardEnv,
     wal: Rc<Wal<NodeFs>>,
-    meta: Arc<MetaNode>,
-    receipt_key: ReceiptKey,
-    owners: RefCell<HashMap<OwnerKey, OwnerSlot>>,
-    owners_changed: Signal,
-    dispatcher: RefCell<Dispatcher>,
+    /// Topics of one metadata version, shared by the requests that need them.
+    topic_cache: RefCell<TopicCache>,
+    owners: Owners,
+    dispatch: Dispatch,
+    remote: Remote,
+    flow: Flow,
+}
+
+/// What the node gives each of its shards.
+pub struct ShardEnv {
+    pub data_dir: PathBuf,
+    pub fs: NodeFs,
+    pub clock: SharedClock,
+    /// Timers and tasks (glommio in the node).
+    pub runtime: SharedRuntime,
+    pub meta: Arc<MetaNode>,
+    pub receipt_key: ReceiptKey,
+    pub metrics: metrics_exporter_prometheus::PrometheusHandle,
+    /// Set once any shard's ingress WAL failed: the node answers 500 to
+    /// produces until it restarts.
+    pub wal_failed: Arc<AtomicBool>,
+    /// The node's connections and request bodies (for its metrics).
+    pub http_budget: Arc<NodeBudget>,
+}
+
+/// The partitions of this shard, each opened on first use.
+struct Owners {
+    slots: RefCell<HashMap<OwnerKey, OwnerSlot>>,
+    /// Raised when a slot is filled or removed.
+    changed: Signal,
+}
+
+/// Accepted records on their way to their partition's owner.
+struct Dispatch {
+    queue: RefCell<Dispatcher>,
     /// Records appended to the WAL and not yet durable, in WAL order, with
-    /// where each ends: [`Self::dispatch_durable`] moves them on.
-    awaiting_durability: RefCell<VecDeque<(WalPos, Destination, DispatchRecord)>>,
-    dispatch_signal: Signal,
+    /// where each ends: [`Shard::dispatch_durable`] moves them on.
+    awaiting: RefCell<VecDeque<(WalPos, Destination, DispatchRecord)>>,
+    /// Raised when records are queued or the queue should look again.
+    signal: Signal,
+}
+
+/// This shard's side of the other nodes.
+struct Remote {
+    /// The other nodes of the cluster; `None` for a single node.
+    peers: Option<Arc<Peers>>,
+    /// Raised when messages became available here, for other nodes.
+    notice: Signal,
+    /// Requests of other nodes being answered, and a signal when one ends.
+    in_flight: Cell<usize>,
+    done: Signal,
+}
+
+/// The shard's own small state: signals, turns, and where it is in a stop.
+struct Flow {
+    /// Raised when messages became available here (long polls wait on it).
     availability: Signal,
     /// Raised when a partition queued messages for its dead-letter topic.
     dead_letters_due: Signal,
-    next_seq: Cell<u64>,
-    round_robin: Cell<u32>,
-    /// Topics of one metadata version, shared by the requests that need them.
-    topic_cache: RefCell<TopicCache>,
     stopping: Cell<bool>,
     /// Set once acks were flushed for the stop: later settles are refused,
     /// since nothing would write them.
     acks_closed: Cell<bool>,
-    metrics: metrics_exporter_prometheus::PrometheusHandle,
-    peers: Option<Arc<Peers>>,
-    /// Raised when messages became available here, for other nodes.
-    peer_notice: Signal,
-    /// Requests of other nodes being answered, and a signal when one ends.
-    remote_in_flight: Cell<usize>,
-    remote_done: Signal,
-    node_wal_failed: Arc<AtomicBool>,
-    http_budget: Arc<NodeBudget>,
+    /// The sequence of the next message id.
+    next_seq: Cell<u64>,
+    /// Rotates starts (partitions, shards, nodes, reroutes) so none starves.
+    round_robin: Cell<u32>,
 }
 
 impl Shard {
@@ -201,17 +228,10 @@ impl Shard {
         let ShardParts {
             identity,
             settings,
-            data_dir,
-            fs,
-            clock,
-            wal,
-            meta,
-            receipt_key,
-            metrics,
             mesh,
+            wal,
             peers,
-            node_wal_failed,
-            http_budget,
+            env,
         } = parts;
         let dispatcher = Dispatcher::new(DispatcherConfig {
             max_linger_ms: settings.dispatcher.max_linger_ms,
@@ -225,39 +245,40 @@ impl Shard {
         });
         Rc::new(Self {
             identity,
-            mesh,
             settings,
-            data_dir,
-            fs,
-            clock,
+            mesh,
+            env,
             wal,
-            meta,
-            receipt_key,
-            owners: RefCell::new(HashMap::new()),
-            owners_changed: Signal::default(),
-            dispatcher: RefCell::new(dispatcher),
-            awaiting_durability: RefCell::new(VecDeque::new()),
-            dispatch_signal: Signal::default(),
-            availability: Signal::default(),
-            dead_letters_due: Signal::default(),
-            next_seq: Cell::new(0),
-            round_robin: Cell::new(0),
             topic_cache: RefCell::new((None, HashMap::new())),
-            stopping: Cell::new(false),
-            acks_closed: Cell::new(false),
-            metrics,
-            peers,
-            peer_notice: Signal::default(),
-            remote_in_flight: Cell::new(0),
-            remote_done: Signal::default(),
-            node_wal_failed,
-            http_budget,
+            owners: Owners {
+                slots: RefCell::new(HashMap::new()),
+                changed: Signal::default(),
+            },
+            dispatch: Dispatch {
+                queue: RefCell::new(dispatcher),
+                awaiting: RefCell::new(VecDeque::new()),
+                signal: Signal::default(),
+            },
+            remote: Remote {
+                peers,
+                notice: Signal::default(),
+                in_flight: Cell::new(0),
+                done: Signal::default(),
+            },
+            flow: Flow {
+                availability: Signal::default(),
+                dead_letters_due: Signal::default(),
+                stopping: Cell::new(false),
+                acks_closed: Cell::new(false),
+                next_seq: Cell::new(0),
+                round_robin: Cell::new(0),
+            },
         })
     }
 
     /// The node's connections and request bodies held now.
     pub fn http_budget(&self) -> &NodeBudget {
-        &self.http_budget
+        &self.env.http_budget
     }
 
     pub fn settings(&self) -> &Settings {
@@ -265,7 +286,7 @@ impl Shard {
     }
 
     pub fn meta(&self) -> &MetaNode {
-        &self.meta
+        &self.env.meta
     }
 
     pub fn wal(&self) -> &Wal<NodeFs> {
@@ -274,15 +295,15 @@ impl Shard {
 
     /// The Prometheus text of every recorded metric.
     pub fn render_metrics(&self) -> String {
-        self.metrics.render()
+        self.env.metrics.render()
     }
 
     pub fn is_stopping(&self) -> bool {
-        self.stopping.get()
+        self.flow.stopping.get()
     }
 
     fn now(&self) -> u64 {
-        self.clock.now_ms()
+        self.env.clock.now_ms()
     }
 }
 
@@ -293,7 +314,7 @@ pub async fn every(
     tick: impl Fn(Rc<Shard>) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>,
 ) {
     while !shard.is_stopping() {
-        glommio::timer::sleep(interval).await;
+        shard.env.runtime.sleep(interval).await;
         tick(shard.clone()).await;
     }
 }

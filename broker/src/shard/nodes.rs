@@ -28,6 +28,7 @@ impl Shard {
     pub(super) fn is_dead(&self, node: NodeId) -> bool {
         node != self.me()
             && self
+                .env
                 .meta
                 .view()
                 .state
@@ -42,6 +43,7 @@ impl Shard {
     /// controller's liveness holds it alive (this node always is).
     pub fn members_alive(&self) -> Vec<(NodeId, bool)> {
         let mut members: Vec<(NodeId, bool)> = self
+            .env
             .meta
             .members()
             .into_iter()
@@ -56,7 +58,7 @@ impl Shard {
 
     pub(super) fn live_nodes(&self) -> Vec<NodeId> {
         let mut nodes = vec![self.me()];
-        if let Some(peers) = &self.peers {
+        if let Some(peers) = &self.remote.peers {
             nodes.extend(peers.others().filter(|n| !self.is_dead(*n)));
         }
         nodes.sort_unstable();
@@ -77,7 +79,7 @@ impl Shard {
         request: &DataRequest,
         timeout: Duration,
     ) -> Result<DataAnswer, CallError> {
-        match &self.peers {
+        match &self.remote.peers {
             Some(peers) => peers.call(node, request, timeout).await,
             None => Err(CallError::Unreachable(format!(
                 "node {node} is not a member of this single-node cluster"

@@ -12,15 +12,16 @@ impl Shard {
         );
         let key = (topic.name.clone(), topic.incarnation, partition);
         loop {
-            let seen = self.owners_changed.version();
-            match self.owners.borrow().get(&key) {
+            let seen = self.owners.changed.version();
+            match self.owners.slots.borrow().get(&key) {
                 Some(OwnerSlot::Ready(owner)) => return Ok(owner.clone()),
                 Some(OwnerSlot::Opening) => {}
                 None => break,
             }
-            self.owners_changed.changed(seen).await;
+            self.owners.changed.changed(seen).await;
         }
         self.owners
+            .slots
             .borrow_mut()
             .insert(key.clone(), OwnerSlot::Opening);
         // Opening reads the partition's files and may take a while; if this
@@ -32,7 +33,7 @@ impl Shard {
         };
         let opened = self.open_owner(topic, partition).await;
         opening.settled();
-        let mut owners = self.owners.borrow_mut();
+        let mut owners = self.owners.slots.borrow_mut();
         let result = match opened {
             Ok(owner) => {
                 let owner = Rc::new(owner);
@@ -45,7 +46,7 @@ impl Shard {
             }
         };
         drop(owners);
-        self.owners_changed.notify();
+        self.owners.changed.notify();
         result
     }
 
@@ -63,9 +64,10 @@ impl Shard {
                 .min(self.settings.storage.segment_bytes),
             retention_ms: topic.config.retention_ms,
         };
-        let (log, recovery) = PartitionLog::open(&self.fs, &dir, log_config, self.clock.clone())
-            .await
-            .map_err(|e| from_storage(&e))?;
+        let (log, recovery) =
+            PartitionLog::open(&self.env.fs, &dir, log_config, self.env.clock.clone())
+                .await
+                .map_err(|e| from_storage(&e))?;
         if recovery.torn_tail || recovery.corrupt_records > 0 {
             tracing::warn!(topic = %topic.name, partition, ?recovery, "partition log recovered");
         }
@@ -75,10 +77,10 @@ impl Shard {
             ..ConsumerConfig::default()
         };
         let acks = ConsumerState::open(
-            &self.fs,
+            &self.env.fs,
             &dir.join("consumer"),
             consumer_config,
-            self.clock.clone(),
+            self.env.clock.clone(),
         )
         .await
         .map_err(|e| from_storage(&e))?;
@@ -91,6 +93,7 @@ impl Shard {
 
     pub(super) fn open_owners(&self) -> Vec<Owner> {
         self.owners
+            .slots
             .borrow()
             .values()
             .filter_map(|slot| match slot {

@@ -6,8 +6,8 @@ use super::*;
 
 impl Shard {
     pub(super) fn next_id(&self) -> u128 {
-        let seq = self.next_seq.get();
-        self.next_seq.set(seq + 1);
+        let seq = self.flow.next_seq.get();
+        self.flow.next_seq.set(seq + 1);
         message_id(self.identity, seq)
     }
 
@@ -15,15 +15,15 @@ impl Shard {
         match key {
             Some(key) => partition_for_key(key, topic.config.partitions),
             None => {
-                let next = self.round_robin.get().wrapping_add(1);
-                self.round_robin.set(next);
+                let next = self.flow.round_robin.get().wrapping_add(1);
+                self.flow.round_robin.set(next);
                 next % topic.config.partitions.max(1)
             }
         }
     }
 
     pub(super) fn refuse_if_stopping(&self) -> Result<(), ApiError> {
-        if self.stopping.get() {
+        if self.flow.stopping.get() {
             return Err(ApiError::new(
                 ErrorCode::Stopping,
                 "the node is stopping; send to another node",
@@ -36,10 +36,10 @@ impl Shard {
     /// answers 500 to produces until it restarts (not only that shard).
     pub(super) fn refuse_if_wal_failed(&self) -> Result<(), ApiError> {
         if let Some(reason) = self.wal.failure() {
-            self.node_wal_failed.store(true, Ordering::SeqCst);
+            self.env.wal_failed.store(true, Ordering::SeqCst);
             return Err(from_storage(&StorageError::WalFailed { reason }));
         }
-        if self.node_wal_failed.load(Ordering::SeqCst) {
+        if self.env.wal_failed.load(Ordering::SeqCst) {
             return Err(ApiError::new(
                 ErrorCode::WalFailed,
                 "an ingress WAL of this node failed; it takes no produces until it restarts",
@@ -128,7 +128,7 @@ impl Shard {
     /// written again into this shard's ring, dispatched, and the old ring is
     /// removed. A crash half way writes some of them twice, never none.
     pub async fn adopt_wal(self: Rc<Self>, dir: PathBuf, config: WalConfig) {
-        let (orphan, recovery) = match Wal::open(&self.fs, &dir, config).await {
+        let (orphan, recovery) = match Wal::open(&self.env.fs, &dir, config).await {
             Ok(opened) => opened,
             Err(error) => {
                 tracing::error!(dir = %dir.display(), %error, "cannot open the WAL of a removed shard; leaving it in place");
@@ -155,7 +155,7 @@ impl Shard {
                     Ok(appended) => break appended,
                     // The ring frees space as the dispatcher commits.
                     Err(StorageError::WalFull { .. }) => {
-                        glommio::timer::sleep(ADOPT_FULL_RETRY).await;
+                        self.env.runtime.sleep(ADOPT_FULL_RETRY).await;
                     }
                     Err(error) => {
                         tracing::error!(dir = %dir.display(), %error, "adopting a removed shard's WAL failed; it stays for the next start");
@@ -190,7 +190,7 @@ impl Shard {
         }
         orphan.close();
         drop(orphan);
-        match std::fs::remove_dir_all(&dir) {
+        match self.env.fs.remove_dir_all(&dir).await {
             Ok(()) => {
                 tracing::info!(dir = %dir.display(), records = total, "adopted the WAL of a removed shard")
             }
@@ -214,7 +214,8 @@ impl Shard {
             topic: Rc::from(topic),
             partition,
         };
-        self.awaiting_durability
+        self.dispatch
+            .awaiting
             .borrow_mut()
             .push_back((end, destination, record));
         if end <= self.wal.durable_end() {
@@ -230,9 +231,9 @@ impl Shard {
         let awaiting = if self.wal.failure().is_some() {
             0
         } else {
-            self.awaiting_durability.borrow().len()
+            self.dispatch.awaiting.borrow().len()
         };
-        awaiting + self.dispatcher.borrow().pending_records()
+        awaiting + self.dispatch.queue.borrow().pending_records()
     }
 
     /// Moves every record the WAL made durable to the dispatcher. The WAL's
@@ -240,8 +241,8 @@ impl Shard {
     pub fn dispatch_durable(&self) {
         let durable_end = self.wal.durable_end();
         let now = self.now();
-        let mut waiting = self.awaiting_durability.borrow_mut();
-        let mut dispatcher = self.dispatcher.borrow_mut();
+        let mut waiting = self.dispatch.awaiting.borrow_mut();
+        let mut dispatcher = self.dispatch.queue.borrow_mut();
         let mut moved = false;
         while waiting
             .front()
@@ -254,14 +255,14 @@ impl Shard {
         }
         drop((waiting, dispatcher));
         if moved {
-            self.dispatch_signal.notify();
+            self.dispatch.signal.notify();
         }
     }
 
     /// Hands records recovered from the WAL to the dispatcher again.
     pub fn redispatch(&self, records: Vec<(u64, WalRecord)>) {
         let now = self.now();
-        let mut dispatcher = self.dispatcher.borrow_mut();
+        let mut dispatcher = self.dispatch.queue.borrow_mut();
         for (pos, record) in records {
             let destination = Destination {
                 topic: Rc::from(record.topic.as_str()),
@@ -281,6 +282,6 @@ impl Shard {
             );
         }
         drop(dispatcher);
-        self.dispatch_signal.notify();
+        self.dispatch.signal.notify();
     }
 }

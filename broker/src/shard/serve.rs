@@ -11,11 +11,13 @@ impl Shard {
     ) {
         while let Some(message) = inbox.recv().await {
             if let ShardMsg::Available = message {
-                self.availability.notify();
+                self.flow.availability.notify();
                 continue;
             }
             let shard = self.clone();
-            glommio::spawn_local(async move { shard.answer(message).await }).detach();
+            self.env
+                .runtime
+                .spawn(Box::pin(async move { shard.answer(message).await }));
         }
     }
 
@@ -30,21 +32,20 @@ impl Shard {
             // Once stopping, commits are refused before they touch a log:
             // the sender keeps the records and commits them again later,
             // rather than a commit landing whose answer never leaves.
-            if self.stopping.get() && matches!(request, DataRequest::Commit { .. }) {
+            if self.flow.stopping.get() && matches!(request, DataRequest::Commit { .. }) {
                 let stopping = ApiError::new(ErrorCode::Stopping, "the owner is stopping");
                 let _ = reply.send(DataAnswer::failed(&stopping));
                 continue;
             }
             let shard = self.clone();
-            shard.remote_in_flight.set(shard.remote_in_flight.get() + 1);
-            glommio::spawn_local(async move {
+            shard.remote.in_flight.set(shard.remote.in_flight.get() + 1);
+            self.env.runtime.spawn(Box::pin(async move {
                 // A caller that gave up dropped its end: leases it would have
                 // received expire and the messages are delivered again.
                 let _ = reply.send(shard.answer_remote(request).await);
-                shard.remote_in_flight.set(shard.remote_in_flight.get() - 1);
-                shard.remote_done.notify();
-            })
-            .detach();
+                shard.remote.in_flight.set(shard.remote.in_flight.get() - 1);
+                shard.remote.done.notify();
+            }));
         }
     }
 
@@ -125,8 +126,8 @@ impl Shard {
                     Err(error) => return failed(error),
                 };
                 let partitions = self.own_partitions(&topic, partitions);
-                let rotation = self.round_robin.get().wrapping_add(1);
-                self.round_robin.set(rotation);
+                let rotation = self.flow.round_robin.get().wrapping_add(1);
+                self.flow.round_robin.set(rotation);
                 match self
                     .collect_on_node(&topic, partitions, max as usize, visibility_ms, rotation)
                     .await
@@ -185,10 +186,10 @@ impl Shard {
                 }
             }
             DataRequest::Available { from } => {
-                if let Some(peers) = &self.peers {
+                if let Some(peers) = &self.remote.peers {
                     peers.heard_available(from, self.now());
                 }
-                self.availability.notify();
+                self.flow.availability.notify();
                 self.mesh.announce_available();
                 DataAnswer::Done
             }
@@ -243,7 +244,7 @@ impl Shard {
             ShardMsg::Gauges { reply } => {
                 let _ = reply.send(self.local_gauges());
             }
-            ShardMsg::Available => self.availability.notify(),
+            ShardMsg::Available => self.flow.availability.notify(),
         }
     }
 }

@@ -116,7 +116,7 @@ impl Shard {
     /// Decodes a receipt: 400 if forged or of another topic, 410 if it comes
     /// from an earlier start of the node or names a partition that is gone.
     pub(super) fn check_receipt(&self, topic: &Topic, text: &str) -> Result<Receipt, ApiError> {
-        let receipt = Receipt::decode(text, &topic.name, &self.receipt_key)?;
+        let receipt = Receipt::decode(text, &topic.name, &self.env.receipt_key)?;
         if receipt.owner_epoch != self.identity.incarnation
             || receipt.partition >= topic.config.partitions
         {
@@ -132,7 +132,7 @@ impl Shard {
         receipts: Vec<Receipt>,
         action: SettleAction,
     ) -> Vec<SettleOutcome> {
-        if self.acks_closed.get() {
+        if self.flow.acks_closed.get() {
             let stopping = ApiError::new(ErrorCode::Stopping, "the node is stopping");
             return vec![Err(stopping); receipts.len()];
         }
@@ -141,7 +141,7 @@ impl Shard {
             .into_iter()
             .map(|receipt| {
                 let key = (topic.name.clone(), topic.incarnation, receipt.partition);
-                let owner = match self.owners.borrow().get(&key) {
+                let owner = match self.owners.slots.borrow().get(&key) {
                     Some(OwnerSlot::Ready(owner)) => owner.clone(),
                     _ => return Err(Self::lease_gone()),
                 };
@@ -162,7 +162,7 @@ impl Shard {
                     SettleAction::Nack { delay_ms } => {
                         let nacked = owner.nack(offset, lease, delay_ms, now).map(|()| None);
                         if owner.has_dead_letters() {
-                            self.dead_letters_due.notify();
+                            self.flow.dead_letters_due.notify();
                         }
                         nacked
                     }

@@ -7,24 +7,24 @@ impl Shard {
     /// commit what it holds (other shards keep answering commits until every
     /// shard finished this half).
     pub async fn drain(&self) {
-        self.stopping.set(true);
-        self.availability.notify();
-        self.dispatch_signal.notify();
-        let deadline = std::time::Instant::now() + STOP_DRAIN_TIMEOUT;
-        while self.undispatched() > 0 && std::time::Instant::now() < deadline {
-            let seen = self.dispatch_signal.version();
+        self.flow.stopping.set(true);
+        self.flow.availability.notify();
+        self.dispatch.signal.notify();
+        let deadline = self.now() + STOP_DRAIN_TIMEOUT.as_millis() as u64;
+        while self.undispatched() > 0 && self.now() < deadline {
+            let seen = self.dispatch.signal.version();
             futures_lite::future::or(
-                self.dispatch_signal.changed(seen),
-                glommio::timer::sleep(Duration::from_millis(50)),
+                self.dispatch.signal.changed(seen),
+                self.env.runtime.sleep(STOP_DRAIN_POLL),
             )
             .await;
         }
         // Commits other nodes sent before the stop finish and are answered.
-        while self.remote_in_flight.get() > 0 && std::time::Instant::now() < deadline {
-            let seen = self.remote_done.version();
+        while self.remote.in_flight.get() > 0 && self.now() < deadline {
+            let seen = self.remote.done.version();
             futures_lite::future::or(
-                self.remote_done.changed(seen),
-                glommio::timer::sleep(Duration::from_millis(50)),
+                self.remote.done.changed(seen),
+                self.env.runtime.sleep(STOP_DRAIN_POLL),
             )
             .await;
         }
@@ -40,7 +40,7 @@ impl Shard {
     /// Graceful stop, second half: sync the WAL checkpoint and flush every
     /// ack to disk.
     pub async fn finish(&self) {
-        self.acks_closed.set(true);
+        self.flow.acks_closed.set(true);
         self.wal.close();
         if let Err(error) = self.wal.checkpoint().await {
             tracing::error!(%error, "final WAL checkpoint failed");

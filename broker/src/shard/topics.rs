@@ -7,7 +7,7 @@ impl Shard {
     /// The topic, or 404 `topic_not_found` at once. Served from a cache of
     /// the current metadata version, so a request does not copy the topic.
     pub fn topic(&self, name: &str) -> Result<Rc<Topic>, ApiError> {
-        let view = self.meta.view();
+        let view = self.env.meta.view();
         let mut cache = self.topic_cache.borrow_mut();
         if !cache
             .0
@@ -23,7 +23,7 @@ impl Shard {
         let Some(topic) = view.state.topics.get(name).cloned() else {
             // A node still learning the cluster's metadata cannot say a
             // topic is missing: 404 is final for a client, 503 is retried.
-            if !self.meta.caught_up() {
+            if !self.env.meta.caught_up() {
                 return Err(ApiError::new(
                     ErrorCode::CatchingUp,
                     format!(
@@ -42,7 +42,14 @@ impl Shard {
     }
 
     pub fn topics(&self) -> Vec<Topic> {
-        self.meta.view().state.topics.values().cloned().collect()
+        self.env
+            .meta
+            .view()
+            .state
+            .topics
+            .values()
+            .cloned()
+            .collect()
     }
 
     /// Creates or updates a topic through the metastore. Returns whether it
@@ -52,7 +59,7 @@ impl Shard {
         name: &str,
         patch: TopicPatch,
     ) -> Result<(bool, Topic), ApiError> {
-        let existing = self.meta.view().state.topics.get(name).cloned();
+        let existing = self.env.meta.view().state.topics.get(name).cloned();
         let base = existing
             .as_ref()
             .map(|t| t.config.clone())
@@ -101,6 +108,7 @@ impl Shard {
             now_ms: self.now(),
         };
         let applied = self
+            .env
             .meta
             .propose(command)
             .await
@@ -121,7 +129,8 @@ impl Shard {
 
     pub async fn delete_topic(&self, name: &str) -> Result<(), ApiError> {
         self.topic(name)?;
-        self.meta
+        self.env
+            .meta
             .propose(Command::DeleteTopic {
                 name: name.to_string(),
             })
@@ -137,9 +146,9 @@ impl Shard {
     /// partitions of deleted topics close, topic updates (retention,
     /// `max_deliveries`) apply.
     pub fn reconcile_owners(&self) {
-        let view = self.meta.view();
+        let view = self.env.meta.view();
         let topics = &view.state.topics;
-        let mut owners = self.owners.borrow_mut();
+        let mut owners = self.owners.slots.borrow_mut();
         owners.retain(|(name, incarnation, _), _| {
             topics
                 .get(name)
@@ -154,7 +163,7 @@ impl Shard {
 
     /// Reconciles on every metadata change, whichever shard or node made it.
     pub async fn watch_topics(self: Rc<Self>) {
-        let mut changes = self.meta.subscribe();
+        let mut changes = self.env.meta.subscribe();
         self.reap_deleted_topics().await;
         while changes.changed().await.is_ok() {
             self.reconcile_owners();
@@ -168,14 +177,14 @@ impl Shard {
     /// node's view may merely be unknown yet). Through the file seam, off
     /// the executor.
     pub(super) async fn reap_deleted_topics(&self) {
-        if self.identity.shard_id != 0 || !self.meta.caught_up() {
+        if self.identity.shard_id != 0 || !self.env.meta.caught_up() {
             return;
         }
-        let root = self.data_dir.join("partitions");
-        let Ok(entries) = self.fs.list_dir(&root).await else {
+        let root = self.env.data_dir.join("partitions");
+        let Ok(entries) = self.env.fs.list_dir(&root).await else {
             return;
         };
-        let view = self.meta.view();
+        let view = self.env.meta.view();
         for entry in entries {
             let Some((name, incarnation)) = entry
                 .rsplit_once('-')
@@ -192,7 +201,7 @@ impl Shard {
                 continue;
             }
             let dir = root.join(&entry);
-            match self.fs.remove_dir_all(&dir).await {
+            match self.env.fs.remove_dir_all(&dir).await {
                 Ok(()) => {
                     tracing::info!(dir = %dir.display(), "removed the partitions of a deleted topic")
                 }
@@ -204,7 +213,8 @@ impl Shard {
     }
 
     pub(super) fn topic_dir(&self, name: &str, incarnation: u64) -> PathBuf {
-        self.data_dir
+        self.env
+            .data_dir
             .join("partitions")
             .join(format!("{name}-{incarnation}"))
     }
@@ -220,6 +230,7 @@ impl Shard {
         let mut figures = self.stats_on_node(topic, local).await?;
         for (node, partitions) in remote {
             let unreachable = self
+                .remote
                 .peers
                 .as_ref()
                 .is_some_and(|p| p.recently_unreachable(node, self.now()));
@@ -238,7 +249,7 @@ impl Shard {
                 Ok(_) => tracing::warn!(node, "partition figures: an odd answer"),
                 Err(CallError::Unreachable(reason)) => {
                     tracing::debug!(node, reason, "partition figures: no answer from a node");
-                    if let Some(peers) = &self.peers {
+                    if let Some(peers) = &self.remote.peers {
                         peers.unreachable(node, self.now());
                     }
                 }

@@ -1,0 +1,366 @@
+//! Starting and stopping a node: the data folder's identity files, the
+//! metastore, one glommio executor per shard with its background tasks and
+//! its listener on the shared client port, and a graceful stop on SIGTERM or
+//! SIGINT.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, OnceLock};
+use std::time::Duration;
+
+use futures_channel::mpsc::UnboundedReceiver;
+use glommio::net::TcpListener;
+use glommio::{LocalExecutorBuilder, Placement};
+use narad_net::http_server::{serve, Handler, HttpRequest, NodeBudget, ServerLimits};
+use narad_net::peer::{PeerEndpoint, PeerHandler, PeerTls};
+use narad_raft::node::{BoxFuture, MetaNode, MetaNodeConfig, PeerCaller};
+use narad_storage::clock::{SharedClock, SystemClock};
+use narad_storage::io::blocking::BlockingFs;
+use narad_storage::io::faulty::{remove_unsynced_files, FaultControl};
+use narad_storage::io::glommio_fs::GlommioFs;
+use narad_storage::wal::{Wal, WalConfig};
+
+use crate::config::Config;
+use crate::limits::{
+    CLUSTER_CATCH_UP_WAIT, IDLE_PARTITION_FIRST_OPEN, IDLE_PARTITION_OPEN_INTERVAL,
+    META_CATCH_UP_TIMEOUT, STOP_BARRIER_TIMEOUT, STOP_POLL_INTERVAL,
+};
+use crate::mesh::{self, MeshEnds};
+use crate::metric_names::{
+    CONSUME_LONG_POLLS_WAITING, DISPATCHER_COMMIT_RECORDS, DISPATCHER_REROUTES_TOTAL,
+    STORAGE_CORRUPT_RECORDS_TOTAL, WAL_RECORDS_PER_SYNC, WAL_SYNC_SECONDS,
+};
+use crate::receipt::ReceiptKey;
+use crate::remote::{self, DataInbox, Inbound, Peers};
+use crate::runtime::GlommioRuntime;
+use crate::settings::Settings;
+use crate::shard::{every, NodeFs, Shard, ShardEnv, ShardIdentity, ShardParts};
+
+mod faults;
+mod folder;
+mod peers;
+mod shard_thread;
+mod telemetry;
+
+use faults::fault_control;
+use folder::{draw_incarnation, lock_data_dir, next_epoch, receipt_key, refuse_port_in_use};
+use peers::{parse_peers, peer_tls, QuicCaller};
+use shard_thread::run_shard;
+use telemetry::install_metrics;
+
+const IO_MEMORY_BYTES: usize = 16 * 1024 * 1024;
+/// JSON framing and base64 can grow a batch's values; leave room for it.
+const BODY_BYTES_SLACK: u64 = 64 * 1024;
+
+/// Blocks SIGTERM and SIGINT in this thread (and the threads it starts) and
+/// returns a flag that a signal thread sets when one arrives (it also tells
+/// `stopping`).
+fn stop_on_signal(stopping: mpsc::Sender<()>) -> Result<Arc<AtomicBool>, String> {
+    // SAFETY: plain libc signal-mask calls on a zeroed, then filled, sigset.
+    let set = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        if libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
+            return Err("could not block SIGTERM".into());
+        }
+        set
+    };
+    let flag = Arc::new(AtomicBool::new(false));
+    let raised = flag.clone();
+    std::thread::Builder::new()
+        .name("narad-signals".into())
+        .spawn(move || {
+            let mut signal: libc::c_int = 0;
+            // SAFETY: waits on the signals blocked above.
+            let result = unsafe { libc::sigwait(&set, &mut signal) };
+            if result == 0 {
+                tracing::info!(signal, "stopping gracefully");
+                raised.store(true, Ordering::SeqCst);
+                let _ = stopping.send(());
+            }
+        })
+        .map_err(|e| e.to_string())?;
+    Ok(flag)
+}
+
+/// What a starting shard tells the main thread.
+enum Startup {
+    /// The client listener is bound here (the other shards share the port).
+    Bound(SocketAddr),
+    Serving,
+    Failed(String),
+}
+
+/// What every shard of the node shares: the stop flag and the two barriers
+/// of a graceful stop. Not on the data path.
+struct NodeShared {
+    shards: usize,
+    /// The node has peers (it may start before the cluster has a leader).
+    clustered: bool,
+    stop: Arc<AtomicBool>,
+    /// Shards whose dispatcher drained (commits may still cross shards).
+    drained: AtomicUsize,
+    /// Shards that synced their checkpoint and acks.
+    finished: AtomicUsize,
+    /// Set once any shard's ingress WAL failed.
+    wal_failed: Arc<AtomicBool>,
+    /// Connections and request bodies the node's clients hold, all shards.
+    http_budget: Arc<NodeBudget>,
+}
+
+impl NodeShared {
+    /// Waits until `counter` counts every shard, or the deadline passes.
+    async fn barrier(&self, counter: &AtomicUsize, what: &str) {
+        counter.fetch_add(1, Ordering::SeqCst);
+        let deadline = std::time::Instant::now() + STOP_BARRIER_TIMEOUT;
+        while counter.load(Ordering::SeqCst) < self.shards {
+            if std::time::Instant::now() >= deadline {
+                tracing::warn!(what, "stopping without waiting longer for other shards");
+                return;
+            }
+            glommio::timer::sleep(STOP_POLL_INTERVAL).await;
+        }
+    }
+}
+
+/// Everything one shard needs to start, moved into its thread.
+struct ShardStart {
+    index: usize,
+    common: ShardCommon,
+    listen: SocketAddr,
+    ends: MeshEnds,
+    startup: mpsc::Sender<Startup>,
+    inbox: Option<UnboundedReceiver<Inbound>>,
+}
+
+/// What every shard of the node starts with.
+#[derive(Clone)]
+struct ShardCommon {
+    settings: Arc<Settings>,
+    data_dir: PathBuf,
+    /// The node's identity (each shard sets its own `shard_id`).
+    identity: ShardIdentity,
+    key: ReceiptKey,
+    meta: Arc<MetaNode>,
+    node: Arc<NodeShared>,
+    metrics: metrics_exporter_prometheus::PrometheusHandle,
+    faults: Arc<FaultControl>,
+    peers: Option<Arc<Peers>>,
+}
+
+/// The number of shards: `shards`, or every online CPU when 0.
+fn shard_count(settings: &Settings) -> usize {
+    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+    match settings.shards {
+        0 => cpus,
+        n => usize::try_from(n).unwrap_or(cpus),
+    }
+}
+
+/// Runs a node until SIGTERM or SIGINT; returns once it stopped gracefully.
+pub fn run(config: Config) -> Result<(), String> {
+    let settings = Arc::new(Settings::from_config(&config)?);
+    let data_dir: PathBuf = settings.data_dir.clone();
+    std::fs::create_dir_all(&data_dir)
+        .map_err(|e| format!("creating {}: {e}", data_dir.display()))?;
+    // glommio opens directories relative to no directory at all: give it an
+    // absolute path (the default `./narad-data` is relative).
+    let data_dir = std::fs::canonicalize(&data_dir)
+        .map_err(|e| format!("resolving {}: {e}", data_dir.display()))?;
+    let _lock = lock_data_dir(&data_dir)?;
+    refuse_port_in_use(settings.listen)?;
+    let incarnation = draw_incarnation()?;
+    let shards = shard_count(&settings);
+    let node_id = settings.node_id;
+    // Signals are blocked before any thread starts, so every thread
+    // inherits the mask and only the signal thread takes SIGTERM.
+    let (stopping, stop_signalled) = mpsc::channel();
+    let stop = stop_on_signal(stopping.clone())?;
+    let faults = fault_control(&settings, &data_dir)?;
+    let blocking_fs = BlockingFs::with_faults(faults.clone());
+    let epoch = next_epoch(&blocking_fs, &data_dir)?;
+    let metrics = install_metrics()?;
+    metrics::gauge!(CONSUME_LONG_POLLS_WAITING).set(0.0);
+    metrics::counter!(DISPATCHER_REROUTES_TOTAL).absolute(0);
+    metrics::counter!(STORAGE_CORRUPT_RECORDS_TOTAL).increment(0);
+    let key = receipt_key(&blocking_fs, &data_dir)?;
+    let peer = settings.peer_listen;
+    let members = parse_peers(&settings, node_id)?;
+    let clustered = !members.is_empty();
+    let mut meta_config =
+        MetaNodeConfig::single(u64::from(node_id), data_dir.join("raft"), peer.to_string());
+    meta_config.snapshot_after_entries = settings.raft.snapshot_after_entries;
+    meta_config.liveness_interval_ms = settings.cluster.heartbeat_interval_ms;
+    meta_config.node_dead_after_ms = settings.cluster.node_dead_after_ms;
+    meta_config.fs = blocking_fs;
+    // With peers: QUIC up first (the metastore talks through it), the
+    // metastore handed to its handler once started.
+    let served_meta: Arc<OnceLock<Arc<MetaNode>>> = Arc::default();
+    // Data-plane requests from other nodes go to the shards through this.
+    let inbox = Arc::new(DataInbox::new());
+    let mut peers = None;
+    let endpoint = if clustered {
+        let tls = peer_tls(&settings)?;
+        let handler_meta = served_meta.clone();
+        let handler_inbox = inbox.clone();
+        let handler: PeerHandler = Arc::new(move |kind, payload| {
+            if remote::is_data_kind(kind) {
+                return handler_inbox.handle(payload);
+            }
+            match handler_meta.get() {
+                Some(meta) => meta.serve(kind, payload),
+                None => Box::pin(async { Err("the metastore is starting".to_string()) }),
+            }
+        });
+        let endpoint = PeerEndpoint::start(peer, &tls, handler)
+            .map_err(|e| format!("starting QUIC on {peer}: {e}"))?;
+        peers = Some(Arc::new(Peers::new(
+            u64::from(node_id),
+            endpoint.clone(),
+            &members,
+        )?));
+        meta_config.members = members;
+        meta_config.caller = Some(Arc::new(QuicCaller(endpoint.clone())));
+        Some(endpoint)
+    } else {
+        None
+    };
+    let meta = MetaNode::start(meta_config).map_err(|e| format!("starting the metastore: {e}"))?;
+    let meta = Arc::new(meta);
+    let _ = served_meta.set(meta.clone());
+    let node = Arc::new(NodeShared {
+        shards,
+        clustered,
+        stop,
+        drained: AtomicUsize::new(0),
+        finished: AtomicUsize::new(0),
+        wal_failed: Arc::default(),
+        http_budget: NodeBudget::new(
+            usize::try_from(settings.http.max_connections).unwrap_or(usize::MAX),
+            settings.http.max_buffered_body_bytes,
+        ),
+    });
+    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+    let (startup, started) = mpsc::channel();
+    let mut listen = settings.listen;
+    let mut handles = Vec::with_capacity(shards);
+    let mut inboxes = inbox.wire(shards).into_iter();
+    let common = ShardCommon {
+        settings: settings.clone(),
+        data_dir: data_dir.clone(),
+        identity: ShardIdentity {
+            node_id,
+            shard_id: 0,
+            epoch,
+            incarnation,
+        },
+        key: key.clone(),
+        meta: meta.clone(),
+        node: node.clone(),
+        metrics: metrics.clone(),
+        faults: faults.clone(),
+        peers: peers.clone(),
+    };
+    for (index, ends) in mesh::wire(shards).into_iter().enumerate() {
+        let start = ShardStart {
+            index,
+            common: common.clone(),
+            listen,
+            ends,
+            startup: startup.clone(),
+            inbox: inboxes.next(),
+        };
+        // One shard per core is the production shape: pin each to its core.
+        // Fewer shards than cores (tests, small hosts) leave placement to
+        // the kernel.
+        let placement = if shards == cpus {
+            Placement::Fixed(index)
+        } else {
+            Placement::Unbound
+        };
+        let handle = LocalExecutorBuilder::new(placement)
+            .name(&format!("narad-shard-{index}"))
+            .io_memory(IO_MEMORY_BYTES)
+            .spawn(move || async move {
+                let startup = start.startup.clone();
+                let result = run_shard(start).await;
+                if let Err(error) = &result {
+                    let _ = startup.send(Startup::Failed(error.clone()));
+                }
+                result
+            })
+            .map_err(|e| format!("starting shard {index}: {e}"))?;
+        handles.push(handle);
+        if index == 0 {
+            // Port 0 picks a free port: every other shard joins the one
+            // shard 0 got.
+            match started.recv() {
+                Ok(Startup::Bound(addr)) => listen = addr,
+                Ok(Startup::Failed(error)) => return Err(error),
+                Ok(Startup::Serving) | Err(_) => {
+                    return Err("shard 0 stopped while starting".into());
+                }
+            }
+        }
+    }
+    let mut serving = 0;
+    while serving < shards {
+        match started.recv() {
+            Ok(Startup::Serving) => serving += 1,
+            Ok(Startup::Bound(_)) => {}
+            // A shard that failed leaves the others waiting for it: the
+            // caller exits the process.
+            Ok(Startup::Failed(error)) => return Err(error),
+            Err(_) => return Err("a shard stopped while starting".into()),
+        }
+    }
+    // The documented listening line: scripts and tests parse it.
+    let peer_addr = endpoint.as_ref().map_or(peer, |e| e.local_addr());
+    println!("listening client={listen} peer={peer_addr}");
+    let _ = std::io::stdout().flush();
+    tracing::info!(client = %listen, shards, "serving");
+    // Leadership moves while the shards drain: the successor takes over
+    // before this node's QUIC goes away, and the node's own partitions keep
+    // answering other nodes meanwhile.
+    let handing_over = {
+        let meta = meta.clone();
+        std::thread::Builder::new()
+            .name("narad-handover".into())
+            .spawn(move || {
+                let _ = stop_signalled.recv();
+                let started = std::time::Instant::now();
+                if let Some(successor) = meta.hand_over_leadership() {
+                    let took_ms = started.elapsed().as_millis();
+                    tracing::info!(successor, took_ms, "handed Raft leadership over");
+                }
+            })
+            .map_err(|e| format!("starting the handover thread: {e}"))?
+    };
+    let mut result = Ok(());
+    for (index, handle) in handles.into_iter().enumerate() {
+        match handle.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => result = Err(error),
+            Err(error) => result = Err(format!("shard {index} ended badly: {error}")),
+        }
+    }
+    // Other nodes' requests have no shard to go to any more.
+    inbox.close();
+    // Shards that ended without a signal (a failure) hand over too.
+    let _ = stopping.send(());
+    let _ = handing_over.join();
+    if let Some(endpoint) = &endpoint {
+        endpoint.shutdown();
+    }
+    drop(served_meta);
+    if let Ok(meta) = Arc::try_unwrap(meta) {
+        meta.shutdown();
+    }
+    result
+}

@@ -1,0 +1,213 @@
+//! One shard's thread: its listener, WAL, metastore wait, the shard and
+//! its background tasks, serving until the stop, and the two halves of the
+//! graceful stop.
+
+use super::telemetry::METRICS_UPKEEP_INTERVAL;
+use super::*;
+
+pub(super) async fn run_shard(start: ShardStart) -> Result<(), String> {
+    let ShardStart {
+        index,
+        common,
+        listen,
+        ends,
+        startup,
+        inbox: remote_inbox,
+    } = start;
+    let ShardCommon {
+        settings,
+        data_dir,
+        identity,
+        key,
+        meta,
+        node,
+        metrics,
+        faults,
+        peers,
+    } = common;
+    // Connecting waits for every peer to connect too: start it first, so a
+    // slow bind here never holds another shard.
+    let connecting = glommio::spawn_local(ends.connect());
+    let listener = TcpListener::bind(listen).map_err(|e| format!("listening on {listen}: {e}"))?;
+    let local = listener.local_addr().map_err(|e| e.to_string())?;
+    let _ = startup.send(Startup::Bound(local));
+    let (mesh, inbox) = connecting.await;
+
+    let disk = GlommioFs::new(&data_dir)
+        .await
+        .map_err(|e| format!("preparing {}: {e}", data_dir.display()))?;
+    let fs = NodeFs::wrap(disk, faults);
+    let clock: SharedClock = Rc::new(SystemClock);
+    let wal_config = WalConfig {
+        ring_bytes: settings.storage.wal_ring_bytes,
+    };
+    let wal_dir = data_dir.join("wal");
+    let (wal, recovery) = Wal::open(&fs, &wal_dir.join(format!("shard-{index}")), wal_config)
+        .await
+        .map_err(|e| format!("opening the ingress WAL of shard {index}: {e}"))?;
+    if node.clustered {
+        // A cluster may have no leader yet (its other nodes are starting):
+        // serve anyway; /readyz says no_leader until there is one.
+        if let Err(error) = meta.wait_caught_up(CLUSTER_CATCH_UP_WAIT).await {
+            tracing::info!(%error, "serving before the metastore has a leader");
+        }
+    } else {
+        meta.wait_caught_up(META_CATCH_UP_TIMEOUT)
+            .await
+            .map_err(|e| format!("metastore did not catch up: {e}"))?;
+    }
+    let identity = ShardIdentity {
+        shard_id: u16::try_from(index).map_err(|_| "too many shards".to_string())?,
+        ..identity
+    };
+    let shard = Shard::new(ShardParts {
+        identity,
+        settings: settings.clone(),
+        mesh,
+        wal: wal.clone(),
+        peers,
+        env: ShardEnv {
+            data_dir: data_dir.clone(),
+            fs,
+            clock,
+            runtime: Rc::new(GlommioRuntime),
+            meta,
+            receipt_key: key,
+            metrics: metrics.clone(),
+            wal_failed: node.wal_failed.clone(),
+            http_budget: node.http_budget.clone(),
+        },
+    });
+    for inbox in inbox {
+        glommio::spawn_local(shard.clone().serve_peers(inbox)).detach();
+    }
+    glommio::spawn_local(shard.clone().watch_topics()).detach();
+    if let Some(remote_inbox) = remote_inbox {
+        glommio::spawn_local(shard.clone().serve_remote(remote_inbox)).detach();
+    }
+    glommio::spawn_local(shard.clone().notify_peers()).detach();
+    glommio::spawn_local(shard.clone().run_dead_letters()).detach();
+    if !recovery.records.is_empty() {
+        tracing::info!(
+            shard = index,
+            records = recovery.records.len(),
+            "committing again what the WAL holds above its checkpoint"
+        );
+    }
+    shard.redispatch(
+        recovery
+            .records
+            .into_iter()
+            .map(|r| (r.pos, r.record))
+            .collect(),
+    );
+
+    let committed = shard.clone();
+    let committer = wal.clone().run_committer(move |outcome, elapsed| {
+        metrics::histogram!(WAL_SYNC_SECONDS).record(elapsed.as_secs_f64());
+        metrics::histogram!(WAL_RECORDS_PER_SYNC).record(outcome.records as f64);
+        // Every durable record goes to the dispatcher, whether or not the
+        // request that appended it still waits.
+        committed.dispatch_durable();
+    });
+    let (failed_wal, node_wal_failed) = (wal.clone(), node.wal_failed.clone());
+    glommio::spawn_local(async move {
+        committer.await;
+        // The committer ends at a close or a failure: a failure stops
+        // produces on every shard of the node.
+        if failed_wal.failure().is_some() {
+            node_wal_failed.store(true, Ordering::SeqCst);
+        }
+    })
+    .detach();
+    if index == 0 {
+        glommio::spawn_local(async move {
+            loop {
+                glommio::timer::sleep(METRICS_UPKEEP_INTERVAL).await;
+                metrics.run_upkeep();
+            }
+        })
+        .detach();
+    }
+    let checkpoint_interval = Duration::from_millis(settings.dispatcher.checkpoint_interval_ms);
+    glommio::spawn_local(wal.clone().run_checkpointer(checkpoint_interval)).detach();
+    let dispatcher = glommio::spawn_local(shard.clone().run_dispatcher());
+    let sweep = Duration::from_millis(settings.leases.sweep_interval_ms);
+    glommio::spawn_local(every(shard.clone(), sweep, |s| {
+        Box::pin(async move { s.sweep_all().await })
+    }))
+    .detach();
+    // Partitions nobody touched since the start age out too: open them
+    // soon after the start, then now and again.
+    let idle = shard.clone();
+    glommio::spawn_local(async move {
+        glommio::timer::sleep(IDLE_PARTITION_FIRST_OPEN).await;
+        idle.open_idle_partitions().await;
+        every(idle, IDLE_PARTITION_OPEN_INTERVAL, |s| {
+            Box::pin(async move { s.open_idle_partitions().await })
+        })
+        .await;
+    })
+    .detach();
+    let maintain = Duration::from_millis(settings.storage.ack_flush_interval_ms);
+    glommio::spawn_local(every(shard.clone(), maintain, |s| {
+        Box::pin(async move { s.maintain_all().await })
+    }))
+    .detach();
+    for orphan in orphan_wals(&wal_dir, index, node.shards) {
+        tracing::info!(dir = %orphan.display(), shard = index, "adopting the WAL of a shard that no longer exists");
+        glommio::spawn_local(shard.clone().adopt_wal(orphan, wal_config)).detach();
+    }
+
+    let limits = ServerLimits {
+        header_timeout: Duration::from_millis(settings.http.header_timeout_ms),
+        body_timeout: Duration::from_millis(settings.http.body_timeout_ms),
+        idle_timeout: Duration::from_millis(settings.http.idle_timeout_ms),
+        body_bytes_max: usize::try_from(2 * settings.http.max_batch_bytes + BODY_BYTES_SLACK)
+            .unwrap_or(usize::MAX),
+    };
+    let handler_shard = shard.clone();
+    let handler: Handler = Rc::new(move |request: HttpRequest| {
+        let shard = handler_shard.clone();
+        Box::pin(async move { crate::api::handle(shard, request).await })
+    });
+    let accepting = Rc::new(std::cell::Cell::new(false));
+    let server = glommio::spawn_local(serve(
+        listener,
+        limits,
+        handler,
+        accepting,
+        node.http_budget.clone(),
+    ));
+    let _ = startup.send(Startup::Serving);
+    while !node.stop.load(Ordering::SeqCst) {
+        glommio::timer::sleep(STOP_POLL_INTERVAL).await;
+    }
+    drop(server);
+    shard.drain().await;
+    node.barrier(&node.drained, "dispatchers drained").await;
+    shard.finish().await;
+    node.barrier(&node.finished, "acks flushed").await;
+    dispatcher.await;
+    tracing::info!(shard = index, "stopped");
+    Ok(())
+}
+
+/// WAL folders of shards beyond the current count (the node ran with more
+/// shards before) that shard `index` takes over: `shard-j` with
+/// `j % shards == index`.
+pub(super) fn orphan_wals(wal_dir: &Path, index: usize, shards: usize) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(wal_dir) else {
+        return Vec::new();
+    };
+    let mut found: Vec<PathBuf> = entries
+        .filter_map(Result::ok)
+        .filter_map(|entry| {
+            let name = entry.file_name();
+            let number: usize = name.to_str()?.strip_prefix("shard-")?.parse().ok()?;
+            (number >= shards && number % shards == index).then(|| entry.path())
+        })
+        .collect();
+    found.sort();
+    found
+}

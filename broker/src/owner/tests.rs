@@ -1,0 +1,267 @@
+//! Tests of [`super`].
+
+use std::path::Path;
+use std::rc::Rc;
+
+use futures_lite::future::block_on;
+use narad_storage::clock::{ManualClock, SharedClock};
+use narad_storage::consumer::ConsumerConfig;
+use narad_storage::io::sim::SimFs;
+use narad_storage::log::LogConfig;
+
+use super::*;
+
+const CONFIG: OwnerConfig = OwnerConfig {
+    max_deliveries: 0,
+    tail_cache_bytes: 1 << 20,
+};
+
+fn open(fs: &SimFs, clock: &ManualClock, config: OwnerConfig) -> PartitionOwner<SimFs> {
+    let shared: SharedClock = Rc::new(clock.clone());
+    let dir = Path::new("/data/partitions/orders/0");
+    let log_config = LogConfig {
+        segment_bytes: 1 << 20,
+        prealloc_step_bytes: 1 << 16,
+        retention_ms: 0,
+    };
+    let (log, _) = block_on(PartitionLog::open(fs, dir, log_config, shared.clone())).expect("log");
+    let acks = block_on(ConsumerState::open(
+        fs,
+        &dir.join("consumer"),
+        ConsumerConfig::default(),
+        shared,
+    ))
+    .expect("acks");
+    PartitionOwner::new(log, acks, config)
+}
+
+fn messages(n: u128) -> Vec<Message> {
+    (0..n)
+        .map(|id| Message {
+            id,
+            produced_at_ms: 1,
+            key: None,
+            value: format!("m{id}").into_bytes().into(),
+        })
+        .collect()
+}
+
+#[test]
+fn commit_times_stay_bounded_and_keep_the_oldest() {
+    let mut times = VecDeque::new();
+    for commit in 0..100_000u64 {
+        record_commit_time(&mut times, commit * 10, commit);
+    }
+    assert!(times.len() <= COMMIT_TIMES_MAX);
+    assert_eq!(times.front(), Some(&(0, 0)), "the oldest batch stays");
+    assert_eq!(
+        times.back(),
+        Some(&(999_990, 99_999)),
+        "the newest is there"
+    );
+}
+
+#[test]
+fn committed_messages_are_leased_once_and_acked_for_good() {
+    let fs = SimFs::new(1);
+    let clock = ManualClock::new(1000);
+    let owner = open(&fs, &clock, CONFIG);
+    let version = owner.version();
+    block_on(owner.commit(&messages(5), 1000)).expect("commit");
+    assert_ne!(owner.version(), version, "a commit wakes long polls");
+    let first = block_on(owner.consume(3, 30_000, 1000)).expect("consume");
+    assert_eq!(
+        first.iter().map(|d| d.offset).collect::<Vec<_>>(),
+        vec![0, 1, 2]
+    );
+    let second = block_on(owner.consume(10, 30_000, 1000)).expect("consume");
+    assert_eq!(
+        second.iter().map(|d| d.offset).collect::<Vec<_>>(),
+        vec![3, 4],
+        "no offset leased twice"
+    );
+    for d in first.iter().chain(&second) {
+        owner.ack(d.offset, d.lease.lease_id, 1001).expect("ack");
+    }
+    assert!(matches!(
+        owner.ack(0, first[0].lease.lease_id, 1002),
+        Err(OwnerError::LeaseGone(_))
+    ));
+    assert_eq!(owner.frontier(), 5);
+    assert!(block_on(owner.consume(10, 30_000, 1003))
+        .expect("consume")
+        .is_empty());
+    let stats = owner.stats(1003);
+    assert_eq!(
+        (
+            stats.high_watermark,
+            stats.frontier,
+            stats.available,
+            stats.in_flight
+        ),
+        (5, 5, 0, 0)
+    );
+}
+
+#[test]
+fn a_commit_sent_again_appends_only_what_is_new() {
+    let fs = SimFs::new(7);
+    let clock = ManualClock::new(0);
+    let owner = open(&fs, &clock, CONFIG);
+    block_on(owner.commit(&messages(3), 0)).expect("commit");
+    // The dispatcher did not hear the answer: the same batch, plus one.
+    block_on(owner.commit(&messages(4), 1)).expect("again");
+    assert_eq!(owner.high_watermark(), 4, "ids 0..3 once, id 3 added");
+    block_on(owner.commit(&messages(4), 2)).expect("all known");
+    assert_eq!(owner.high_watermark(), 4);
+    let got = block_on(owner.consume(10, 1000, 3)).expect("consume");
+    let ids: Vec<u128> = got.iter().map(|d| d.message.id).collect();
+    assert_eq!(ids, vec![0, 1, 2, 3]);
+}
+
+#[test]
+fn an_expired_lease_delivers_again_with_a_higher_count() {
+    let fs = SimFs::new(2);
+    let clock = ManualClock::new(0);
+    let owner = open(&fs, &clock, CONFIG);
+    block_on(owner.commit(&messages(1), 0)).expect("commit");
+    let first = block_on(owner.consume(1, 100, 0)).expect("consume");
+    assert!(block_on(owner.consume(1, 100, 100))
+        .expect("consume")
+        .is_empty());
+    let again = block_on(owner.consume(1, 100, 101)).expect("consume");
+    assert_eq!(again[0].lease.delivery_count, 2);
+    assert!(matches!(
+        owner.ack(0, first[0].lease.lease_id, 102),
+        Err(OwnerError::LeaseGone(_))
+    ));
+    owner
+        .ack(0, again[0].lease.lease_id, 102)
+        .expect("current ack");
+}
+
+#[test]
+fn messages_out_of_deliveries_are_parked_for_the_dead_letter_topic() {
+    let fs = SimFs::new(3);
+    let clock = ManualClock::new(0);
+    let owner = open(
+        &fs,
+        &clock,
+        OwnerConfig {
+            max_deliveries: 2,
+            ..CONFIG
+        },
+    );
+    block_on(owner.commit(&messages(1), 0)).expect("commit");
+    block_on(owner.consume(1, 10, 0)).expect("first");
+    assert_eq!(owner.sweep(11).dead, 0, "one delivery: redelivered");
+    block_on(owner.consume(1, 10, 11)).expect("second");
+    assert_eq!(owner.sweep(22).dead, 1);
+    let dead = block_on(owner.next_dead_letter())
+        .expect("read")
+        .expect("queued");
+    assert_eq!(dead.message.value, b"m0".to_vec());
+    assert!(
+        block_on(owner.consume(1, 10, 23))
+            .expect("consume")
+            .is_empty(),
+        "parked"
+    );
+    // A mover dropped before it settled leaves the message queued.
+    assert_eq!(
+        block_on(owner.next_dead_letter())
+            .expect("read")
+            .map(|d| d.offset),
+        Some(0)
+    );
+    owner.dead_lettered(0);
+    assert_eq!(owner.frontier(), 1);
+    assert!(!owner.has_dead_letters());
+}
+
+#[test]
+fn a_nack_of_the_last_allowed_delivery_parks_the_message() {
+    let fs = SimFs::new(6);
+    let clock = ManualClock::new(0);
+    let owner = open(
+        &fs,
+        &clock,
+        OwnerConfig {
+            max_deliveries: 2,
+            ..CONFIG
+        },
+    );
+    block_on(owner.commit(&messages(1), 0)).expect("commit");
+    let first = block_on(owner.consume(1, 1000, 0)).expect("first");
+    owner.nack(0, first[0].lease.lease_id, 0, 1).expect("nack");
+    assert!(!owner.has_dead_letters(), "one delivery: redelivered");
+    let second = block_on(owner.consume(1, 1000, 2)).expect("second");
+    assert_eq!(second[0].lease.delivery_count, 2);
+    owner.nack(0, second[0].lease.lease_id, 0, 3).expect("nack");
+    assert!(
+        owner.has_dead_letters(),
+        "the second nack ends the last delivery"
+    );
+    assert!(
+        block_on(owner.consume(1, 1000, 4))
+            .expect("consume")
+            .is_empty(),
+        "never delivered a third time"
+    );
+    owner.dead_letter_failed(0);
+    assert_eq!(
+        block_on(owner.consume(1, 1000, 5)).expect("consume").len(),
+        1,
+        "a failed move delivers it again"
+    );
+}
+
+#[test]
+fn nack_with_delay_and_cold_reads_from_the_log() {
+    let fs = SimFs::new(4);
+    let clock = ManualClock::new(0);
+    let owner = open(
+        &fs,
+        &clock,
+        OwnerConfig {
+            tail_cache_bytes: 4,
+            ..CONFIG
+        },
+    );
+    block_on(owner.commit(&messages(3), 0)).expect("commit");
+    let got = block_on(owner.consume(3, 1000, 0)).expect("consume from the log");
+    assert_eq!(got.len(), 3);
+    owner.nack(1, got[1].lease.lease_id, 500, 10).expect("nack");
+    assert!(block_on(owner.consume(3, 1000, 20))
+        .expect("consume")
+        .is_empty());
+    let later = block_on(owner.consume(3, 1000, 510)).expect("consume");
+    assert_eq!(later.iter().map(|d| d.offset).collect::<Vec<_>>(), vec![1]);
+    assert_eq!(
+        owner.extend(1, later[0].lease.lease_id, 5000, 600).ok(),
+        Some(5600)
+    );
+}
+
+#[test]
+fn after_a_restart_leased_messages_are_available_at_once_and_synced_acks_hold() {
+    let fs = SimFs::new(5);
+    let clock = ManualClock::new(0);
+    let owner = open(&fs, &clock, CONFIG);
+    block_on(owner.commit(&messages(3), 0)).expect("commit");
+    let got = block_on(owner.consume(3, 60_000, 0)).expect("consume");
+    owner.ack(0, got[0].lease.lease_id, 1).expect("ack");
+    block_on(owner.flush_acks()).expect("flush");
+    drop(owner);
+    fs.power_loss();
+    let owner = open(&fs, &clock, CONFIG);
+    let again = block_on(owner.consume(3, 60_000, 2)).expect("consume");
+    assert_eq!(
+        again.iter().map(|d| d.offset).collect::<Vec<_>>(),
+        vec![1, 2]
+    );
+    assert!(
+        again.iter().all(|d| d.lease.delivery_count == 1),
+        "counts restart with the owner"
+    );
+}
