@@ -333,6 +333,27 @@ async fn propose_at_leader(
     }
 }
 
+/// One reader's copy of the applied metadata (a shard keeps one): reading
+/// it costs an atomic load while nothing changed, and it is refreshed from
+/// the metastore the first time it is read after an apply, so it is never
+/// older than what the metastore has published.
+pub struct MetaSnapshot {
+    feed: watch::Receiver<Arc<MetaView>>,
+    view: Arc<MetaView>,
+}
+
+impl MetaSnapshot {
+    /// The current applied state, and whether it changed since the last
+    /// read.
+    pub fn current(&mut self) -> (&Arc<MetaView>, bool) {
+        let changed = self.feed.has_changed().unwrap_or(false);
+        if changed {
+            self.view = self.feed.borrow_and_update().clone();
+        }
+        (&self.view, changed)
+    }
+}
+
 /// A running metastore node.
 pub struct MetaNode {
     raft: Raft<TypeConfig>,
@@ -839,6 +860,13 @@ impl MetaNode {
         self.view.clone()
     }
 
+    /// A reader's own copy of the applied state: see [`MetaSnapshot`].
+    pub fn snapshot(&self) -> MetaSnapshot {
+        let mut feed = self.view.clone();
+        let view = feed.borrow_and_update().clone();
+        MetaSnapshot { feed, view }
+    }
+
     /// The current leader, if any. A leader that has not heard from a
     /// quorum for a while does not count: it cannot commit anything.
     pub fn leader(&self) -> Option<NodeId> {
@@ -1069,5 +1097,34 @@ impl MetaNode {
 impl Drop for MetaNode {
     fn drop(&mut self) {
         self.stop_thread();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_snapshot_changes_only_when_something_was_published_and_then_at_once() {
+        let (publish, feed) = watch::channel(Arc::new(MetaView::default()));
+        let mut feed = feed;
+        let view = feed.borrow_and_update().clone();
+        let mut snapshot = MetaSnapshot { feed, view };
+        let (first, changed) = snapshot.current();
+        assert!(!changed);
+        let first = first.clone();
+        assert!(Arc::ptr_eq(&first, &snapshot.current().0.clone()));
+        let next = Arc::new(MetaView {
+            applied_index: 7,
+            ..MetaView::default()
+        });
+        publish.send_replace(next.clone());
+        let (seen, changed) = snapshot.current();
+        assert!(changed, "read right after a publish sees it");
+        assert!(Arc::ptr_eq(seen, &next));
+        assert!(!snapshot.current().1, "and only once");
+        // A closed metastore leaves the last state in place.
+        drop(publish);
+        assert_eq!(snapshot.current().0.applied_index, 7);
     }
 }

@@ -42,8 +42,6 @@ impl Shard {
     /// partition instead; the WAL keeps them until some owner confirms.
     pub(super) async fn commit_batch(&self, batch: CommitBatch) {
         let topic = self
-            .env
-            .meta
             .view()
             .state
             .topics
@@ -155,9 +153,7 @@ impl Shard {
 
     /// Whether the metadata this node holds knows the batch's destination.
     pub(super) fn knows(&self, batch: &CommitBatch) -> bool {
-        self.env
-            .meta
-            .view()
+        self.view()
             .state
             .topics
             .get(batch.destination.topic.as_ref())

@@ -21,7 +21,7 @@ use narad_net::http_server::NodeBudget;
 use narad_net::types::{ConsumeRequest, ConsumedMessage, SettleAction, TopicPatch};
 use narad_net::value::JsonValue;
 use narad_net::{ApiError, ErrorCode};
-use narad_raft::node::MetaNode;
+use narad_raft::node::{MetaNode, MetaSnapshot};
 use narad_raft::state::{Applied, Command, NodeId, Topic, TopicConfig};
 use narad_raft::store::MetaView;
 use narad_storage::clock::SharedClock;
@@ -74,7 +74,32 @@ pub use crate::limits::MAX_MESSAGE_BYTES_DEFAULT;
 
 type OwnerKey = (String, u64, u32);
 /// The metadata version the cached topics come from, and the topics.
-type TopicCache = (Option<Arc<MetaView>>, HashMap<String, Rc<Topic>>);
+/// This shard's copy of the metadata, and the topics of that version shared
+/// by the requests that need them.
+struct Metadata {
+    snapshot: MetaSnapshot,
+    topics: HashMap<String, Rc<Topic>>,
+}
+
+impl Metadata {
+    /// The current view (refreshed if the metastore applied something).
+    fn view(&mut self) -> Arc<MetaView> {
+        let (view, changed) = self.snapshot.current();
+        let view = view.clone();
+        if changed {
+            self.topics.clear();
+        }
+        view
+    }
+
+    /// A topic already shared at the current version.
+    fn topic(&mut self, name: &str) -> Option<Rc<Topic>> {
+        if self.snapshot.current().1 {
+            self.topics.clear();
+        }
+        self.topics.get(name).cloned()
+    }
+}
 /// The file system of a node: the real disk under the fault layer, which
 /// passes every call through unless a test switched it on.
 pub type NodeFs = FaultyFs<GlommioFs>;
@@ -154,8 +179,8 @@ pub struct Shard {
     mesh: Mesh,
     env: ShardEnv,
     wal: Rc<Wal<NodeFs>>,
-    /// Topics of one metadata version, shared by the requests that need them.
-    topic_cache: RefCell<TopicCache>,
+    /// This shard's copy of the metadata (no shared lock per request).
+    metadata: RefCell<Metadata>,
     owners: Owners,
     dispatch: Dispatch,
     remote: Remote,
@@ -243,13 +268,17 @@ impl Shard {
             retry_backoff_max_ms: COMMIT_RETRY_BACKOFF_MAX_MS,
             in_flight_per_destination_max: 1,
         });
+        let metadata = Metadata {
+            snapshot: env.meta.snapshot(),
+            topics: HashMap::new(),
+        };
         Rc::new(Self {
             identity,
             settings,
             mesh,
             env,
             wal,
-            topic_cache: RefCell::new((None, HashMap::new())),
+            metadata: RefCell::new(metadata),
             owners: Owners {
                 slots: RefCell::new(HashMap::new()),
                 changed: Signal::default(),

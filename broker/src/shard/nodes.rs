@@ -28,8 +28,6 @@ impl Shard {
     pub(super) fn is_dead(&self, node: NodeId) -> bool {
         node != self.me()
             && self
-                .env
-                .meta
                 .view()
                 .state
                 .nodes

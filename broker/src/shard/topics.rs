@@ -4,23 +4,28 @@
 use super::*;
 
 impl Shard {
+    /// The current metadata, from this shard's snapshot (an atomic load
+    /// unless the metastore applied something since the last read).
+    pub(super) fn view(&self) -> Arc<MetaView> {
+        self.metadata.borrow_mut().view()
+    }
+
     /// The topic, or 404 `topic_not_found` at once. Served from a cache of
     /// the current metadata version, so a request does not copy the topic.
     pub fn topic(&self, name: &str) -> Result<Rc<Topic>, ApiError> {
-        let view = self.env.meta.view();
-        let mut cache = self.topic_cache.borrow_mut();
-        if !cache
+        let mut metadata = self.metadata.borrow_mut();
+        if let Some(topic) = metadata.topic(name) {
+            return Ok(topic);
+        }
+        let Some(topic) = metadata
+            .snapshot
+            .current()
             .0
-            .as_ref()
-            .is_some_and(|cached| Arc::ptr_eq(cached, &view))
-        {
-            cache.1.clear();
-            cache.0 = Some(view.clone());
-        }
-        if let Some(topic) = cache.1.get(name) {
-            return Ok(topic.clone());
-        }
-        let Some(topic) = view.state.topics.get(name).cloned() else {
+            .state
+            .topics
+            .get(name)
+            .cloned()
+        else {
             // A node still learning the cluster's metadata cannot say a
             // topic is missing: 404 is final for a client, 503 is retried.
             if !self.env.meta.caught_up() {
@@ -37,19 +42,12 @@ impl Shard {
             ));
         };
         let topic = Rc::new(topic);
-        cache.1.insert(name.to_string(), topic.clone());
+        metadata.topics.insert(name.to_string(), topic.clone());
         Ok(topic)
     }
 
     pub fn topics(&self) -> Vec<Topic> {
-        self.env
-            .meta
-            .view()
-            .state
-            .topics
-            .values()
-            .cloned()
-            .collect()
+        self.view().state.topics.values().cloned().collect()
     }
 
     /// Creates or updates a topic through the metastore. Returns whether it
@@ -59,7 +57,7 @@ impl Shard {
         name: &str,
         patch: TopicPatch,
     ) -> Result<(bool, Topic), ApiError> {
-        let existing = self.env.meta.view().state.topics.get(name).cloned();
+        let existing = self.view().state.topics.get(name).cloned();
         let base = existing
             .as_ref()
             .map(|t| t.config.clone())
@@ -146,7 +144,7 @@ impl Shard {
     /// partitions of deleted topics close, topic updates (retention,
     /// `max_deliveries`) apply.
     pub fn reconcile_owners(&self) {
-        let view = self.env.meta.view();
+        let view = self.view();
         let topics = &view.state.topics;
         let mut owners = self.owners.slots.borrow_mut();
         owners.retain(|(name, incarnation, _), _| {
@@ -184,7 +182,7 @@ impl Shard {
         let Ok(entries) = self.env.fs.list_dir(&root).await else {
             return;
         };
-        let view = self.env.meta.view();
+        let view = self.view();
         for entry in entries {
             let Some((name, incarnation)) = entry
                 .rsplit_once('-')
