@@ -108,29 +108,46 @@ impl TailCache {
     }
 }
 
-/// The right to one kind of I/O (appending, or writing acks), given back on
-/// drop (also when the future holding it is dropped half way).
-struct Turn<'a> {
-    busy: &'a Cell<bool>,
-    done: &'a Signal,
+/// One kind of I/O (appending, or writing acks) that callers take turns at.
+#[derive(Default)]
+struct TurnGate {
+    busy: Cell<bool>,
+    done: Signal,
 }
 
-impl<'a> Turn<'a> {
-    async fn take(busy: &'a Cell<bool>, done: &'a Signal) -> Turn<'a> {
-        while busy.get() {
-            let seen = done.version();
-            done.changed(seen).await;
+impl TurnGate {
+    /// Waits for the turn; it is given back when the [`Turn`] drops (also
+    /// when the future holding it is dropped half way).
+    async fn take(&self) -> Turn<'_> {
+        while self.busy.get() {
+            let seen = self.done.version();
+            self.done.changed(seen).await;
         }
-        busy.set(true);
-        Turn { busy, done }
+        self.busy.set(true);
+        Turn { gate: self }
     }
+}
+
+/// The right to one kind of I/O, given back on drop.
+struct Turn<'a> {
+    gate: &'a TurnGate,
 }
 
 impl Drop for Turn<'_> {
     fn drop(&mut self) {
-        self.busy.set(false);
-        self.done.notify();
+        self.gate.busy.set(false);
+        self.gate.done.notify();
     }
+}
+
+/// What a partition remembers of its last commits.
+#[derive(Default)]
+struct Recent {
+    /// Produce time of each unacked offset is in the log; this remembers the
+    /// append time of the oldest batches for the age figure.
+    commit_times: RefCell<VecDeque<(u64, u64)>>,
+    /// Ids of the records appended last, to drop a repeated commit.
+    ids: RefCell<RecentIds>,
 }
 
 /// Leases a consume granted and has not handed out yet: taken back on drop.
@@ -159,20 +176,13 @@ pub struct PartitionOwner<F: FileSystem> {
     leases: RefCell<LeaseTable>,
     cache: RefCell<TailCache>,
     signal: Signal,
-    /// Set while an append runs: commits from several shards take turns.
-    appending: Cell<bool>,
-    append_done: Signal,
-    /// Set while acks are written: the periodic flush and the one at stop
-    /// take turns.
-    writing_acks: Cell<bool>,
-    acks_written: Signal,
+    /// Commits from several shards take turns at appending.
+    appends: TurnGate,
+    /// The periodic ack flush and the one at stop take turns.
+    ack_writes: TurnGate,
     /// The topic's `max_deliveries`, which a topic update may change.
     max_deliveries: Cell<u32>,
-    /// Produce time of each unacked offset is in the log; this remembers the
-    /// append time of the oldest batches for the age figure.
-    commit_times: RefCell<VecDeque<(u64, u64)>>,
-    /// Ids of the records appended last, to drop a repeated commit.
-    recent_ids: RefCell<RecentIds>,
+    recent: Recent,
     /// Parked offsets out of deliveries, waiting to be moved to the
     /// dead-letter topic.
     dead_pending: RefCell<BTreeSet<u64>>,
@@ -224,13 +234,10 @@ impl<F: FileSystem> PartitionOwner<F> {
                 ..TailCache::default()
             }),
             signal: Signal::default(),
-            appending: Cell::new(false),
-            append_done: Signal::default(),
-            writing_acks: Cell::new(false),
-            acks_written: Signal::default(),
+            appends: TurnGate::default(),
+            ack_writes: TurnGate::default(),
             max_deliveries: Cell::new(config.max_deliveries),
-            commit_times: RefCell::new(VecDeque::new()),
-            recent_ids: RefCell::default(),
+            recent: Recent::default(),
             dead_pending: RefCell::default(),
         }
     }
@@ -257,7 +264,7 @@ impl<F: FileSystem> PartitionOwner<F> {
         // same records again: append only those not appended recently.
         let fresh: Vec<Message>;
         let messages = {
-            let recent = self.recent_ids.borrow();
+            let recent = self.recent.ids.borrow();
             if messages.iter().any(|m| recent.contains(m.id)) {
                 fresh = messages
                     .iter()
@@ -278,7 +285,7 @@ impl<F: FileSystem> PartitionOwner<F> {
         }
         let base = self.log.append(messages).await?;
         {
-            let mut recent = self.recent_ids.borrow_mut();
+            let mut recent = self.recent.ids.borrow_mut();
             for message in messages {
                 recent.insert(message.id);
             }
@@ -292,13 +299,13 @@ impl<F: FileSystem> PartitionOwner<F> {
                 });
             }
         }
-        record_commit_time(&mut self.commit_times.borrow_mut(), base, now_ms);
+        record_commit_time(&mut self.recent.commit_times.borrow_mut(), base, now_ms);
         self.signal.notify();
         Ok(base)
     }
 
     async fn take_append_turn(&self) -> Turn<'_> {
-        Turn::take(&self.appending, &self.append_done).await
+        self.appends.take().await
     }
 
     /// The current availability version, to wait on with [`Self::changed`].
@@ -524,7 +531,7 @@ impl<F: FileSystem> PartitionOwner<F> {
     /// many unacked offsets retention made the frontier skip.
     pub async fn maintain(&self) -> Result<u64, OwnerError> {
         {
-            let _turn = Turn::take(&self.writing_acks, &self.acks_written).await;
+            let _turn = self.ack_writes.take().await;
             self.acks.maintain().await?;
         }
         let outcome = self.log.enforce_retention().await?;
@@ -544,7 +551,7 @@ impl<F: FileSystem> PartitionOwner<F> {
 
     /// Writes every ack to disk now (graceful stop).
     pub async fn flush_acks(&self) -> Result<(), OwnerError> {
-        let _turn = Turn::take(&self.writing_acks, &self.acks_written).await;
+        let _turn = self.ack_writes.take().await;
         Ok(self.acks.flush_now().await?)
     }
 
@@ -557,7 +564,7 @@ impl<F: FileSystem> PartitionOwner<F> {
         let unsettled = high_watermark
             .saturating_sub(frontier)
             .saturating_sub(acked_above);
-        let mut times = self.commit_times.borrow_mut();
+        let mut times = self.recent.commit_times.borrow_mut();
         while times.len() > 1 && times.get(1).is_some_and(|(base, _)| *base <= frontier) {
             times.pop_front();
         }
