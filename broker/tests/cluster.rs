@@ -271,6 +271,25 @@ fn topic_folders(node: &Node, topic: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// Consumes `topic` at `node` until every id of `fresh` was delivered, and
+/// returns the ids of `old` that were delivered along the way.
+fn strays_once_fresh_arrive(
+    node: &Node,
+    topic: &str,
+    fresh: &BTreeSet<String>,
+    old: &BTreeSet<String>,
+) -> Vec<String> {
+    let mut delivered = std::collections::BTreeMap::new();
+    assert!(eventually(WAIT, || {
+        delivered.extend(support::consume_all(node, topic));
+        fresh.iter().all(|id| delivered.contains_key(id))
+    }));
+    old.iter()
+        .filter(|id| delivered.contains_key(*id))
+        .cloned()
+        .collect()
+}
+
 #[test]
 fn a_deleted_topic_leaves_no_folder_on_any_node_and_its_waiting_records_stay_out_of_its_successor()
 {
@@ -327,15 +346,7 @@ fn a_deleted_topic_leaves_no_folder_on_any_node_and_its_waiting_records_stay_out
             .collect::<Vec<_>>()
     );
     // The new messages arrive behind the old ones' retries.
-    let mut delivered = std::collections::BTreeMap::new();
-    assert!(eventually(WAIT, || {
-        delivered.extend(support::consume_all(&cluster.nodes[entry], "again"));
-        fresh.iter().all(|id| delivered.contains_key(id))
-    }));
-    let stray: Vec<&String> = waiting
-        .iter()
-        .filter(|id| delivered.contains_key(*id))
-        .collect();
+    let stray = strays_once_fresh_arrive(&cluster.nodes[entry], "again", &fresh, &waiting);
     assert!(
         stray.is_empty(),
         "{} records of the deleted topic landed in the one created again",
@@ -394,15 +405,7 @@ fn records_left_in_a_crashed_nodes_wal_stay_out_of_a_topic_created_again_while_i
     cluster.restart_node(entry, &[]);
     cluster.wait_ready(WAIT);
     let fresh = produce_ids(&cluster.nodes[entry], "again", 5, "new");
-    let mut delivered = std::collections::BTreeMap::new();
-    assert!(eventually(WAIT, || {
-        delivered.extend(support::consume_all(&cluster.nodes[third], "again"));
-        fresh.iter().all(|id| delivered.contains_key(id))
-    }));
-    let stray: Vec<&String> = waiting
-        .iter()
-        .filter(|id| delivered.contains_key(*id))
-        .collect();
+    let stray = strays_once_fresh_arrive(&cluster.nodes[third], "again", &fresh, &waiting);
     assert!(
         stray.is_empty(),
         "{} of {} records of the deleted topic, recovered from a WAL, landed in the one created again",
