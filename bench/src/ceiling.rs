@@ -82,7 +82,11 @@ async fn shard(
     .await
     .map_err(|e| e.to_string())?;
     glommio::spawn_local(wal.clone().run_committer(|_, _| {})).detach();
-    glommio::spawn_local(wal.clone().run_checkpointer(CHECKPOINT_INTERVAL)).detach();
+    glommio::spawn_local(
+        wal.clone()
+            .run_checkpointer(CHECKPOINT_INTERVAL, glommio::timer::sleep),
+    )
+    .detach();
     let seq = Rc::new(Cell::new(0u128));
     let handler: Handler = Rc::new(move |request: HttpRequest| {
         let (wal, seq) = (wal.clone(), seq.clone());

@@ -21,7 +21,6 @@ use narad_net::{ApiError, ErrorCode};
 use narad_raft::state::Topic;
 use serde_json::{json, Value};
 
-use crate::mesh::ShardGauges;
 use crate::metric_names::{
     CONNECTIONS_OPEN, CONSUMER_STATE_FAILED, DISPATCHER_PENDING_RECORDS, HTTP_BUFFERED_BODY_BYTES,
     HTTP_REQUESTS_TOTAL, HTTP_REQUEST_SECONDS, INGRESS_WAL_FAILED, NODE_ALIVE,
@@ -29,6 +28,7 @@ use crate::metric_names::{
     PARTITION_IN_FLIGHT, PARTITION_OLDEST_UNACKED_AGE_SECONDS, RAFT_IS_LEADER, RAFT_TERM,
     WAL_USED_BYTES,
 };
+use crate::rpc::ShardGauges;
 use crate::shard::{Shard, MAX_MESSAGE_BYTES_DEFAULT};
 
 /// The routes of this build.

@@ -5,7 +5,9 @@
 //!   glommio executor per shard, the graceful stop;
 //! - [`shard`]: one shard: produce into its WAL, the dispatcher loop,
 //!   partition owners, consume, settle, dead-lettering, topic admin;
-//! - [`mesh`] and [`remote`]: requests between shards and between nodes;
+//! - [`rpc`]: operations as types, the transport that carries them and
+//!   their wire form; [`mesh`] and [`remote`]: that transport between
+//!   shards and between nodes;
 //! - [`api`] and [`errors`]: the HTTP API's routes and the one mapping of
 //!   errors to status codes; [`cli`]: the client subcommands;
 //! - sans-IO pieces with their tests: [`route`] (where a partition lives,
@@ -23,6 +25,7 @@ pub mod errors;
 pub mod leases;
 pub mod limits;
 pub mod mesh;
+pub mod metastore;
 pub mod metric_names;
 pub mod node;
 pub mod owner;
@@ -30,6 +33,7 @@ pub mod partitioner;
 pub mod receipt;
 pub mod remote;
 pub mod route;
+pub mod rpc;
 pub mod runtime;
 pub mod settings;
 pub mod shard;

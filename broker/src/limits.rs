@@ -73,6 +73,9 @@ pub const SETTLE_CALL_TIMEOUT: Duration = Duration::from_secs(2);
 /// Figures are a convenience of describe (and of the answer to a topic
 /// PUT): a node that does not answer quickly leaves its figures at zero.
 pub const STATS_CALL_TIMEOUT: Duration = Duration::from_millis(300);
+/// A topic change answers once this node applied it too (so the next
+/// request here sees it), waiting at most this long for that.
+pub const LOCAL_APPLY_WAIT: Duration = Duration::from_secs(5);
 pub const AVAILABLE_CALL_TIMEOUT: Duration = Duration::from_millis(500);
 /// A shard tells other nodes "messages are available here" at most this
 /// often; everything that became available in between rides along.

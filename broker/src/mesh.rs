@@ -1,80 +1,21 @@
-//! The shards of one node and how they talk: one typed message enum over
-//! glommio shared channels (lock-free, bounded), one channel per ordered pair
-//! of shards, and the stable hash that says which shard owns a partition.
+//! The shards of one node and how they talk: the [`Transport`] between
+//! them, over glommio shared channels (lock-free, bounded), one channel per
+//! ordered pair of shards, carrying [`Envelope`]s; and the stable hash that
+//! says which shard owns a partition.
 //!
-//! A request that lands on shard S and needs a partition that shard O owns
-//! becomes one [`ShardMsg`] from S to O; the answer comes back on a oneshot
-//! carried inside the message. Nothing else is shared between shards.
+//! An operation that lands on shard S and needs a partition that shard O
+//! owns becomes one envelope from S to O; the reply comes back on the
+//! oneshot inside it. Nothing else is shared between shards.
 
 use std::time::Duration;
 
-use futures_channel::oneshot;
 use glommio::channels::shared_channel::{
     self, ConnectedReceiver, ConnectedSender, SharedReceiver, SharedSender,
 };
-use narad_net::types::{ConsumedMessage, SettleAction};
 use narad_net::{ApiError, ErrorCode};
-use narad_raft::state::Topic;
-use narad_storage::log::Message;
 
 use crate::limits::MESH_CHANNEL_CAPACITY;
-use crate::owner::PartitionStats;
-use crate::receipt::Receipt;
-
-/// Where an answer goes.
-pub type Reply<T> = oneshot::Sender<T>;
-
-/// The answer to one settle (ack, nack, extend): the new lease end for extend.
-pub type SettleOutcome = Result<Option<u64>, ApiError>;
-
-/// Everything one shard asks of another.
-pub enum ShardMsg {
-    /// Append a dispatcher batch to a partition this shard owns.
-    Commit {
-        topic: Topic,
-        partition: u32,
-        messages: Vec<Message>,
-        reply: Reply<Result<(), ApiError>>,
-    },
-    /// Lease up to `max` available messages from these partitions (no wait).
-    Collect {
-        topic: Topic,
-        partitions: Vec<u32>,
-        max: usize,
-        visibility_ms: u64,
-        reply: Reply<Result<Vec<ConsumedMessage>, ApiError>>,
-    },
-    /// Settle receipts of partitions this shard owns, answered in order.
-    Settle {
-        topic: Topic,
-        receipts: Vec<Receipt>,
-        action: SettleAction,
-        reply: Reply<Vec<SettleOutcome>>,
-    },
-    /// Figures of these partitions (opening them if needed).
-    Stats {
-        topic: Topic,
-        partitions: Vec<u32>,
-        reply: Reply<Result<Vec<(u32, PartitionStats)>, ApiError>>,
-    },
-    /// The shard's own figures, for `/metrics` and `/readyz`.
-    Gauges { reply: Reply<ShardGauges> },
-    /// Messages became available on the sender's partitions: wake long polls.
-    Available,
-}
-
-/// One shard's figures.
-#[derive(Debug, Clone, Default)]
-pub struct ShardGauges {
-    pub shard: usize,
-    pub wal_used_bytes: u64,
-    pub wal_failure: Option<String>,
-    /// Why a partition's ack state on this shard failed, if one did.
-    pub ack_state_failure: Option<String>,
-    pub dispatcher_pending: u64,
-    /// (topic, partition, figures) of every open partition.
-    pub partitions: Vec<(String, u32, PartitionStats)>,
-}
+use crate::rpc::{Address, CallError, Delivered, Envelope, Transport};
 
 /// The shard that owns `partition` of `topic` among `shards` shards: the
 /// partitions of one topic go round the shards from a per-topic start, so
@@ -99,8 +40,8 @@ pub fn shard_for(topic: &str, partition: u32, shards: usize) -> usize {
 /// into the shard's executor.
 pub struct MeshEnds {
     me: usize,
-    senders: Vec<Option<SharedSender<ShardMsg>>>,
-    receivers: Vec<SharedReceiver<ShardMsg>>,
+    senders: Vec<Option<SharedSender<Envelope>>>,
+    receivers: Vec<SharedReceiver<Envelope>>,
 }
 
 /// Makes the channels of `shards` shards: one per ordered pair.
@@ -128,7 +69,7 @@ pub fn wire(shards: usize) -> Vec<MeshEnds> {
 impl MeshEnds {
     /// Connects every end at once (a connect waits for the peer's), giving
     /// this shard's senders and the receivers it must drain.
-    pub async fn connect(self) -> (Mesh, Vec<ConnectedReceiver<ShardMsg>>) {
+    pub async fn connect(self) -> (Mesh, Vec<ConnectedReceiver<Envelope>>) {
         let mut senders = Vec::new();
         for sender in self.senders {
             senders.push(sender.map(|s| glommio::spawn_local(s.connect())));
@@ -162,14 +103,14 @@ impl MeshEnds {
 /// This shard's way to every other shard of the node.
 pub struct Mesh {
     me: usize,
-    senders: Vec<Option<ConnectedSender<ShardMsg>>>,
+    senders: Vec<Option<ConnectedSender<Envelope>>>,
 }
 
-fn peer_gone() -> ApiError {
-    ApiError::new(
+fn peer_gone() -> CallError {
+    CallError::Refused(ApiError::new(
         ErrorCode::Stopping,
         "another shard of this node stopped; try again",
-    )
+    ))
 }
 
 impl Mesh {
@@ -189,54 +130,38 @@ impl Mesh {
         self.senders.len()
     }
 
-    pub fn owner_of(&self, topic: &str, partition: u32) -> usize {
-        shard_for(topic, partition, self.shards())
+    fn sender(&self, to: Address) -> Result<&ConnectedSender<Envelope>, CallError> {
+        match to {
+            Address::Shard(shard) => self
+                .senders
+                .get(shard)
+                .and_then(Option::as_ref)
+                .ok_or_else(|| CallError::Unreachable(format!("no shard {shard}"))),
+            Address::Node(node) => Err(CallError::Unreachable(format!(
+                "node {node} is not a shard of this node"
+            ))),
+        }
     }
+}
 
-    pub fn is_local(&self, topic: &str, partition: u32) -> bool {
-        self.owner_of(topic, partition) == self.me
-    }
-
-    /// Sends a request to shard `to` and waits for its answer, at most
-    /// `timeout` when one is given. A stopped peer answers 503 `stopping`.
-    pub async fn call<T>(
+impl Transport for Mesh {
+    fn deliver(
         &self,
-        to: usize,
-        timeout: Option<Duration>,
-        make: impl FnOnce(Reply<T>) -> ShardMsg,
-    ) -> Result<T, ApiError> {
-        let sender = self
-            .senders
-            .get(to)
-            .and_then(Option::as_ref)
-            .ok_or_else(|| ApiError::new(ErrorCode::Internal, format!("no shard {to}")))?;
-        let (reply, answer) = oneshot::channel();
-        if sender.send(make(reply)).await.is_err() {
-            return Err(peer_gone());
-        }
-        match timeout {
-            None => answer.await.map_err(|_| peer_gone()),
-            Some(timeout) => {
-                let timed = async {
-                    glommio::timer::sleep(timeout).await;
-                    None
-                };
-                match futures_lite::future::or(async { Some(answer.await) }, timed).await {
-                    Some(answer) => answer.map_err(|_| peer_gone()),
-                    None => Err(ApiError::new(
-                        ErrorCode::Internal,
-                        format!("shard {to} did not answer within {timeout:?}"),
-                    )),
-                }
-            }
-        }
+        to: Address,
+        envelope: Envelope,
+        _timeout: Option<Duration>,
+    ) -> Delivered<'_> {
+        Box::pin(async move {
+            let sender = self.sender(to)?;
+            // A stopped shard closed its end: answered 503 `stopping`.
+            sender.send(envelope).await.map_err(|_| peer_gone())
+        })
     }
 
-    /// Tells every other shard that messages became available here. A full
-    /// channel already holds a wake-up for that shard, so none is lost.
-    pub fn announce_available(&self) {
-        for sender in self.senders.iter().flatten() {
-            let _ = sender.try_send(ShardMsg::Available);
+    fn post(&self, to: Address, envelope: Envelope) {
+        if let Ok(sender) = self.sender(to) {
+            // A full channel already holds a wake-up for that shard.
+            let _ = sender.try_send(envelope);
         }
     }
 }

@@ -72,7 +72,9 @@ pub struct Sweep {
 }
 
 /// Per-partition figures for `GET /v1/topics/{t}` and the metrics.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize,
+)]
 pub struct PartitionStats {
     pub high_watermark: u64,
     pub frontier: u64,

@@ -10,8 +10,9 @@ use narad_raft::state::NodeId;
 
 use crate::mesh::shard_for;
 
-/// Where a partition lives, seen from one shard.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Where a partition lives, seen from one shard (ordered: here first, then
+/// this node's other shards, then other nodes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Location {
     /// This shard owns it.
     Here,

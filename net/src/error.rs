@@ -158,11 +158,50 @@ impl ErrorCode {
     }
 }
 
-/// An error as the API answers it: a code and a human sentence.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// An error as the API answers it: a code and a human sentence. Between
+/// nodes it travels in rkyv with its code as text, so the code a node
+/// answered reaches the client unchanged.
+#[derive(Debug, Clone, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
 pub struct ApiError {
+    #[rkyv(with = CodeText)]
     pub code: ErrorCode,
     pub message: String,
+}
+
+/// Archives an [`ErrorCode`] as its text: a node that does not know a code
+/// (a newer node's) reads it as `internal` rather than as another code.
+pub struct CodeText;
+
+impl rkyv::with::ArchiveWith<ErrorCode> for CodeText {
+    type Archived = rkyv::string::ArchivedString;
+    type Resolver = rkyv::string::StringResolver;
+
+    fn resolve_with(code: &ErrorCode, resolver: Self::Resolver, out: rkyv::Place<Self::Archived>) {
+        rkyv::string::ArchivedString::resolve_from_str(code.as_str(), resolver, out);
+    }
+}
+
+impl<S> rkyv::with::SerializeWith<ErrorCode, S> for CodeText
+where
+    S: rkyv::rancor::Fallible + ?Sized,
+    S::Error: rkyv::rancor::Source,
+    str: rkyv::SerializeUnsized<S>,
+{
+    fn serialize_with(code: &ErrorCode, serializer: &mut S) -> Result<Self::Resolver, S::Error> {
+        rkyv::string::ArchivedString::serialize_from_str(code.as_str(), serializer)
+    }
+}
+
+impl<D> rkyv::with::DeserializeWith<rkyv::string::ArchivedString, ErrorCode, D> for CodeText
+where
+    D: rkyv::rancor::Fallible + ?Sized,
+{
+    fn deserialize_with(
+        text: &rkyv::string::ArchivedString,
+        _: &mut D,
+    ) -> Result<ErrorCode, D::Error> {
+        Ok(ErrorCode::parse(text.as_str()).unwrap_or(ErrorCode::Internal))
+    }
 }
 
 #[derive(Serialize)]
@@ -272,5 +311,32 @@ mod tests {
         assert_eq!(value["error"]["code"], "lease_gone");
         assert_eq!(value["error"]["message"], "the lease \"x\" ended");
         assert_eq!(value["error"]["retry"], false);
+    }
+
+    #[test]
+    fn an_error_crosses_nodes_with_its_code_and_an_unknown_code_reads_as_internal() {
+        use rkyv::rancor::Error;
+        for code in ErrorCode::ALL {
+            let error = ApiError::new(code, "why");
+            let bytes = rkyv::to_bytes::<Error>(&error).expect("encode");
+            assert_eq!(
+                rkyv::from_bytes::<ApiError, Error>(&bytes).expect("decode"),
+                error
+            );
+        }
+        // What a newer node with a code this one does not know would send.
+        #[derive(rkyv::Archive, rkyv::Serialize)]
+        struct Newer {
+            code: String,
+            message: String,
+        }
+        let newer = Newer {
+            code: "a_code_from_the_future".into(),
+            message: "why".into(),
+        };
+        let bytes = rkyv::to_bytes::<Error>(&newer).expect("encode");
+        let read = rkyv::from_bytes::<ApiError, Error>(&bytes).expect("decode");
+        assert_eq!(read.code, ErrorCode::Internal);
+        assert_eq!(read.message, "why");
     }
 }

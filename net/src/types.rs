@@ -160,7 +160,7 @@ impl ConsumeRequest {
 }
 
 /// What an ack, nack or extend carries besides its receipt(s).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
 pub enum SettleAction {
     Ack,
     Nack { delay_ms: u64 },

@@ -338,11 +338,29 @@ async fn propose_at_leader(
 /// the metastore the first time it is read after an apply, so it is never
 /// older than what the metastore has published.
 pub struct MetaSnapshot {
-    feed: watch::Receiver<Arc<MetaView>>,
+    feed: MetaFeed,
     view: Arc<MetaView>,
 }
 
+/// A feed of applied states: a reader sees the latest, and can wait for
+/// the next.
+pub type MetaFeed = watch::Receiver<Arc<MetaView>>;
+
+/// The sending end of a feed: the metastore's, or a stand-in's.
+pub type MetaPublisher = watch::Sender<Arc<MetaView>>;
+
+/// A feed that starts at `view`.
+pub fn meta_feed(view: MetaView) -> (MetaPublisher, MetaFeed) {
+    watch::channel(Arc::new(view))
+}
+
 impl MetaSnapshot {
+    /// A snapshot that follows `feed`.
+    pub fn new(mut feed: MetaFeed) -> Self {
+        let view = feed.borrow_and_update().clone();
+        Self { feed, view }
+    }
+
     /// The current applied state, and whether it changed since the last
     /// read.
     pub fn current(&mut self) -> (&Arc<MetaView>, bool) {
@@ -856,15 +874,13 @@ impl MetaNode {
     }
 
     /// A receiver that sees every applied state.
-    pub fn subscribe(&self) -> watch::Receiver<Arc<MetaView>> {
+    pub fn subscribe(&self) -> MetaFeed {
         self.view.clone()
     }
 
     /// A reader's own copy of the applied state: see [`MetaSnapshot`].
     pub fn snapshot(&self) -> MetaSnapshot {
-        let mut feed = self.view.clone();
-        let view = feed.borrow_and_update().clone();
-        MetaSnapshot { feed, view }
+        MetaSnapshot::new(self.view.clone())
     }
 
     /// The current leader, if any. A leader that has not heard from a

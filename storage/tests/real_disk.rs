@@ -106,8 +106,10 @@ fn real_files_work_on_a_fresh_empty_data_folder_with_read_back() {
         consumer.ack(0);
         consumer.flush_now().await.expect("flush acks");
         // The checkpointer moves the durable tail once records are committed.
-        let checkpointer =
-            glommio::spawn_local(wal.clone().run_checkpointer(Duration::from_millis(5)));
+        let checkpointer = glommio::spawn_local(
+            wal.clone()
+                .run_checkpointer(Duration::from_millis(5), glommio::timer::sleep),
+        );
         let tail_before = wal.stats().checkpoint_tail;
         for pos in &positions {
             wal.mark_committed(*pos);

@@ -155,6 +155,7 @@ fn every_accepted_key_has_a_reader() {
         include_str!("../shard/mod.rs"),
         include_str!("../shard/owners.rs"),
         include_str!("../shard/topics.rs"),
+        include_str!("../shard/tasks.rs"),
     ];
     for (key, _) in Config::keys() {
         let path = if key.contains('.') {

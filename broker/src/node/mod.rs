@@ -26,19 +26,19 @@ use narad_storage::wal::{Wal, WalConfig};
 
 use crate::config::Config;
 use crate::limits::{
-    CLUSTER_CATCH_UP_WAIT, IDLE_PARTITION_FIRST_OPEN, IDLE_PARTITION_OPEN_INTERVAL,
-    META_CATCH_UP_TIMEOUT, STOP_BARRIER_TIMEOUT, STOP_POLL_INTERVAL,
+    CLUSTER_CATCH_UP_WAIT, META_CATCH_UP_TIMEOUT, STOP_BARRIER_TIMEOUT, STOP_POLL_INTERVAL,
 };
 use crate::mesh::{self, MeshEnds};
 use crate::metric_names::{
     CONSUME_LONG_POLLS_WAITING, DISPATCHER_COMMIT_RECORDS, DISPATCHER_REROUTES_TOTAL,
-    STORAGE_CORRUPT_RECORDS_TOTAL, WAL_RECORDS_PER_SYNC, WAL_SYNC_SECONDS,
+    STORAGE_CORRUPT_RECORDS_TOTAL, WAL_RECORDS_PER_SYNC,
 };
 use crate::receipt::ReceiptKey;
-use crate::remote::{self, DataInbox, Inbound, Peers};
+use crate::remote::{DataInbox, Peers, QuicNodes};
+use crate::rpc::{self, Envelope, Links, Reach, Transport};
 use crate::runtime::GlommioRuntime;
 use crate::settings::Settings;
-use crate::shard::{every, NodeFs, Shard, ShardEnv, ShardIdentity, ShardParts};
+use crate::shard::{NodeFs, Shard, ShardEnv, ShardIdentity, ShardParts};
 
 mod faults;
 mod folder;
@@ -136,7 +136,7 @@ struct ShardStart {
     listen: SocketAddr,
     ends: MeshEnds,
     startup: mpsc::Sender<Startup>,
-    inbox: Option<UnboundedReceiver<Inbound>>,
+    inbox: Option<UnboundedReceiver<Envelope>>,
 }
 
 /// What every shard of the node starts with.
@@ -152,6 +152,8 @@ struct ShardCommon {
     metrics: metrics_exporter_prometheus::PrometheusHandle,
     faults: Arc<FaultControl>,
     peers: Option<Arc<Peers>>,
+    /// The other nodes over QUIC; `None` for a single node.
+    nodes: Option<QuicNodes>,
 }
 
 /// The number of shards: `shards`, or every online CPU when 0.
@@ -205,13 +207,14 @@ pub fn run(config: Config) -> Result<(), String> {
     // Data-plane requests from other nodes go to the shards through this.
     let inbox = Arc::new(DataInbox::new());
     let mut peers = None;
+    let mut nodes = None;
     let endpoint = if clustered {
         let tls = peer_tls(&settings)?;
         let handler_meta = served_meta.clone();
         let handler_inbox = inbox.clone();
         let handler: PeerHandler = Arc::new(move |kind, payload| {
-            if remote::is_data_kind(kind) {
-                return handler_inbox.handle(payload);
+            if rpc::is_operation_kind(kind) {
+                return handler_inbox.handle(kind, payload);
             }
             match handler_meta.get() {
                 Some(meta) => meta.serve(kind, payload),
@@ -220,11 +223,15 @@ pub fn run(config: Config) -> Result<(), String> {
         });
         let endpoint = PeerEndpoint::start(peer, &tls, handler)
             .map_err(|e| format!("starting QUIC on {peer}: {e}"))?;
-        peers = Some(Arc::new(Peers::new(
+        nodes = Some(QuicNodes::new(
             u64::from(node_id),
             endpoint.clone(),
             &members,
-        )?));
+        )?);
+        peers = Some(Arc::new(Peers::new(
+            u64::from(node_id),
+            members.keys().copied(),
+        )));
         meta_config.members = members;
         meta_config.caller = Some(Arc::new(QuicCaller(endpoint.clone())));
         Some(endpoint)
@@ -257,6 +264,7 @@ pub fn run(config: Config) -> Result<(), String> {
         identity: ShardIdentity {
             node_id,
             shard_id: 0,
+            shards: u16::try_from(shards).map_err(|_| format!("{shards} shards is too many"))?,
             epoch,
             incarnation,
         },
@@ -266,6 +274,7 @@ pub fn run(config: Config) -> Result<(), String> {
         metrics: metrics.clone(),
         faults: faults.clone(),
         peers: peers.clone(),
+        nodes,
     };
     for (index, ends) in mesh::wire(shards).into_iter().enumerate() {
         let start = ShardStart {

@@ -24,6 +24,7 @@ pub(super) async fn run_shard(start: ShardStart) -> Result<(), String> {
         metrics,
         faults,
         peers,
+        nodes,
     } = common;
     // Connecting waits for every peer to connect too: start it first, so a
     // slow bind here never holds another shard.
@@ -63,7 +64,10 @@ pub(super) async fn run_shard(start: ShardStart) -> Result<(), String> {
     let shard = Shard::new(ShardParts {
         identity,
         settings: settings.clone(),
-        mesh,
+        links: Links {
+            shards: Box::new(mesh),
+            nodes: nodes.map(|nodes| Box::new(nodes) as Box<dyn Transport>),
+        },
         wal: wal.clone(),
         peers,
         env: ShardEnv {
@@ -71,7 +75,7 @@ pub(super) async fn run_shard(start: ShardStart) -> Result<(), String> {
             fs,
             clock,
             runtime: Rc::new(GlommioRuntime),
-            meta,
+            meta: Rc::new(meta.clone()),
             receipt_key: key,
             metrics: metrics.clone(),
             wal_failed: node.wal_failed.clone(),
@@ -79,14 +83,11 @@ pub(super) async fn run_shard(start: ShardStart) -> Result<(), String> {
         },
     });
     for inbox in inbox {
-        glommio::spawn_local(shard.clone().serve_peers(inbox)).detach();
+        glommio::spawn_local(shard.clone().serve_from(inbox, Reach::Shard)).detach();
     }
-    glommio::spawn_local(shard.clone().watch_topics()).detach();
     if let Some(remote_inbox) = remote_inbox {
-        glommio::spawn_local(shard.clone().serve_remote(remote_inbox)).detach();
+        glommio::spawn_local(shard.clone().serve_from(remote_inbox, Reach::Node)).detach();
     }
-    glommio::spawn_local(shard.clone().notify_peers()).detach();
-    glommio::spawn_local(shard.clone().run_dead_letters()).detach();
     if !recovery.records.is_empty() {
         tracing::info!(
             shard = index,
@@ -94,32 +95,13 @@ pub(super) async fn run_shard(start: ShardStart) -> Result<(), String> {
             "committing again what the WAL holds above its checkpoint"
         );
     }
-    shard.redispatch(
+    shard.start_tasks(
         recovery
             .records
             .into_iter()
             .map(|r| (r.pos, r.record))
             .collect(),
     );
-
-    let committed = shard.clone();
-    let committer = wal.clone().run_committer(move |outcome, elapsed| {
-        metrics::histogram!(WAL_SYNC_SECONDS).record(elapsed.as_secs_f64());
-        metrics::histogram!(WAL_RECORDS_PER_SYNC).record(outcome.records as f64);
-        // Every durable record goes to the dispatcher, whether or not the
-        // request that appended it still waits.
-        committed.dispatch_durable();
-    });
-    let (failed_wal, node_wal_failed) = (wal.clone(), node.wal_failed.clone());
-    glommio::spawn_local(async move {
-        committer.await;
-        // The committer ends at a close or a failure: a failure stops
-        // produces on every shard of the node.
-        if failed_wal.failure().is_some() {
-            node_wal_failed.store(true, Ordering::SeqCst);
-        }
-    })
-    .detach();
     if index == 0 {
         glommio::spawn_local(async move {
             loop {
@@ -129,31 +111,7 @@ pub(super) async fn run_shard(start: ShardStart) -> Result<(), String> {
         })
         .detach();
     }
-    let checkpoint_interval = Duration::from_millis(settings.dispatcher.checkpoint_interval_ms);
-    glommio::spawn_local(wal.clone().run_checkpointer(checkpoint_interval)).detach();
     let dispatcher = glommio::spawn_local(shard.clone().run_dispatcher());
-    let sweep = Duration::from_millis(settings.leases.sweep_interval_ms);
-    glommio::spawn_local(every(shard.clone(), sweep, |s| {
-        Box::pin(async move { s.sweep_all().await })
-    }))
-    .detach();
-    // Partitions nobody touched since the start age out too: open them
-    // soon after the start, then now and again.
-    let idle = shard.clone();
-    glommio::spawn_local(async move {
-        glommio::timer::sleep(IDLE_PARTITION_FIRST_OPEN).await;
-        idle.open_idle_partitions().await;
-        every(idle, IDLE_PARTITION_OPEN_INTERVAL, |s| {
-            Box::pin(async move { s.open_idle_partitions().await })
-        })
-        .await;
-    })
-    .detach();
-    let maintain = Duration::from_millis(settings.storage.ack_flush_interval_ms);
-    glommio::spawn_local(every(shard.clone(), maintain, |s| {
-        Box::pin(async move { s.maintain_all().await })
-    }))
-    .detach();
     for orphan in orphan_wals(&wal_dir, index, node.shards) {
         tracing::info!(dir = %orphan.display(), shard = index, "adopting the WAL of a shard that no longer exists");
         glommio::spawn_local(shard.clone().adopt_wal(orphan, wal_config)).detach();

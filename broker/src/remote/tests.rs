@@ -1,87 +1,100 @@
 //! Tests of [`super`].
 
 use super::*;
+use crate::rpc::{Stats, TopicRef};
+
+fn stats_request() -> Vec<u8> {
+    encode_request(&Stats {
+        topic: TopicRef {
+            name: "t".into(),
+            incarnation: 0,
+        },
+        partitions: vec![0],
+    })
+    .expect("encode")
+}
+
+fn refusal_code(answer: &[u8]) -> ErrorCode {
+    match decode_answer::<crate::rpc::Figures>(answer).expect("an answer") {
+        Err(refused) => refused.code,
+        Ok(reply) => panic!("answered {reply:?} instead of refusing"),
+    }
+}
 
 #[test]
 fn a_full_inbox_answers_overloaded_and_makes_room_as_requests_end() {
     let inbox = Arc::new(DataInbox::with_max(2));
     let mut receivers = inbox.wire(1);
-    let request = encode_request(&DataRequest::Stats {
-        topic: "t".into(),
-        incarnation: 0,
-        partitions: vec![0],
-    })
-    .expect("encode");
+    let request = stats_request();
+    let kind = <Stats as Operation>::KIND;
     let waker = std::task::Waker::noop();
     let mut cx = std::task::Context::from_waker(waker);
-    let mut first = inbox.handle(request.clone());
-    let mut second = inbox.handle(request.clone());
+    let mut first = inbox.handle(kind, request.clone());
+    let mut second = inbox.handle(kind, request.clone());
     assert!(first.as_mut().poll(&mut cx).is_pending());
     assert!(second.as_mut().poll(&mut cx).is_pending());
     assert_eq!(inbox.held(), 2);
-    let mut third = inbox.handle(request.clone());
+    let mut third = inbox.handle(kind, request.clone());
     let std::task::Poll::Ready(Ok(answer)) = third.as_mut().poll(&mut cx) else {
         panic!("a third request waits instead of being refused");
     };
-    assert!(matches!(
-        decode_answer(&answer),
-        Ok(DataAnswer::Failed(error)) if error.code == "overloaded"
-    ));
+    assert_eq!(refusal_code(&answer), ErrorCode::Overloaded);
     drop(first);
     assert_eq!(inbox.held(), 1, "a dropped request gives its place back");
     drop((second, receivers.pop()));
     // Once the shards stopped, a request is answered at once.
     inbox.close();
-    let mut late = inbox.handle(request);
+    let mut late = inbox.handle(kind, request);
     let std::task::Poll::Ready(Ok(answer)) = late.as_mut().poll(&mut cx) else {
         panic!("a request to a stopped node waits");
     };
-    assert!(matches!(
-        decode_answer(&answer),
-        Ok(DataAnswer::Failed(error)) if error.code == "stopping"
-    ));
+    assert_eq!(refusal_code(&answer), ErrorCode::Stopping);
 }
 
 #[test]
-fn requests_and_answers_round_trip_and_garbage_is_refused() {
-    let request = DataRequest::Commit {
-        topic: "orders".into(),
-        incarnation: 3,
-        partition: 7,
-        messages: vec![WireMessage {
-            id: u128::MAX - 5,
-            produced_at_ms: 42,
-            key: Some(b"k".to_vec()),
-            value: vec![0, 1, 2, 255],
-        }],
-    };
-    let bytes = encode_request(&request).expect("encode");
-    // What QUIC hands over has no alignment guarantee.
-    let mut shifted = vec![0u8];
-    shifted.extend_from_slice(&bytes);
-    assert_eq!(decode_request(&shifted[1..]).expect("decode"), request);
-
-    let answer = DataAnswer::Settled(vec![
-        WireOutcome {
-            error: Some(WireError::from(&ApiError::new(
-                ErrorCode::LeaseGone,
-                "ended",
-            ))),
-            lease_expires_at_ms: None,
+fn a_request_reaches_the_shard_that_owns_its_first_partition_and_its_reply_comes_back() {
+    let inbox = Arc::new(DataInbox::with_max(8));
+    let mut receivers = inbox.wire(4);
+    let op = Stats {
+        topic: TopicRef {
+            name: "orders".into(),
+            incarnation: 3,
         },
-        WireOutcome {
-            error: None,
-            lease_expires_at_ms: Some(9),
-        },
-    ]);
-    let decoded = decode_answer(&encode_answer(&answer).expect("encode")).expect("decode");
-    assert_eq!(decoded, answer);
-    let DataAnswer::Settled(outcomes) = decoded else {
-        panic!("settled")
+        partitions: vec![5, 1],
     };
-    let error = outcomes[0].error.as_ref().expect("error").to_api();
-    assert_eq!(error.code, ErrorCode::LeaseGone);
-
-    assert!(decode_request(b"not rkyv at all").is_err());
-    assert!(decode_answer(&[]).is_err());
+    let home = shard_for("orders", 5, 4);
+    let waker = std::task::Waker::noop();
+    let mut cx = std::task::Context::from_waker(waker);
+    let mut answer = inbox.handle(
+        <Stats as Operation>::KIND,
+        encode_request(&op).expect("encode"),
+    );
+    assert!(answer.as_mut().poll(&mut cx).is_pending());
+    for (shard, receiver) in receivers.iter_mut().enumerate() {
+        let got = receiver.try_recv().ok();
+        if shard != home {
+            assert!(got.is_none(), "shard {shard} got another shard's request");
+            continue;
+        }
+        let Some(Envelope::Stats(received, reply)) = got else {
+            panic!("the home shard got no stats request");
+        };
+        assert_eq!(received, op);
+        let figures = crate::owner::PartitionStats {
+            high_watermark: 9,
+            ..Default::default()
+        };
+        reply.send(Ok(vec![(5, figures)])).expect("reply");
+    }
+    let std::task::Poll::Ready(Ok(bytes)) = answer.as_mut().poll(&mut cx) else {
+        panic!("the reply did not come back");
+    };
+    let reply = decode_answer::<crate::rpc::Figures>(&bytes).expect("decode");
+    assert_eq!(reply.expect("answered").expect("ok")[0].1.high_watermark, 9);
+    // A kind nobody knows is refused, not guessed at.
+    let mut unknown = inbox.handle(99, vec![1, 2, 3]);
+    assert!(matches!(
+        unknown.as_mut().poll(&mut cx),
+        std::task::Poll::Ready(Err(_))
+    ));
 }

@@ -4,7 +4,7 @@
 use super::*;
 use crate::metric_names::{CONSUME_LONG_POLLS_WAITING, DEAD_LETTERED_TOTAL};
 
-impl Shard {
+impl<F: FileSystem> Shard<F> {
     /// Long-polls for up to `max_messages` messages of a topic.
     pub async fn consume(
         &self,
@@ -28,10 +28,13 @@ impl Shard {
         let deadline = self.now() + request.wait_ms;
         loop {
             let seen = self.flow.availability.version();
-            let got = self.collect(topic, request, visibility).await?;
+            let got = self.collect_for_client(topic, request, visibility).await?;
             let now = self.now();
             if !got.is_empty() || now >= deadline || self.flow.stopping.get() {
-                return Ok(got);
+                return Ok(got
+                    .into_iter()
+                    .map(|delivery| delivery.into_consumed(&topic.name))
+                    .collect());
             }
             let wait = Duration::from_millis(deadline - now);
             let _parked = LongPollGauge::park();
@@ -43,55 +46,94 @@ impl Shard {
         }
     }
 
-    /// Leases from the topic's partitions: this node's first (going round
-    /// its shards from a rotating start), then other nodes' that may have
-    /// messages, from a rotating start too, so no partition starves. A
-    /// pinned partition of another node is asked directly: 502 if its
-    /// owner does not answer, 503 once the owner is marked dead.
-    pub(super) async fn collect(
+    /// One round of a client's consume: every partition from a rotating
+    /// start, or the pinned one. A pinned partition of another node is
+    /// asked directly: 502 if its owner does not answer, 503 once the owner
+    /// is marked dead.
+    async fn collect_for_client(
         &self,
         topic: &Topic,
         request: ConsumeRequest,
-        visibility: u64,
-    ) -> Result<Vec<ConsumedMessage>, ApiError> {
-        let rotation = self.flow.round_robin.get().wrapping_add(1);
-        self.flow.round_robin.set(rotation);
-        let partitions = consume_order(topic.config.partitions, rotation, request.partition);
-        let max = request.max_messages as usize;
-        let (local, remote) = self.placement(topic).split_by_node(partitions);
-        if request.partition.is_some() {
-            if let Some((node, partitions)) = remote.clone().into_iter().next() {
-                if self.is_dead(node) {
-                    return Err(Self::owner_dead(node));
-                }
+        visibility_ms: u64,
+    ) -> Collected {
+        let op = Collect {
+            topic: TopicRef::of(topic),
+            partitions: consume_order(topic.config.partitions, self.next_turn(), request.partition),
+            max: request.max_messages,
+            visibility_ms,
+        };
+        if let Some(partition) = request.partition {
+            if let Location::Node(node) = self.route(topic, partition, Reach::Cluster)? {
+                let to = Address::Node(node);
                 return self
-                    .collect_remote(
-                        topic,
-                        node,
-                        partitions,
-                        max,
-                        visibility,
-                        COLLECT_CALL_TIMEOUT,
-                    )
+                    .call(to, op, Some(COLLECT_CALL_TIMEOUT))
                     .await
-                    .map_err(|e| e.to_api(node));
+                    .map_err(|e| e.to_api(to))?;
             }
         }
-        let mut out = match self
-            .collect_on_node(topic, local, max, visibility, rotation)
-            .await
-        {
-            Ok(out) => out,
-            Err(error) if remote.is_empty() => return Err(error),
-            Err(error) => {
-                tracing::warn!(%error, "consume: this node's partitions failed; asking the others");
-                Vec::new()
-            }
+        self.collect(topic, op, Reach::Cluster).await
+    }
+
+    /// Leases up to `op.max` messages from the partitions of `op` within
+    /// `reach`: this node's first (going round its shards from a rotating
+    /// start), then other nodes' that may have messages, from a rotating
+    /// start too, so no partition starves. A shard or node that fails
+    /// leaves its partitions out when others answered.
+    pub(super) async fn collect(&self, topic: &Topic, op: Collect, reach: Reach) -> Collected {
+        let rotation = self.next_turn();
+        let placement = self.placement(topic);
+        let count = topic.config.partitions;
+        let (mine, others) =
+            placement.split_by_node(op.partitions.iter().copied().filter(|p| *p < count));
+        let others = if reach.crosses_nodes() {
+            others
+        } else {
+            BTreeMap::new()
         };
+        let max = op.max as usize;
+        let mut out = Vec::new();
+        for (shard, partitions) in rotated(placement.group_by_shard(mine), rotation) {
+            let room = max - out.len();
+            if room == 0 {
+                break;
+            }
+            let got = if shard == self.shard_index() {
+                self.collect_here(topic, &partitions, room, op.visibility_ms)
+                    .await
+            } else if reach.crosses_shards() {
+                let to = Address::Shard(shard);
+                let part = Collect {
+                    topic: op.topic.clone(),
+                    partitions,
+                    max: u32::try_from(room).unwrap_or(u32::MAX),
+                    visibility_ms: op.visibility_ms,
+                };
+                self.call(to, part, None)
+                    .await
+                    .map_err(|e| e.to_api(to))
+                    .and_then(|got| got)
+            } else {
+                continue;
+            };
+            match got {
+                Ok(got) => out.extend(got),
+                // Messages already leased go back to the client; the failed
+                // shard's are simply not leased.
+                Err(error) if !out.is_empty() => {
+                    tracing::warn!(shard, %error, "consume: a shard failed; answering with what others gave");
+                    break;
+                }
+                Err(error) if others.is_empty() => return Err(error),
+                Err(error) => {
+                    tracing::warn!(%error, "consume: this node's partitions failed; asking the others");
+                    break;
+                }
+            }
+        }
         let Some(peers) = self.remote.peers.clone() else {
             return Ok(out);
         };
-        for (node, partitions) in rotated(remote.into_iter().collect(), rotation) {
+        for (node, partitions) in rotated(others.into_iter().collect(), rotation) {
             let room = max - out.len();
             if room == 0 {
                 break;
@@ -105,14 +147,20 @@ impl Shard {
             } else {
                 COLLECT_TOP_UP_TIMEOUT
             };
-            match self
-                .collect_remote(topic, node, partitions, room, visibility, timeout)
-                .await
-            {
-                Ok(got) if got.is_empty() => peers.found_empty(node, asked_at),
-                Ok(got) => {
+            let part = Collect {
+                topic: op.topic.clone(),
+                partitions,
+                max: u32::try_from(room).unwrap_or(u32::MAX),
+                visibility_ms: op.visibility_ms,
+            };
+            match self.call(Address::Node(node), part, Some(timeout)).await {
+                Ok(Ok(got)) if got.is_empty() => peers.found_empty(node, asked_at),
+                Ok(Ok(got)) => {
                     peers.found_messages(node);
                     out.extend(got);
+                }
+                Ok(Err(error)) | Err(CallError::Refused(error)) => {
+                    tracing::debug!(node, %error, "consume: a node refused");
                 }
                 Err(CallError::Unreachable(reason)) => {
                     tracing::debug!(
@@ -122,98 +170,19 @@ impl Shard {
                     );
                     peers.unreachable(node, self.now());
                 }
-                Err(CallError::Refused(error)) => {
-                    tracing::debug!(node, %error, "consume: a node refused");
-                }
-            }
-        }
-        Ok(out)
-    }
-
-    /// Leases up to `max` messages from partitions of another node.
-    pub(super) async fn collect_remote(
-        &self,
-        topic: &Topic,
-        node: NodeId,
-        partitions: Vec<u32>,
-        max: usize,
-        visibility: u64,
-        timeout: Duration,
-    ) -> Result<Vec<ConsumedMessage>, CallError> {
-        let request = DataRequest::Collect {
-            topic: topic.name.clone(),
-            incarnation: topic.incarnation,
-            partitions,
-            max: u32::try_from(max).unwrap_or(u32::MAX),
-            visibility_ms: visibility,
-        };
-        match self.call_node(node, &request, timeout).await? {
-            DataAnswer::Collected(messages) => Ok(messages
-                .into_iter()
-                .map(|m| m.into_consumed(&topic.name))
-                .collect()),
-            _ => Err(CallError::Refused(ApiError::new(
-                ErrorCode::Internal,
-                format!("node {node} answered a consume oddly"),
-            ))),
-        }
-    }
-
-    /// Leases from partitions of this node, going round its shards from a
-    /// rotating start.
-    pub(super) async fn collect_on_node(
-        &self,
-        topic: &Topic,
-        partitions: Vec<u32>,
-        max: usize,
-        visibility: u64,
-        rotation: u32,
-    ) -> Result<Vec<ConsumedMessage>, ApiError> {
-        let groups = rotated(self.placement(topic).group_by_shard(partitions), rotation);
-        let mut out = Vec::new();
-        for (shard, partitions) in groups {
-            let room = max - out.len();
-            if room == 0 {
-                break;
-            }
-            let got = if shard == self.mesh.me() {
-                self.collect_local(topic, &partitions, room, visibility)
-                    .await
-            } else {
-                let topic = topic.clone();
-                self.mesh
-                    .call(shard, None, |reply| ShardMsg::Collect {
-                        topic,
-                        partitions,
-                        max: room,
-                        visibility_ms: visibility,
-                        reply,
-                    })
-                    .await
-                    .and_then(|answer| answer)
-            };
-            match got {
-                Ok(got) => out.extend(got),
-                // Messages already leased go back to the client; the failed
-                // shard's are simply not leased.
-                Err(error) if !out.is_empty() => {
-                    tracing::warn!(shard, %error, "consume: a shard failed; answering with what others gave");
-                    break;
-                }
-                Err(error) => return Err(error),
             }
         }
         Ok(out)
     }
 
     /// Leases up to `max` messages from partitions of this shard.
-    pub(super) async fn collect_local(
+    pub(super) async fn collect_here(
         &self,
         topic: &Topic,
         partitions: &[u32],
         max: usize,
         visibility: u64,
-    ) -> Result<Vec<ConsumedMessage>, ApiError> {
+    ) -> Collected {
         let mut out = Vec::new();
         for &partition in partitions {
             if out.len() >= max {
@@ -234,17 +203,12 @@ impl Shard {
                     owner_epoch: self.identity.incarnation,
                 }
                 .encode(&self.env.receipt_key);
-                out.push(ConsumedMessage {
-                    id: format!("{:032x}", delivery.message.id),
-                    topic: topic.name.clone(),
+                out.push(Delivery {
+                    id: delivery.message.id,
                     partition,
                     offset: delivery.offset,
-                    key: delivery
-                        .message
-                        .key
-                        .as_ref()
-                        .map(|k| String::from_utf8_lossy(k).into_owned()),
-                    value: JsonValue::from_bytes(&delivery.message.value),
+                    key: delivery.message.key.clone(),
+                    value: delivery.message.value.clone(),
                     receipt,
                     delivery_count: delivery.lease.delivery_count,
                     produced_at_ms: delivery.message.produced_at_ms,
@@ -258,7 +222,7 @@ impl Shard {
     /// Ends expired leases of one partition; messages out of deliveries are
     /// queued for the dead-letter mover. Synchronous: a consume dropped here
     /// leaves nothing half done.
-    pub(super) fn sweep_owner(&self, owner: &Owner) {
+    pub(super) fn sweep_owner(&self, owner: &Owner<F>) {
         let sweep = owner.sweep(self.now());
         // Only a sweep that ended leases changes availability; notifying on
         // every sweep would wake a long poll with its own sweep, and the
@@ -298,7 +262,7 @@ impl Shard {
         }
     }
 
-    pub(super) async fn move_dead_letters(&self, topic: &Topic, owner: &Owner) {
+    pub(super) async fn move_dead_letters(&self, topic: &Topic, owner: &Owner<F>) {
         loop {
             let letter = match owner.next_dead_letter().await {
                 Ok(Some(letter)) => letter,
@@ -377,7 +341,7 @@ impl Shard {
         }
     }
 
-    pub(super) fn owners_snapshot(&self) -> Vec<(OwnerKey, OwnerSlot)> {
+    pub(super) fn owners_snapshot(&self) -> Vec<(OwnerKey, OwnerSlot<F>)> {
         self.owners
             .slots
             .borrow()
@@ -403,7 +367,7 @@ impl Shard {
             }
             for partition in 0..topic.config.partitions {
                 let local = self.owner_node(&topic, partition) == self.me()
-                    && self.mesh.is_local(&topic.name, partition);
+                    && self.placement(&topic).shard_of(partition) == self.shard_index();
                 let key = (topic.name.clone(), topic.incarnation, partition);
                 if !local || self.owners.slots.borrow().contains_key(&key) {
                     continue;

@@ -5,7 +5,7 @@
 use super::*;
 use crate::metric_names::{DISPATCHER_COMMIT_RECORDS, DISPATCHER_REROUTES_TOTAL};
 
-impl Shard {
+impl<F: FileSystem> Shard<F> {
     /// The dispatcher loop: sends ready batches, sleeps until the next
     /// deadline or a push.
     pub async fn run_dispatcher(self: Rc<Self>) {
@@ -47,7 +47,6 @@ impl Shard {
             .topics
             .get(batch.destination.topic.as_ref())
             .cloned();
-        let mut dead_owner = None;
         let result = match topic {
             // A node that restarted without a quorum may not have applied
             // the topic yet: its records wait until the metadata is known.
@@ -78,46 +77,22 @@ impl Shard {
                 Ok(())
             }
             Some(topic) => {
-                let partition = batch.destination.partition;
-                let node = self.owner_node(&topic, partition);
-                if node == self.me() {
-                    let messages: Vec<Message> = batch
+                let op = Commit {
+                    topic: TopicRef::of(&topic),
+                    partition: batch.destination.partition,
+                    messages: batch
                         .records
                         .iter()
                         .filter(|r| r.belongs_to(topic.incarnation))
-                        .map(|r| Message {
+                        .map(|r| Record {
                             id: r.id,
                             produced_at_ms: r.accept_ms,
                             key: r.key.clone(),
                             value: r.value.clone(),
                         })
-                        .collect();
-                    self.commit_on_node(&topic, partition, messages).await
-                } else if self.is_dead(node) {
-                    dead_owner = Some(node);
-                    Err(Self::owner_dead(node))
-                } else {
-                    let request = DataRequest::Commit {
-                        topic: topic.name.clone(),
-                        incarnation: topic.incarnation,
-                        partition,
-                        messages: batch
-                            .records
-                            .iter()
-                            .filter(|r| r.belongs_to(topic.incarnation))
-                            .map(|r| WireMessage {
-                                id: r.id,
-                                produced_at_ms: r.accept_ms,
-                                key: r.key.clone(),
-                                value: r.value.to_vec(),
-                            })
-                            .collect(),
-                    };
-                    self.call_node(node, &request, COMMIT_CALL_TIMEOUT)
-                        .await
-                        .map(|_| ())
-                        .map_err(|e| e.to_api(node))
-                }
+                        .collect(),
+                };
+                self.commit(&topic, op, Reach::Cluster).await
             }
         };
         match result {
@@ -133,7 +108,8 @@ impl Shard {
                 }
             }
             Err(error) => {
-                if dead_owner.is_none() {
+                let owner_dead = error.code == ErrorCode::OwnerDead;
+                if !owner_dead {
                     tracing::warn!(topic = %batch.destination.topic, partition = batch.destination.partition, %error, "commit failed; will retry");
                 }
                 let outcome = self
@@ -141,9 +117,7 @@ impl Shard {
                     .queue
                     .borrow_mut()
                     .on_failed(batch.batch_id, self.now());
-                if dead_owner.is_some()
-                    || matches!(outcome, Some(FailureOutcome::RerouteDue { .. }))
-                {
+                if owner_dead || matches!(outcome, Some(FailureOutcome::RerouteDue { .. })) {
                     self.reroute(&batch.destination);
                 }
             }
@@ -200,32 +174,36 @@ impl Shard {
         tracing::warn!(topic = %from.topic, partition = from.partition, owner = failing, to = sibling, records = count, "rerouted records around an unavailable owner");
     }
 
-    /// Appends a batch to a partition of this node, at the shard that owns it.
-    pub(super) async fn commit_on_node(
-        &self,
-        topic: &Topic,
-        partition: u32,
-        messages: Vec<Message>,
-    ) -> Result<(), ApiError> {
-        let shard = self.mesh.owner_of(&topic.name, partition);
-        if shard == self.mesh.me() {
-            return self.commit_local(topic, partition, messages).await;
+    /// Appends a batch to its partition, at the shard and node that own it
+    /// (within `reach`). Another node's commit is refused once this node
+    /// stops, before it touches a log: the sender keeps the records and
+    /// commits them again later, rather than a commit landing whose answer
+    /// never leaves.
+    pub(super) async fn commit(&self, topic: &Topic, op: Commit, reach: Reach) -> Committed {
+        if reach == Reach::Node && self.flow.stopping.get() {
+            return Err(ApiError::new(ErrorCode::Stopping, "the owner is stopping"));
         }
-        let topic = topic.clone();
-        self.mesh
-            .call(shard, None, |reply| ShardMsg::Commit {
-                topic,
-                partition,
-                messages,
-                reply,
-            })
-            .await
-            .and_then(|answer| answer)
+        match self.route(topic, op.partition, reach)? {
+            Location::Here => {
+                let messages = op.messages.into_iter().map(Message::from).collect();
+                self.commit_here(topic, op.partition, messages).await
+            }
+            Location::Shard(shard) => {
+                let to = Address::Shard(shard);
+                self.call(to, op, None).await.map_err(|e| e.to_api(to))?
+            }
+            Location::Node(node) => {
+                let to = Address::Node(node);
+                self.call(to, op, Some(COMMIT_CALL_TIMEOUT))
+                    .await
+                    .map_err(|e| e.to_api(to))?
+            }
+        }
     }
 
     /// Appends a batch to a partition of this shard and wakes long polls on
     /// every shard.
-    pub(super) async fn commit_local(
+    pub(super) async fn commit_here(
         &self,
         topic: &Topic,
         partition: u32,
@@ -244,8 +222,20 @@ impl Shard {
     /// tell the other nodes.
     pub(super) fn announce_available(&self) {
         self.flow.availability.notify();
-        self.mesh.announce_available();
+        self.wake_other_shards();
         self.remote.notice.notify();
+    }
+
+    /// Wakes the long polls of this node's other shards.
+    pub(super) fn wake_other_shards(&self) {
+        let from = self.me();
+        for shard in (0..usize::from(self.identity.shards)).filter(|s| *s != self.shard_index()) {
+            let (reply, _) = futures_channel::oneshot::channel();
+            self.links.post(
+                Address::Shard(shard),
+                Envelope::Available(Available { from }, reply),
+            );
+        }
     }
 
     /// Tells the other nodes when messages became available on this shard,
@@ -265,10 +255,11 @@ impl Shard {
                 if self.is_dead(node) || !in_flight.borrow_mut().insert(node) {
                     continue;
                 }
-                let (peers, in_flight) = (peers.clone(), in_flight.clone());
-                let request = DataRequest::Available { from: peers.me() };
+                let (shard, in_flight) = (self.clone(), in_flight.clone());
+                let op = Available { from: peers.me() };
                 self.env.runtime.spawn(Box::pin(async move {
-                    if let Err(error) = peers.call(node, &request, AVAILABLE_CALL_TIMEOUT).await {
+                    let to = Address::Node(node);
+                    if let Err(error) = shard.call(to, op, Some(AVAILABLE_CALL_TIMEOUT)).await {
                         tracing::debug!(node, ?error, "an availability notice was not delivered");
                     }
                     in_flight.borrow_mut().remove(&node);

@@ -2,7 +2,7 @@
 
 use super::*;
 
-impl Shard {
+impl<F: FileSystem> Shard<F> {
     /// Why the node is not ready, if it is not: stopping, any shard's WAL
     /// failed, or no Raft leader.
     pub async fn not_ready(&self) -> Option<ApiError> {
@@ -53,7 +53,7 @@ impl Shard {
             })
             .collect();
         ShardGauges {
-            shard: self.mesh.me(),
+            shard: u32::from(self.identity.shard_id),
             wal_used_bytes: self.wal.stats().used_bytes,
             wal_failure: self.wal.failure().map(|f| f.to_string()),
             ack_state_failure: self
@@ -69,19 +69,13 @@ impl Shard {
     /// out and logged).
     pub async fn gauges(&self) -> Vec<ShardGauges> {
         let mut all = vec![self.local_gauges()];
-        for shard in 0..self.mesh.shards() {
-            if shard == self.mesh.me() {
-                continue;
-            }
+        for shard in (0..usize::from(self.identity.shards)).filter(|s| *s != self.shard_index()) {
             match self
-                .mesh
-                .call(shard, Some(GAUGES_TIMEOUT), |reply| ShardMsg::Gauges {
-                    reply,
-                })
+                .call(Address::Shard(shard), Gauges, Some(GAUGES_TIMEOUT))
                 .await
             {
                 Ok(gauges) => all.push(gauges),
-                Err(error) => tracing::warn!(shard, %error, "no figures from a shard"),
+                Err(error) => tracing::warn!(shard, ?error, "no figures from a shard"),
             }
         }
         all.sort_by_key(|g| g.shard);

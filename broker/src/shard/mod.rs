@@ -2,15 +2,16 @@
 //! dispatcher and the partitions of this node that hash to it, and serves
 //! the API on the shared client port.
 //!
-//! A request may need partitions of another shard: commits, consumes,
-//! settles and figures then go to the owning shard as one [`ShardMsg`]
-//! (`mesh.rs`). A partition of another node is reached over QUIC
-//! (`remote.rs`): the dispatcher commits to its owner there, unpinned
-//! consumes lease from it after this node's own partitions, and receipts
-//! are settled where they were issued.
+//! A request may need partitions of another shard or node: commits,
+//! consumes, settles and figures then travel as operations (`rpc/`) to the
+//! shard that owns them, through the shard's one transport (the mesh to its
+//! node's shards, QUIC to other nodes): the dispatcher commits to the
+//! owner, unpinned consumes lease from other nodes after this node's own
+//! partitions, and receipts are settled where they were issued. Each shard
+//! answers every operation in one place (`serve.rs`), whoever sent it.
 
 use std::cell::{Cell, RefCell};
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,9 +20,8 @@ use std::time::Duration;
 
 use narad_net::http_server::NodeBudget;
 use narad_net::types::{ConsumeRequest, ConsumedMessage, SettleAction, TopicPatch};
-use narad_net::value::JsonValue;
 use narad_net::{ApiError, ErrorCode};
-use narad_raft::node::{MetaNode, MetaSnapshot};
+use narad_raft::node::MetaSnapshot;
 use narad_raft::state::{Applied, Command, NodeId, Topic, TopicConfig};
 use narad_raft::store::MetaView;
 use narad_storage::clock::SharedClock;
@@ -43,18 +43,22 @@ use crate::limits::{
     ADOPT_CHUNK_RECORDS, ADOPT_FULL_RETRY, AVAILABLE_CALL_TIMEOUT, AVAILABLE_COALESCE,
     COLLECT_CALL_TIMEOUT, COLLECT_TOP_UP_TIMEOUT, COMMIT_BATCH_BYTES_MAX, COMMIT_BATCH_RECORDS_MAX,
     COMMIT_CALL_TIMEOUT, COMMIT_RETRY_BACKOFF_MAX_MS, COMMIT_RETRY_BACKOFF_MIN_MS, GAUGES_TIMEOUT,
-    ID_INCARNATION_BITS, ID_SEQUENCE_BITS, ID_SHARD_BITS, SETTLE_CALL_TIMEOUT, STATS_CALL_TIMEOUT,
-    STOP_DRAIN_POLL, STOP_DRAIN_TIMEOUT, TAIL_CACHE_BYTES,
+    ID_INCARNATION_BITS, ID_SEQUENCE_BITS, ID_SHARD_BITS, LOCAL_APPLY_WAIT, SETTLE_CALL_TIMEOUT,
+    STATS_CALL_TIMEOUT, STOP_DRAIN_POLL, STOP_DRAIN_TIMEOUT, TAIL_CACHE_BYTES,
 };
-use crate::mesh::{Mesh, SettleOutcome, ShardGauges, ShardMsg};
+use crate::metastore::Metastore;
 use crate::owner::{OwnerConfig, PartitionOwner, PartitionStats};
 use crate::partitioner::partition_for_key;
 use crate::receipt::{Receipt, ReceiptKey};
-use crate::remote::{
-    CallError, DataAnswer, DataRequest, Inbound, Peers, WireConsumed, WireMessage, WireOutcome,
-    WireStats,
+use crate::remote::Peers;
+use crate::route::{
+    consume_order, group_by, reroute_target, rotated, InOrder, Location, Placement,
 };
-use crate::route::{consume_order, group_by, reroute_target, rotated, InOrder, Placement};
+use crate::rpc::{
+    Address, Available, CallError, Collect, Collected, Commit, Committed, Delivery, Envelope,
+    Figures, Gauges, Links, Operation, Reach, Record, Settle, SettleOutcome, Settled, ShardGauges,
+    Stats, TopicRef, Transport,
+};
 use crate::runtime::SharedRuntime;
 use crate::settings::Settings;
 use crate::signal::Signal;
@@ -68,6 +72,7 @@ mod produce;
 mod serve;
 mod settle;
 mod stop;
+mod tasks;
 mod topics;
 
 pub use crate::limits::MAX_MESSAGE_BYTES_DEFAULT;
@@ -103,11 +108,11 @@ impl Metadata {
 /// The file system of a node: the real disk under the fault layer, which
 /// passes every call through unless a test switched it on.
 pub type NodeFs = FaultyFs<GlommioFs>;
-type Owner = Rc<PartitionOwner<NodeFs>>;
+type Owner<F> = Rc<PartitionOwner<F>>;
 
-enum OwnerSlot {
+enum OwnerSlot<F: FileSystem> {
     Opening,
-    Ready(Owner),
+    Ready(Owner<F>),
 }
 
 /// A message id: unique for the life of the cluster, since the incarnation
@@ -123,19 +128,19 @@ fn message_id(identity: ShardIdentity, seq: u64) -> u128 {
 
 /// An owner slot marked `Opening` by a request: removed again (and its
 /// waiters woken) if the request is dropped before the open finished.
-struct OpeningSlot<'a> {
-    shard: &'a Shard,
+struct OpeningSlot<'a, F: FileSystem> {
+    shard: &'a Shard<F>,
     key: Option<OwnerKey>,
 }
 
-impl OpeningSlot<'_> {
+impl<F: FileSystem> OpeningSlot<'_, F> {
     /// The open finished: its caller fills or removes the slot.
     fn settled(mut self) {
         self.key = None;
     }
 }
 
-impl Drop for OpeningSlot<'_> {
+impl<F: FileSystem> Drop for OpeningSlot<'_, F> {
     fn drop(&mut self) {
         let Some(key) = self.key.take() else {
             return;
@@ -154,6 +159,8 @@ impl Drop for OpeningSlot<'_> {
 pub struct ShardIdentity {
     pub node_id: u16,
     pub shard_id: u16,
+    /// How many shards the node has.
+    pub shards: u16,
     /// Increases on every start of the node (kept in its data folder).
     pub epoch: u32,
     /// Drawn at random at every start: message ids and receipts carry it,
@@ -163,38 +170,40 @@ pub struct ShardIdentity {
 }
 
 /// What a shard is made of.
-pub struct ShardParts {
+pub struct ShardParts<F: FileSystem = NodeFs> {
     pub identity: ShardIdentity,
     pub settings: Arc<Settings>,
-    pub mesh: Mesh,
-    pub wal: Rc<Wal<NodeFs>>,
+    /// The way to the node's other shards and to other nodes.
+    pub links: Links,
+    pub wal: Rc<Wal<F>>,
     /// The other nodes of the cluster; `None` for a single node.
     pub peers: Option<Arc<Peers>>,
-    pub env: ShardEnv,
+    pub env: ShardEnv<F>,
 }
 
-pub struct Shard {
+pub struct Shard<F: FileSystem = NodeFs> {
     identity: ShardIdentity,
     settings: Arc<Settings>,
-    mesh: Mesh,
-    env: ShardEnv,
-    wal: Rc<Wal<NodeFs>>,
+    links: Links,
+    env: ShardEnv<F>,
+    wal: Rc<Wal<F>>,
     /// This shard's copy of the metadata (no shared lock per request).
     metadata: RefCell<Metadata>,
-    owners: Owners,
+    owners: Owners<F>,
     dispatch: Dispatch,
     remote: Remote,
     flow: Flow,
 }
 
 /// What the node gives each of its shards.
-pub struct ShardEnv {
+pub struct ShardEnv<F: FileSystem = NodeFs> {
     pub data_dir: PathBuf,
-    pub fs: NodeFs,
+    pub fs: F,
     pub clock: SharedClock,
     /// Timers and tasks (glommio in the node).
     pub runtime: SharedRuntime,
-    pub meta: Arc<MetaNode>,
+    /// The cluster's metadata (openraft in a node).
+    pub meta: Rc<dyn Metastore>,
     pub receipt_key: ReceiptKey,
     pub metrics: metrics_exporter_prometheus::PrometheusHandle,
     /// Set once any shard's ingress WAL failed: the node answers 500 to
@@ -205,8 +214,8 @@ pub struct ShardEnv {
 }
 
 /// The partitions of this shard, each opened on first use.
-struct Owners {
-    slots: RefCell<HashMap<OwnerKey, OwnerSlot>>,
+struct Owners<F: FileSystem> {
+    slots: RefCell<HashMap<OwnerKey, OwnerSlot<F>>>,
     /// Raised when a slot is filled or removed.
     changed: Signal,
 }
@@ -223,7 +232,8 @@ struct Dispatch {
 
 /// This shard's side of the other nodes.
 struct Remote {
-    /// The other nodes of the cluster; `None` for a single node.
+    /// The other nodes of the cluster and what is known of their messages;
+    /// `None` for a single node.
     peers: Option<Arc<Peers>>,
     /// Raised when messages became available here, for other nodes.
     notice: Signal,
@@ -248,12 +258,12 @@ struct Flow {
     round_robin: Cell<u32>,
 }
 
-impl Shard {
-    pub fn new(parts: ShardParts) -> Rc<Self> {
+impl<F: FileSystem> Shard<F> {
+    pub fn new(parts: ShardParts<F>) -> Rc<Self> {
         let ShardParts {
             identity,
             settings,
-            mesh,
+            links,
             wal,
             peers,
             env,
@@ -275,7 +285,7 @@ impl Shard {
         Rc::new(Self {
             identity,
             settings,
-            mesh,
+            links,
             env,
             wal,
             metadata: RefCell::new(metadata),
@@ -314,11 +324,11 @@ impl Shard {
         &self.settings
     }
 
-    pub fn meta(&self) -> &MetaNode {
-        &self.env.meta
+    pub fn meta(&self) -> &dyn Metastore {
+        self.env.meta.as_ref()
     }
 
-    pub fn wal(&self) -> &Wal<NodeFs> {
+    pub fn wal(&self) -> &Wal<F> {
         &self.wal
     }
 
@@ -334,13 +344,36 @@ impl Shard {
     fn now(&self) -> u64 {
         self.env.clock.now_ms()
     }
+
+    /// This shard's index among its node's shards.
+    fn shard_index(&self) -> usize {
+        usize::from(self.identity.shard_id)
+    }
+
+    /// The next turn of the rotation that keeps starts fair.
+    fn next_turn(&self) -> u32 {
+        let turn = self.flow.round_robin.get().wrapping_add(1);
+        self.flow.round_robin.set(turn);
+        turn
+    }
+
+    /// Sends an operation to another shard or node and waits for its reply,
+    /// at most `timeout`.
+    async fn call<O: Operation>(
+        &self,
+        to: Address,
+        op: O,
+        timeout: Option<Duration>,
+    ) -> Result<O::Reply, CallError> {
+        crate::rpc::call(&self.links, self.env.runtime.as_ref(), to, op, timeout).await
+    }
 }
 
 /// Runs `tick` every `interval` until the shard stops.
-pub async fn every(
-    shard: Rc<Shard>,
+pub async fn every<F: FileSystem>(
+    shard: Rc<Shard<F>>,
     interval: Duration,
-    tick: impl Fn(Rc<Shard>) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>,
+    tick: impl Fn(Rc<Shard<F>>) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>,
 ) {
     while !shard.is_stopping() {
         shard.env.runtime.sleep(interval).await;
@@ -357,6 +390,7 @@ mod tests {
         let identity = ShardIdentity {
             node_id: 7,
             shard_id: 1,
+            shards: 2,
             epoch: 1,
             incarnation: 0x0000_1234_5678_9abc,
         };
@@ -371,6 +405,7 @@ mod tests {
         let before = ShardIdentity {
             node_id: 2,
             shard_id: 0,
+            shards: 1,
             epoch: 1,
             incarnation: 0xaaaa,
         };

@@ -3,7 +3,7 @@
 
 use super::*;
 
-impl Shard {
+impl<F: FileSystem> Shard<F> {
     pub(super) fn me(&self) -> NodeId {
         NodeId::from(self.identity.node_id)
     }
@@ -12,8 +12,8 @@ impl Shard {
     pub(super) fn placement<'a>(&self, topic: &'a Topic) -> Placement<'a> {
         Placement {
             me: self.me(),
-            shard: self.mesh.me(),
-            shards: self.mesh.shards(),
+            shard: self.shard_index(),
+            shards: usize::from(self.identity.shards),
             topic: &topic.name,
             owners: &topic.owners,
         }
@@ -35,8 +35,6 @@ impl Shard {
                 .is_some_and(|record| !record.alive)
     }
 
-    /// Every node of the cluster the controller has not marked dead, in id
-    /// order (this node always among them).
     /// Every member of the cluster and whether this node's view of the
     /// controller's liveness holds it alive (this node always is).
     pub fn members_alive(&self) -> Vec<(NodeId, bool)> {
@@ -68,20 +66,5 @@ impl Shard {
             ErrorCode::OwnerDead,
             format!("the partition's owner, node {node}, is marked dead; its messages wait for it"),
         )
-    }
-
-    /// Calls another node of the cluster.
-    pub(super) async fn call_node(
-        &self,
-        node: NodeId,
-        request: &DataRequest,
-        timeout: Duration,
-    ) -> Result<DataAnswer, CallError> {
-        match &self.remote.peers {
-            Some(peers) => peers.call(node, request, timeout).await,
-            None => Err(CallError::Unreachable(format!(
-                "node {node} is not a member of this single-node cluster"
-            ))),
-        }
     }
 }

@@ -3,11 +3,11 @@
 
 use super::*;
 
-impl Shard {
+impl<F: FileSystem> Shard<F> {
     /// The owner of a partition of this shard, opened on first use.
-    pub(super) async fn owner(&self, topic: &Topic, partition: u32) -> Result<Owner, ApiError> {
+    pub(super) async fn owner(&self, topic: &Topic, partition: u32) -> Result<Owner<F>, ApiError> {
         debug_assert!(
-            self.mesh.is_local(&topic.name, partition),
+            self.placement(topic).shard_of(partition) == self.shard_index(),
             "a shard opens only its own partitions"
         );
         let key = (topic.name.clone(), topic.incarnation, partition);
@@ -54,7 +54,7 @@ impl Shard {
         &self,
         topic: &Topic,
         partition: u32,
-    ) -> Result<PartitionOwner<NodeFs>, ApiError> {
+    ) -> Result<PartitionOwner<F>, ApiError> {
         let dir = self
             .topic_dir(&topic.name, topic.incarnation)
             .join(partition.to_string());
@@ -91,7 +91,7 @@ impl Shard {
         Ok(PartitionOwner::new(log, acks, owner_config))
     }
 
-    pub(super) fn open_owners(&self) -> Vec<Owner> {
+    pub(super) fn open_owners(&self) -> Vec<Owner<F>> {
         self.owners
             .slots
             .borrow()

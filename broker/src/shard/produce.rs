@@ -4,7 +4,7 @@
 
 use super::*;
 
-impl Shard {
+impl<F: FileSystem> Shard<F> {
     pub(super) fn next_id(&self) -> u128 {
         let seq = self.flow.next_seq.get();
         self.flow.next_seq.set(seq + 1);

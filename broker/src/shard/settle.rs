@@ -4,96 +4,68 @@
 use super::*;
 use crate::metric_names::ACKS_TOTAL;
 
-impl Shard {
-    /// Ack, nack or extend receipts, each at the node and shard that own
-    /// its partition (where it was issued and is authenticated). Answers in
-    /// the order given; extend answers the new lease end.
+impl<F: FileSystem> Shard<F> {
+    /// Ack, nack or extend receipts for a client. Answers in the order
+    /// given; extend answers the new lease end.
     pub async fn settle(
         &self,
         topic: &Topic,
         receipts: &[String],
         action: SettleAction,
-    ) -> Vec<SettleOutcome> {
-        let mut outcomes = InOrder::new(receipts.len());
-        let me = self.me();
-        let groups = group_by(receipts, &mut outcomes, |text| {
-            // A partition beyond the topic's is "this node's": it is
-            // authenticated here, then answered 410.
-            Receipt::peek(text, &topic.name)
-                .map(|receipt| (self.owner_node(topic, receipt.partition), text.clone()))
-                .map_err(Err)
-        });
-        for (node, group) in groups {
-            let texts = group.items;
-            let count = texts.len();
-            let answers = if node == me {
-                self.settle_on_node(topic, texts, action).await
-            } else if self.is_dead(node) {
-                vec![Err(Self::owner_dead(node)); count]
-            } else {
-                let request = DataRequest::Settle {
-                    topic: topic.name.clone(),
-                    incarnation: topic.incarnation,
-                    receipts: texts,
-                    action: action.into(),
-                };
-                match self.call_node(node, &request, SETTLE_CALL_TIMEOUT).await {
-                    Ok(DataAnswer::Settled(list)) if list.len() == count => list
-                        .into_iter()
-                        .map(|o| match o.error {
-                            Some(error) => Err(error.to_api()),
-                            None => Ok(o.lease_expires_at_ms),
-                        })
-                        .collect(),
-                    Ok(_) => vec![
-                        Err(ApiError::new(
-                            ErrorCode::Internal,
-                            format!("node {node} answered a settle oddly"),
-                        ));
-                        count
-                    ],
-                    Err(error) => vec![Err(error.to_api(node)); count],
-                }
-            };
-            outcomes.put_all(group.indexes, answers);
-        }
-        outcomes.finish(Self::receipt_unsettled)
+    ) -> Settled {
+        let op = Settle {
+            topic: TopicRef::of(topic),
+            receipts: receipts.to_vec(),
+            action,
+        };
+        self.settle_receipts(topic, op, Reach::Cluster).await
     }
 
-    /// Settles receipts of this node's partitions, each at the shard that
-    /// owns its partition.
-    pub(super) async fn settle_on_node(
-        &self,
-        topic: &Topic,
-        receipts: Vec<String>,
-        action: SettleAction,
-    ) -> Vec<SettleOutcome> {
-        let mut outcomes = InOrder::new(receipts.len());
-        let groups = group_by(receipts, &mut outcomes, |text| {
-            self.check_receipt(topic, &text)
-                .map(|receipt| (self.mesh.owner_of(&topic.name, receipt.partition), receipt))
+    /// Settles each receipt at the node and shard that own its partition
+    /// (where it was issued and is authenticated), within `reach`; a receipt
+    /// of a partition beyond the reach (the sender's metadata differs) is
+    /// answered 410. Answers in the order given.
+    pub(super) async fn settle_receipts(&self, topic: &Topic, op: Settle, reach: Reach) -> Settled {
+        let placement = self.placement(topic);
+        let mut outcomes = InOrder::new(op.receipts.len());
+        let groups = group_by(op.receipts, &mut outcomes, |text| {
+            // A partition beyond the topic's is placed on this node: it is
+            // authenticated by its shard, then answered 410.
+            Receipt::peek(&text, &topic.name)
+                .map(|receipt| (placement.locate(receipt.partition), text))
                 .map_err(Err)
         });
-        for (shard, group) in groups {
+        for (location, group) in groups {
             let receipts = group.items;
-            let answers = if shard == self.mesh.me() {
-                self.settle_local(topic, receipts, action)
-            } else {
-                let count = receipts.len();
-                let topic = topic.clone();
-                match self
-                    .mesh
-                    .call(shard, None, |reply| ShardMsg::Settle {
-                        topic,
-                        receipts,
-                        action,
-                        reply,
-                    })
-                    .await
-                {
-                    Ok(answers) => answers,
-                    Err(error) => vec![Err(error); count],
+            let count = receipts.len();
+            let to = match location {
+                Location::Here => {
+                    let answers = self.settle_here(topic, receipts, op.action);
+                    outcomes.put_all(group.indexes, answers);
+                    continue;
                 }
+                Location::Shard(shard) if reach.crosses_shards() => Address::Shard(shard),
+                Location::Node(node) if reach.crosses_nodes() => {
+                    if self.is_dead(node) {
+                        outcomes.put_all(group.indexes, vec![Err(Self::owner_dead(node)); count]);
+                        continue;
+                    }
+                    Address::Node(node)
+                }
+                Location::Shard(_) | Location::Node(_) => {
+                    outcomes.put_all(group.indexes, vec![Err(Self::lease_gone()); count]);
+                    continue;
+                }
+            };
+            let timeout = matches!(to, Address::Node(_)).then_some(SETTLE_CALL_TIMEOUT);
+            let part = Settle {
+                topic: op.topic.clone(),
+                receipts,
+                action: op.action,
+            };
+            let answers = match self.call(to, part, timeout).await {
+                Ok(answers) => answers,
+                Err(error) => vec![Err(error.to_api(to)); count],
             };
             outcomes.put_all(group.indexes, answers);
         }
@@ -125,13 +97,13 @@ impl Shard {
         Ok(receipt)
     }
 
-    /// Settles receipts of partitions this shard owns.
-    pub(super) fn settle_local(
+    /// Settles receipts of partitions this shard owns, authenticating each.
+    pub(super) fn settle_here(
         &self,
         topic: &Topic,
-        receipts: Vec<Receipt>,
+        receipts: Vec<String>,
         action: SettleAction,
-    ) -> Vec<SettleOutcome> {
+    ) -> Settled {
         if self.flow.acks_closed.get() {
             let stopping = ApiError::new(ErrorCode::Stopping, "the node is stopping");
             return vec![Err(stopping); receipts.len()];
@@ -139,7 +111,8 @@ impl Shard {
         let now = self.now();
         let answers: Vec<SettleOutcome> = receipts
             .into_iter()
-            .map(|receipt| {
+            .map(|text| {
+                let receipt = self.check_receipt(topic, &text)?;
                 let key = (topic.name.clone(), topic.incarnation, receipt.partition);
                 let owner = match self.owners.slots.borrow().get(&key) {
                     Some(OwnerSlot::Ready(owner)) => owner.clone(),

@@ -2,7 +2,7 @@
 
 use super::*;
 
-impl Shard {
+impl<F: FileSystem> Shard<F> {
     /// Graceful stop, first half: refuse new produces and let the dispatcher
     /// commit what it holds (other shards keep answering commits until every
     /// shard finished this half).

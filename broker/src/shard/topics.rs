@@ -3,7 +3,7 @@
 
 use super::*;
 
-impl Shard {
+impl<F: FileSystem> Shard<F> {
     /// The current metadata, from this shard's snapshot (an atomic load
     /// unless the metastore applied something since the last read).
     pub(super) fn view(&self) -> Arc<MetaView> {
@@ -121,8 +121,41 @@ impl Shard {
                 ))
             }
         };
+        self.applied_here(&topic).await;
         self.reconcile_owners();
         Ok((created, topic))
+    }
+
+    /// Waits until this node's metadata holds `topic` (the leader applied it
+    /// first), at most [`LOCAL_APPLY_WAIT`]: the answer to a topic change
+    /// comes after the node that gives it can serve the topic.
+    async fn applied_here(&self, topic: &Topic) {
+        let mut changes = self.env.meta.subscribe();
+        let deadline = self.now() + LOCAL_APPLY_WAIT.as_millis() as u64;
+        loop {
+            let held = changes
+                .borrow_and_update()
+                .state
+                .topics
+                .get(&topic.name)
+                .is_some_and(|t| t.incarnation >= topic.incarnation);
+            let now = self.now();
+            if held || now >= deadline {
+                return;
+            }
+            let wait = async {
+                self.env
+                    .runtime
+                    .sleep(Duration::from_millis(deadline - now))
+                    .await;
+                false
+            };
+            // The metastore stopped (its feed closed): nothing more comes.
+            let closed = async { changes.changed().await.is_err() };
+            if futures_lite::future::or(closed, wait).await {
+                return;
+            }
+        }
     }
 
     pub async fn delete_topic(&self, name: &str) -> Result<(), ApiError> {
@@ -218,15 +251,51 @@ impl Shard {
     }
 
     /// Per-partition figures of a topic (opening its partitions if needed),
-    /// asking the shard and node that owns each. A node that does not
-    /// answer leaves its partitions' figures at zero.
+    /// from the shard and node that own each. A node that does not answer
+    /// leaves its partitions' figures at zero.
     pub async fn partition_stats(&self, topic: &Topic) -> Result<Vec<PartitionStats>, ApiError> {
+        let op = Stats {
+            topic: TopicRef::of(topic),
+            partitions: (0..topic.config.partitions).collect(),
+        };
         let mut stats = vec![PartitionStats::default(); topic.config.partitions as usize];
-        let (local, remote) = self
-            .placement(topic)
-            .split_by_node(0..topic.config.partitions);
-        let mut figures = self.stats_on_node(topic, local).await?;
-        for (node, partitions) in remote {
+        for (partition, figures) in self.stats(topic, op, Reach::Cluster).await? {
+            if let Some(slot) = stats.get_mut(partition as usize) {
+                *slot = figures;
+            }
+        }
+        Ok(stats)
+    }
+
+    /// Figures of the partitions of `op` within `reach`, from the shards
+    /// that own them; other nodes that are dead, recently unreachable or
+    /// refuse are left out.
+    pub(super) async fn stats(&self, topic: &Topic, op: Stats, reach: Reach) -> Figures {
+        let placement = self.placement(topic);
+        let count = topic.config.partitions;
+        let (mine, others) =
+            placement.split_by_node(op.partitions.iter().copied().filter(|p| *p < count));
+        let mut figures = Vec::with_capacity(op.partitions.len());
+        for (shard, partitions) in placement.group_by_shard(mine) {
+            if shard == self.shard_index() {
+                figures.extend(self.stats_here(topic, &partitions).await?);
+            } else if reach.crosses_shards() {
+                let to = Address::Shard(shard);
+                let part = Stats {
+                    topic: op.topic.clone(),
+                    partitions,
+                };
+                figures.extend(
+                    self.call(to, part, None)
+                        .await
+                        .map_err(|e| e.to_api(to))??,
+                );
+            }
+        }
+        if !reach.crosses_nodes() {
+            return Ok(figures);
+        }
+        for (node, partitions) in others {
             let unreachable = self
                 .remote
                 .peers
@@ -235,65 +304,30 @@ impl Shard {
             if self.is_dead(node) || unreachable {
                 continue;
             }
-            let request = DataRequest::Stats {
-                topic: topic.name.clone(),
-                incarnation: topic.incarnation,
+            let part = Stats {
+                topic: op.topic.clone(),
                 partitions,
             };
-            match self.call_node(node, &request, STATS_CALL_TIMEOUT).await {
-                Ok(DataAnswer::Stats(list)) => {
-                    figures.extend(list.iter().map(WireStats::to_stats));
+            match self
+                .call(Address::Node(node), part, Some(STATS_CALL_TIMEOUT))
+                .await
+            {
+                Ok(Ok(list)) => figures.extend(list),
+                Ok(Err(error)) | Err(CallError::Refused(error)) => {
+                    tracing::debug!(node, %error, "partition figures: a node refused")
                 }
-                Ok(_) => tracing::warn!(node, "partition figures: an odd answer"),
                 Err(CallError::Unreachable(reason)) => {
                     tracing::debug!(node, reason, "partition figures: no answer from a node");
                     if let Some(peers) = &self.remote.peers {
                         peers.unreachable(node, self.now());
                     }
                 }
-                Err(CallError::Refused(error)) => {
-                    tracing::debug!(node, %error, "partition figures: a node refused")
-                }
             }
         }
-        for (partition, figures) in figures {
-            if let Some(slot) = stats.get_mut(partition as usize) {
-                *slot = figures;
-            }
-        }
-        Ok(stats)
+        Ok(figures)
     }
 
-    /// Figures of partitions of this node, from the shards that own them.
-    pub(super) async fn stats_on_node(
-        &self,
-        topic: &Topic,
-        partitions: Vec<u32>,
-    ) -> Result<Vec<(u32, PartitionStats)>, ApiError> {
-        let mut stats = Vec::with_capacity(partitions.len());
-        for (shard, partitions) in self.placement(topic).group_by_shard(partitions) {
-            let figures = if shard == self.mesh.me() {
-                self.local_stats(topic, &partitions).await?
-            } else {
-                let topic = topic.clone();
-                self.mesh
-                    .call(shard, None, |reply| ShardMsg::Stats {
-                        topic,
-                        partitions,
-                        reply,
-                    })
-                    .await??
-            };
-            stats.extend(figures);
-        }
-        Ok(stats)
-    }
-
-    pub(super) async fn local_stats(
-        &self,
-        topic: &Topic,
-        partitions: &[u32],
-    ) -> Result<Vec<(u32, PartitionStats)>, ApiError> {
+    async fn stats_here(&self, topic: &Topic, partitions: &[u32]) -> Figures {
         let mut stats = Vec::with_capacity(partitions.len());
         for &partition in partitions {
             let owner = self.owner(topic, partition).await?;

@@ -725,11 +725,16 @@ impl<F: FileSystem> Wal<F> {
 
 impl<F: FileSystem> Wal<F> {
     /// Syncs a checkpoint every `interval` (`dispatcher.checkpoint_interval_ms`)
-    /// until the WAL is closed (one last checkpoint then) or fails. Runs on a
-    /// glommio executor (its timer), whatever the file system.
-    pub async fn run_checkpointer(self: Rc<Self>, interval: std::time::Duration) {
+    /// until the WAL is closed (one last checkpoint then) or fails. `sleep`
+    /// is the executor's timer (glommio's in a node, a manual clock's in a
+    /// simulation).
+    pub async fn run_checkpointer<S: Future<Output = ()>>(
+        self: Rc<Self>,
+        interval: std::time::Duration,
+        sleep: impl Fn(std::time::Duration) -> S,
+    ) {
         loop {
-            glommio::timer::sleep(interval).await;
+            sleep(interval).await;
             let closed = self.state.borrow().closed;
             if self.checkpoint().await.is_err() || closed {
                 return;

@@ -1,0 +1,246 @@
+//! The operations, each a request type with its reply type, and
+//! [`Envelope`], the one message a transport carries: an operation with the
+//! oneshot its reply goes back on.
+//!
+//! Adding an operation: its request and reply types here, its variant in
+//! [`Envelope`] (and in `kind` and `visit`), its `KIND` in `wire.rs`'s
+//! list, and its arm in `Shard::serve`.
+
+use bytes::Bytes;
+use futures_channel::oneshot;
+use narad_net::types::{ConsumedMessage, SettleAction};
+use narad_net::value::JsonValue;
+use narad_net::ApiError;
+use narad_raft::state::{NodeId, Topic};
+use narad_storage::log::Message;
+use rkyv::{Archive, Deserialize, Serialize};
+
+use super::wire::{
+    Wire, KIND_AVAILABLE, KIND_COLLECT, KIND_COMMIT, KIND_GAUGES, KIND_SETTLE, KIND_STATS,
+};
+use crate::owner::PartitionStats;
+
+/// Where an answer goes.
+pub type Reply<T> = oneshot::Sender<T>;
+
+/// A request with its own reply type.
+pub trait Operation: Wire + Send + Sized + 'static {
+    /// Its request kind between nodes.
+    const KIND: u8;
+    type Reply: Wire + Send + 'static;
+
+    /// The operation in the envelope transports carry.
+    fn wrap(self, reply: Reply<Self::Reply>) -> Envelope;
+}
+
+/// A topic as operations name it: with its incarnation, so an operation
+/// about an earlier topic of the same name is refused.
+#[derive(Debug, Clone, PartialEq, Eq, Archive, Serialize, Deserialize)]
+pub struct TopicRef {
+    pub name: String,
+    pub incarnation: u64,
+}
+
+impl TopicRef {
+    pub fn of(topic: &Topic) -> Self {
+        Self {
+            name: topic.name.clone(),
+            incarnation: topic.incarnation,
+        }
+    }
+}
+
+/// Appends a dispatcher batch, in order, to one partition.
+#[derive(Debug, Clone, PartialEq, Eq, Archive, Serialize, Deserialize)]
+pub struct Commit {
+    pub topic: TopicRef,
+    pub partition: u32,
+    pub messages: Vec<Record>,
+}
+pub type Committed = Result<(), ApiError>;
+
+/// One message of a commit. Its value is shared, not copied, between shards.
+#[derive(Debug, Clone, PartialEq, Eq, Archive, Serialize, Deserialize)]
+pub struct Record {
+    pub id: u128,
+    pub produced_at_ms: u64,
+    pub key: Option<Vec<u8>>,
+    pub value: Bytes,
+}
+
+impl From<Record> for Message {
+    fn from(record: Record) -> Self {
+        Self {
+            id: record.id,
+            produced_at_ms: record.produced_at_ms,
+            key: record.key,
+            value: record.value,
+        }
+    }
+}
+
+/// Leases up to `max` available messages from these partitions, visited in
+/// the order given. Never waits: long polls wait where the client is.
+#[derive(Debug, Clone, PartialEq, Eq, Archive, Serialize, Deserialize)]
+pub struct Collect {
+    pub topic: TopicRef,
+    pub partitions: Vec<u32>,
+    pub max: u32,
+    pub visibility_ms: u64,
+}
+pub type Collected = Result<Vec<Delivery>, ApiError>;
+
+/// One leased message, as bytes; the HTTP API's shape is made at the edge.
+#[derive(Debug, Clone, PartialEq, Eq, Archive, Serialize, Deserialize)]
+pub struct Delivery {
+    pub id: u128,
+    pub partition: u32,
+    pub offset: u64,
+    pub key: Option<Vec<u8>>,
+    pub value: Bytes,
+    pub receipt: String,
+    pub delivery_count: u32,
+    pub produced_at_ms: u64,
+    pub lease_expires_at_ms: u64,
+}
+
+impl Delivery {
+    /// The message as the HTTP API answers it.
+    pub fn into_consumed(self, topic: &str) -> ConsumedMessage {
+        ConsumedMessage {
+            id: format!("{:032x}", self.id),
+            topic: topic.to_string(),
+            partition: self.partition,
+            offset: self.offset,
+            key: self
+                .key
+                .as_ref()
+                .map(|k| String::from_utf8_lossy(k).into_owned()),
+            value: JsonValue::from_bytes(&self.value),
+            receipt: self.receipt,
+            delivery_count: self.delivery_count,
+            produced_at_ms: self.produced_at_ms,
+            lease_expires_at_ms: self.lease_expires_at_ms,
+        }
+    }
+}
+
+/// Acks, nacks or extends receipts, answered one by one in the order given.
+#[derive(Debug, Clone, PartialEq, Eq, Archive, Serialize, Deserialize)]
+pub struct Settle {
+    pub topic: TopicRef,
+    pub receipts: Vec<String>,
+    pub action: SettleAction,
+}
+/// The answer to one receipt: for extend, the new lease end.
+pub type SettleOutcome = Result<Option<u64>, ApiError>;
+pub type Settled = Vec<SettleOutcome>;
+
+/// Figures of these partitions (opening them if needed).
+#[derive(Debug, Clone, PartialEq, Eq, Archive, Serialize, Deserialize)]
+pub struct Stats {
+    pub topic: TopicRef,
+    pub partitions: Vec<u32>,
+}
+pub type Figures = Result<Vec<(u32, PartitionStats)>, ApiError>;
+
+/// One shard's own figures, for `/metrics` and `/readyz`.
+#[derive(Debug, Clone, PartialEq, Eq, Archive, Serialize, Deserialize)]
+pub struct Gauges;
+
+/// One shard's figures.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Archive, Serialize, Deserialize)]
+pub struct ShardGauges {
+    pub shard: u32,
+    pub wal_used_bytes: u64,
+    pub wal_failure: Option<String>,
+    /// Why a partition's ack state on this shard failed, if one did.
+    pub ack_state_failure: Option<String>,
+    pub dispatcher_pending: u64,
+    /// (topic, partition, figures) of every open partition.
+    pub partitions: Vec<(String, u32, PartitionStats)>,
+}
+
+/// Messages became available at the sender: wake long polls.
+#[derive(Debug, Clone, PartialEq, Eq, Archive, Serialize, Deserialize)]
+pub struct Available {
+    /// The node they became available on.
+    pub from: NodeId,
+}
+
+/// An operation and where its reply goes: the one message every transport
+/// carries.
+pub enum Envelope {
+    Commit(Commit, Reply<Committed>),
+    Collect(Collect, Reply<Collected>),
+    Settle(Settle, Reply<Settled>),
+    Stats(Stats, Reply<Figures>),
+    Gauges(Gauges, Reply<ShardGauges>),
+    Available(Available, Reply<()>),
+}
+
+/// Something done with an envelope's typed operation and reply.
+pub trait Visit {
+    type Output;
+    fn visit<O: Operation>(self, op: O, reply: Reply<O::Reply>) -> Self::Output;
+}
+
+impl Envelope {
+    pub fn kind(&self) -> u8 {
+        match self {
+            Self::Commit(..) => Commit::KIND,
+            Self::Collect(..) => Collect::KIND,
+            Self::Settle(..) => Settle::KIND,
+            Self::Stats(..) => Stats::KIND,
+            Self::Gauges(..) => Gauges::KIND,
+            Self::Available(..) => Available::KIND,
+        }
+    }
+
+    /// Hands the typed operation and its reply to `visitor`.
+    pub fn visit<V: Visit>(self, visitor: V) -> V::Output {
+        match self {
+            Self::Commit(op, reply) => visitor.visit(op, reply),
+            Self::Collect(op, reply) => visitor.visit(op, reply),
+            Self::Settle(op, reply) => visitor.visit(op, reply),
+            Self::Stats(op, reply) => visitor.visit(op, reply),
+            Self::Gauges(op, reply) => visitor.visit(op, reply),
+            Self::Available(op, reply) => visitor.visit(op, reply),
+        }
+    }
+
+    /// The topic and the first partition it is about, which picks the
+    /// shard of a node that takes it in.
+    pub fn home(&self) -> Option<(&str, u32)> {
+        match self {
+            Self::Commit(op, _) => Some((&op.topic.name, op.partition)),
+            Self::Collect(op, _) => Some((&op.topic.name, first(&op.partitions))),
+            Self::Stats(op, _) => Some((&op.topic.name, first(&op.partitions))),
+            Self::Settle(op, _) => Some((&op.topic.name, 0)),
+            Self::Gauges(..) | Self::Available(..) => None,
+        }
+    }
+}
+
+fn first(partitions: &[u32]) -> u32 {
+    partitions.first().copied().unwrap_or(0)
+}
+
+macro_rules! operation {
+    ($op:ident, $reply:ty, $kind:expr) => {
+        impl Operation for $op {
+            const KIND: u8 = $kind;
+            type Reply = $reply;
+            fn wrap(self, reply: Reply<$reply>) -> Envelope {
+                Envelope::$op(self, reply)
+            }
+        }
+    };
+}
+
+operation!(Commit, Committed, KIND_COMMIT);
+operation!(Collect, Collected, KIND_COLLECT);
+operation!(Settle, Settled, KIND_SETTLE);
+operation!(Stats, Figures, KIND_STATS);
+operation!(Gauges, ShardGauges, KIND_GAUGES);
+operation!(Available, (), KIND_AVAILABLE);

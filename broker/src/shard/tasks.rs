@@ -1,0 +1,68 @@
+//! The shard's own background tasks, started on its runtime: the node
+//! starts them the same way a simulation does.
+
+use super::*;
+use crate::limits::{IDLE_PARTITION_FIRST_OPEN, IDLE_PARTITION_OPEN_INTERVAL};
+use crate::metric_names::{WAL_RECORDS_PER_SYNC, WAL_SYNC_SECONDS};
+
+impl<F: FileSystem> Shard<F> {
+    /// Commits again what the WAL held above its checkpoint, then starts the
+    /// WAL's committer and checkpointer, the metadata watch, availability
+    /// notices, the dead-letter mover, lease sweeps, retention of idle
+    /// partitions and ack maintenance. The dispatcher loop
+    /// ([`Self::run_dispatcher`]) is the caller's to run, since a stop waits
+    /// for it.
+    pub fn start_tasks(self: &Rc<Self>, recovered: Vec<(WalPos, WalRecord)>) {
+        let runtime = self.env.runtime.clone();
+        self.redispatch(recovered);
+
+        let committed = self.clone();
+        let committer = self.wal.clone().run_committer(move |outcome, elapsed| {
+            metrics::histogram!(WAL_SYNC_SECONDS).record(elapsed.as_secs_f64());
+            metrics::histogram!(WAL_RECORDS_PER_SYNC).record(outcome.records as f64);
+            // Every durable record goes to the dispatcher, whether or not
+            // the request that appended it still waits.
+            committed.dispatch_durable();
+        });
+        let (wal, wal_failed) = (self.wal.clone(), self.env.wal_failed.clone());
+        runtime.spawn(Box::pin(async move {
+            committer.await;
+            // The committer ends at a close or a failure: a failure stops
+            // produces on every shard of the node.
+            if wal.failure().is_some() {
+                wal_failed.store(true, Ordering::SeqCst);
+            }
+        }));
+
+        let checkpoint = Duration::from_millis(self.settings.dispatcher.checkpoint_interval_ms);
+        let sleeper = runtime.clone();
+        runtime.spawn(Box::pin(
+            self.wal
+                .clone()
+                .run_checkpointer(checkpoint, move |interval| sleeper.sleep(interval)),
+        ));
+
+        runtime.spawn(Box::pin(self.clone().watch_topics()));
+        runtime.spawn(Box::pin(self.clone().notify_peers()));
+        runtime.spawn(Box::pin(self.clone().run_dead_letters()));
+        let sweep = Duration::from_millis(self.settings.leases.sweep_interval_ms);
+        runtime.spawn(Box::pin(every(self.clone(), sweep, |s| {
+            Box::pin(async move { s.sweep_all().await })
+        })));
+        // Partitions nobody touched since the start age out too: open them
+        // soon after the start, then now and again.
+        let idle = self.clone();
+        runtime.spawn(Box::pin(async move {
+            idle.env.runtime.sleep(IDLE_PARTITION_FIRST_OPEN).await;
+            idle.open_idle_partitions().await;
+            every(idle, IDLE_PARTITION_OPEN_INTERVAL, |s| {
+                Box::pin(async move { s.open_idle_partitions().await })
+            })
+            .await;
+        }));
+        let maintain = Duration::from_millis(self.settings.storage.ack_flush_interval_ms);
+        runtime.spawn(Box::pin(every(self.clone(), maintain, |s| {
+            Box::pin(async move { s.maintain_all().await })
+        })));
+    }
+}
