@@ -1,0 +1,487 @@
+//! A whole cluster in one thread: nodes of shards over simulated disks, a
+//! simulated network between them, and a stand-in for the metastore's
+//! decisions, all on the executor's manual clock.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, BTreeSet};
+use std::rc::{Rc, Weak};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use narad_broker::config::Config;
+use narad_broker::mesh::shard_for;
+use narad_broker::metastore::{Metastore, Proposal};
+use narad_broker::receipt::ReceiptKey;
+use narad_broker::remote::Peers;
+use narad_broker::rpc::{
+    decode_answer, encode_request, open, Address, CallError, Delivered, Envelope, Links,
+    Operation, Reach, Reply, Transport, Visit,
+};
+use narad_broker::settings::Settings;
+use narad_broker::shard::{Shard, ShardEnv, ShardIdentity, ShardParts};
+use narad_net::http_server::NodeBudget;
+use narad_net::{ApiError, ErrorCode};
+use narad_raft::node::{meta_feed, MetaError, MetaFeed, MetaPublisher, MetaSnapshot};
+use narad_raft::state::{Applied, Command, MetaState, NodeId};
+use narad_raft::store::MetaView;
+use narad_storage::clock::SharedClock;
+use narad_storage::io::sim::SimFs;
+use narad_storage::rng::SimRng;
+use narad_storage::wal::{Wal, WalConfig};
+
+use super::executor::{Executor, Group, SimRuntime};
+
+pub const SHARDS: usize = 2;
+/// How long a call between nodes waits when its deadline is not given.
+const CALL_TIMEOUT_DEFAULT: Duration = Duration::from_secs(1);
+/// Latency of one hop between nodes (ms), drawn up to this.
+const HOP_MS_MAX: u64 = 3;
+
+pub type SimShard = Shard<SimFs>;
+
+fn metrics_handle() -> PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| PrometheusBuilder::new().build_recorder().handle())
+        .clone()
+}
+
+/// The settings every simulated node runs with: the defaults the contract
+/// windows assume, with small files.
+pub fn settings() -> Arc<Settings> {
+    let flags: Vec<(String, String)> = [
+        ("storage.wal_ring_bytes", "1048576"),
+        ("storage.segment_bytes", "262144"),
+        ("cluster.node_dead_after_ms", "3000"),
+        ("dispatcher.reroute_after_ms", "2000"),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    let config = Config::resolve(None, Vec::new(), &flags).expect("the simulation's config");
+    Arc::new(Settings::from_config(&config).expect("the simulation's settings"))
+}
+
+// ------------------------------------------------------------ metastore
+
+/// The metastore's decisions, made at once and seen by every node at once:
+/// the deterministic state machine of the real one, without its log.
+pub struct StandIn {
+    state: RefCell<MetaState>,
+    applied: Cell<u64>,
+    publisher: MetaPublisher,
+    feed: MetaFeed,
+    members: Vec<(NodeId, String)>,
+}
+
+impl StandIn {
+    pub fn new(nodes: u64) -> Rc<Self> {
+        let state = MetaState::default();
+        let (publisher, feed) = meta_feed(MetaView {
+            state: state.clone(),
+            applied_index: 0,
+        });
+        Rc::new(Self {
+            state: RefCell::new(state),
+            applied: Cell::new(0),
+            publisher,
+            feed,
+            members: (1..=nodes).map(|id| (id, format!("sim-{id}"))).collect(),
+        })
+    }
+
+    pub fn apply(&self, command: &Command) -> Result<Applied, MetaError> {
+        let applied = self.state.borrow_mut().apply(command)?;
+        self.applied.set(self.applied.get() + 1);
+        let view = MetaView {
+            state: self.state.borrow().clone(),
+            applied_index: self.applied.get(),
+        };
+        let _ = self.publisher.send(Arc::new(view));
+        Ok(applied)
+    }
+
+    pub fn view(&self) -> Arc<MetaView> {
+        self.feed.borrow().clone()
+    }
+}
+
+/// One node's handle on the stand-in.
+struct NodeMeta {
+    standin: Rc<StandIn>,
+    me: NodeId,
+}
+
+impl Metastore for NodeMeta {
+    fn snapshot(&self) -> MetaSnapshot {
+        MetaSnapshot::new(self.standin.feed.clone())
+    }
+
+    fn subscribe(&self) -> MetaFeed {
+        self.standin.feed.clone()
+    }
+
+    fn view(&self) -> Arc<MetaView> {
+        self.standin.view()
+    }
+
+    fn caught_up(&self) -> bool {
+        true
+    }
+
+    fn leader(&self) -> Option<NodeId> {
+        Some(1)
+    }
+
+    fn is_leader(&self) -> bool {
+        self.me == 1
+    }
+
+    fn term(&self) -> u64 {
+        1
+    }
+
+    fn members(&self) -> Vec<(NodeId, String)> {
+        self.standin.members.clone()
+    }
+
+    fn propose(&self, command: Command) -> Proposal<'_> {
+        let applied = self.standin.apply(&command);
+        Box::pin(async move { applied })
+    }
+}
+
+// ------------------------------------------------------------ network
+
+/// A running node: its task group and its shards.
+type Running = (Group, Vec<Rc<SimShard>>);
+
+/// The running shards of every node, and the faults between nodes.
+pub struct Network {
+    executor: Rc<Executor>,
+    rng: RefCell<SimRng>,
+    running: RefCell<BTreeMap<NodeId, Running>>,
+    /// Nodes cut off from every other.
+    pub cut: RefCell<BTreeSet<NodeId>>,
+    /// Messages between nodes lost, per thousand.
+    pub loss_per_mille: Cell<u64>,
+}
+
+impl Network {
+    fn new(executor: Rc<Executor>, seed: u64) -> Rc<Self> {
+        Rc::new(Self {
+            executor,
+            rng: RefCell::new(SimRng::new(seed ^ 0x4E37)),
+            running: RefCell::default(),
+            cut: RefCell::default(),
+            loss_per_mille: Cell::new(0),
+        })
+    }
+
+    fn shards_of(&self, node: NodeId) -> Option<Vec<Rc<SimShard>>> {
+        self.running.borrow().get(&node).map(|(_, s)| s.clone())
+    }
+
+    /// A running node's task group and shards.
+    pub fn target(&self, node: NodeId) -> Option<Running> {
+        self.running.borrow().get(&node).cloned()
+    }
+
+    fn lost(&self, from: NodeId, to: NodeId) -> bool {
+        let cut = self.cut.borrow();
+        cut.contains(&from)
+            || cut.contains(&to)
+            || self.rng.borrow_mut().chance(self.loss_per_mille.get(), 1000)
+    }
+
+    fn hop(&self) -> super::executor::Sleep {
+        let ms = self.rng.borrow_mut().below(HOP_MS_MAX + 1);
+        self.executor.sleep(Duration::from_millis(ms))
+    }
+}
+
+/// The transport between the shards of one node.
+struct SimShards {
+    network: Weak<Network>,
+    node: NodeId,
+}
+
+fn stopped() -> CallError {
+    CallError::Refused(ApiError::new(ErrorCode::Stopping, "the node stopped"))
+}
+
+impl Transport for SimShards {
+    fn deliver(&self, to: Address, envelope: Envelope, _: Option<Duration>) -> Delivered<'_> {
+        self.post(to, envelope);
+        Box::pin(async { Ok(()) })
+    }
+
+    fn post(&self, to: Address, envelope: Envelope) {
+        let Address::Shard(shard) = to else {
+            return;
+        };
+        let target = self
+            .network
+            .upgrade()
+            .and_then(|n| n.shards_of(self.node))
+            .and_then(|shards| shards.get(shard).cloned());
+        // A node that stopped drops the envelope: its reply end goes too.
+        if let Some(target) = target {
+            target.receive(envelope, Reach::Shard);
+        }
+    }
+}
+
+/// The transport between nodes: operations travel in their wire form.
+struct SimNodes {
+    network: Weak<Network>,
+    me: NodeId,
+}
+
+struct Trip {
+    network: Rc<Network>,
+    from: NodeId,
+    to: NodeId,
+    timeout: Duration,
+}
+
+impl Visit for Trip {
+    type Output = Delivered<'static>;
+
+    fn visit<O: Operation>(self, op: O, reply: Reply<O::Reply>) -> Delivered<'static> {
+        let Trip {
+            network,
+            from,
+            to,
+            timeout,
+        } = self;
+        Box::pin(async move {
+            let unreachable = |why: &str| CallError::Unreachable(why.to_string());
+            let bytes = encode_request(&op).map_err(CallError::Unreachable)?;
+            if network.lost(from, to) {
+                network.executor.sleep(timeout).await;
+                return Err(unreachable("the request was lost"));
+            }
+            network.hop().await;
+            let Some(shards) = network.shards_of(to) else {
+                network.executor.sleep(timeout).await;
+                return Err(unreachable("the node is down"));
+            };
+            let (envelope, answer) = open(O::KIND, &bytes).map_err(CallError::Unreachable)?;
+            let home = envelope
+                .home()
+                .map_or(0, |(topic, partition)| shard_for(topic, partition, shards.len()));
+            shards[home].receive(envelope, Reach::Node);
+            let expired = async {
+                network.executor.sleep(timeout).await;
+                Err("no answer in time".to_string())
+            };
+            let bytes = futures_lite::future::or(answer, expired)
+                .await
+                .map_err(CallError::Unreachable)?;
+            if network.lost(to, from) {
+                return Err(unreachable("the answer was lost"));
+            }
+            network.hop().await;
+            match decode_answer::<O::Reply>(&bytes).map_err(CallError::Unreachable)? {
+                Ok(answer) => {
+                    let _ = reply.send(answer);
+                    Ok(())
+                }
+                Err(refused) => Err(CallError::Refused(refused)),
+            }
+        })
+    }
+}
+
+impl Transport for SimNodes {
+    fn deliver(
+        &self,
+        to: Address,
+        envelope: Envelope,
+        timeout: Option<Duration>,
+    ) -> Delivered<'_> {
+        let (Address::Node(node), Some(network)) = (to, self.network.upgrade()) else {
+            return Box::pin(async { Err(stopped()) });
+        };
+        envelope.visit(Trip {
+            network,
+            from: self.me,
+            to: node,
+            timeout: timeout.unwrap_or(CALL_TIMEOUT_DEFAULT),
+        })
+    }
+
+    fn post(&self, _: Address, _: Envelope) {}
+}
+
+// ------------------------------------------------------------ nodes
+
+/// One node: its disk, and its shards while it runs.
+pub struct SimNode {
+    pub fs: SimFs,
+    key: ReceiptKey,
+    epoch: u32,
+    pub group: Option<Group>,
+}
+
+pub struct SimCluster {
+    pub executor: Rc<Executor>,
+    pub standin: Rc<StandIn>,
+    pub network: Rc<Network>,
+    pub nodes: Vec<SimNode>,
+    settings: Arc<Settings>,
+    rng: RefCell<SimRng>,
+}
+
+impl SimCluster {
+    pub fn new(seed: u64, nodes: u64) -> Self {
+        let executor = Executor::new(seed, 1_000_000);
+        let mut rng = SimRng::new(seed);
+        let nodes = (1..=nodes)
+            .map(|id| {
+                let mut key = [0u8; 32];
+                rng.fill(&mut key);
+                SimNode {
+                    fs: SimFs::new(seed ^ (id << 32)),
+                    key: ReceiptKey::from_bytes(key),
+                    epoch: 0,
+                    group: None,
+                }
+            })
+            .collect::<Vec<_>>();
+        let count = nodes.len() as u64;
+        Self {
+            network: Network::new(executor.clone(), seed),
+            standin: StandIn::new(count),
+            executor,
+            nodes,
+            settings: settings(),
+            rng: RefCell::new(rng),
+        }
+    }
+
+    fn index(&self, node: NodeId) -> usize {
+        usize::try_from(node - 1).expect("a node id")
+    }
+
+    /// A shard of a running node.
+    pub fn shard(&self, node: NodeId, shard: usize) -> Option<Rc<SimShard>> {
+        self.network.shards_of(node)?.get(shard).cloned()
+    }
+
+    /// Starts a node on its disk: each shard opens its WAL and commits
+    /// again what it held, as a process start does.
+    pub fn start(&mut self, node: NodeId) {
+        let index = self.index(node);
+        assert!(self.nodes[index].group.is_none(), "node {node} runs already");
+        let group = self.executor.group();
+        let incarnation = self.rng.borrow_mut().next_u64();
+        let sim = &mut self.nodes[index];
+        sim.epoch += 1;
+        let members: Vec<NodeId> = self.standin.members.iter().map(|(id, _)| *id).collect();
+        let peers = Arc::new(Peers::new(node, members));
+        let wal_failed = Arc::new(AtomicBool::new(false));
+        let mut shards = Vec::with_capacity(SHARDS);
+        for index in 0..SHARDS {
+            let fs = sim.fs.clone();
+            let wal_dir = std::path::PathBuf::from(format!("/data/wal/shard-{index}"));
+            let config = WalConfig {
+                ring_bytes: self.settings.storage.wal_ring_bytes,
+            };
+            let (wal, recovery) = futures_lite::future::block_on(Wal::open(&fs, &wal_dir, config))
+                .expect("the simulated WAL opens");
+            let identity = ShardIdentity {
+                node_id: u16::try_from(node).expect("a node id"),
+                shard_id: u16::try_from(index).expect("a shard"),
+                shards: u16::try_from(SHARDS).expect("shards"),
+                epoch: sim.epoch,
+                incarnation,
+            };
+            let clock: SharedClock = self.executor.clock.clone();
+            let shard = Shard::new(ShardParts {
+                identity,
+                settings: self.settings.clone(),
+                links: Links {
+                    shards: Box::new(SimShards {
+                        network: Rc::downgrade(&self.network),
+                        node,
+                    }),
+                    nodes: Some(Box::new(SimNodes {
+                        network: Rc::downgrade(&self.network),
+                        me: node,
+                    })),
+                },
+                wal,
+                peers: Some(peers.clone()),
+                env: ShardEnv {
+                    data_dir: "/data".into(),
+                    fs,
+                    clock,
+                    runtime: Rc::new(SimRuntime {
+                        executor: self.executor.clone(),
+                        group,
+                    }),
+                    meta: Rc::new(NodeMeta {
+                        standin: self.standin.clone(),
+                        me: node,
+                    }),
+                    receipt_key: sim.key.clone(),
+                    metrics: metrics_handle(),
+                    wal_failed: wal_failed.clone(),
+                    http_budget: NodeBudget::new(1024, 1 << 30),
+                },
+            });
+            let recovered = recovery
+                .records
+                .into_iter()
+                .map(|r| (r.pos, r.record))
+                .collect();
+            shard.start_tasks(recovered);
+            self.executor
+                .spawn(group, Box::pin(shard.clone().run_dispatcher()));
+            shards.push(shard);
+        }
+        sim.group = Some(group);
+        self.network.running.borrow_mut().insert(node, (group, shards));
+        self.standin
+            .apply(&Command::SetNodeState {
+                id: node,
+                addr: format!("sim-{node}"),
+                alive: true,
+                now_ms: self.executor.now_ms(),
+            })
+            .expect("mark alive");
+    }
+
+    /// The process dies: its tasks go, its open files stop working; with
+    /// `power`, what was not synced is lost or torn too.
+    pub fn crash(&mut self, node: NodeId, power: bool) {
+        let index = self.index(node);
+        let Some(group) = self.nodes[index].group.take() else {
+            return;
+        };
+        self.network.running.borrow_mut().remove(&node);
+        self.executor.kill(group);
+        let fs = &self.nodes[index].fs;
+        if power {
+            fs.power_loss();
+        } else {
+            fs.crash_process();
+        }
+    }
+
+    /// The controller's view of a node that stopped answering.
+    pub fn mark(&self, node: NodeId, alive: bool) {
+        self.standin
+            .apply(&Command::SetNodeState {
+                id: node,
+                addr: format!("sim-{node}"),
+                alive,
+                now_ms: self.executor.now_ms(),
+            })
+            .expect("mark a node");
+    }
+}

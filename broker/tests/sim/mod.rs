@@ -1,0 +1,4 @@
+//! The pieces of the cluster simulation (`tests/simulation.rs`).
+
+pub mod cluster;
+pub mod executor;

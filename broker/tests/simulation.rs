@@ -1,0 +1,553 @@
+//! A seeded simulation of a whole cluster in one thread: three nodes of two
+//! shards on simulated disks, a simulated network and a stand-in for the
+//! metastore's decisions, all on a manual clock (`tests/sim/`). Producers,
+//! consumers that ack, nack, extend, let leases lapse and hang up mid
+//! request, and a nemesis that crashes nodes, cuts their power, cuts them
+//! off and loses messages between them. `narad-check` judges each history
+//! exactly as it judges the process suites.
+//!
+//! `NARAD_SIM_ITERATIONS` (seeds, default [`ITERATIONS_DEFAULT`]) and
+//! `NARAD_SIM_SEED` (the first) control a run; a failure prints the seed and
+//! how to replay it: `NARAD_SIM_SEED=<seed> NARAD_SIM_ITERATIONS=1 cargo
+//! test -p narad-broker --test simulation`.
+
+mod sim;
+
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_channel::oneshot;
+use narad_broker::rpc::SettleOutcome;
+use narad_check::{
+    check, Delivery, Event, NemesisAction, Op, Outcome, SettleAction as CheckAction, Strictness,
+};
+use narad_net::types::{ConsumeRequest, ConsumedMessage, SettleAction, TopicPatch};
+use narad_net::value::JsonValue;
+use narad_net::ApiError;
+use narad_raft::state::NodeId;
+use narad_storage::rng::SimRng;
+
+use sim::cluster::{Network, SimCluster, SimShard, SHARDS};
+use sim::executor::{Executor, Group};
+
+const ITERATIONS_DEFAULT: u64 = 200;
+const NODES: u64 = 3;
+const TOPIC: &str = "orders";
+const PARTITIONS: u32 = 4;
+const VISIBILITY_MS: u64 = 2_000;
+/// How long the clients and the nemesis run (simulated ms).
+const CHURN_MS: u64 = 20_000;
+/// How long, after the faults end, every accepted message has to be acked.
+const SETTLE_MS: u64 = 120_000;
+/// A client gives up on a request after this long.
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
+
+fn iterations() -> u64 {
+    std::env::var("NARAD_SIM_ITERATIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(ITERATIONS_DEFAULT)
+}
+
+fn first_seed() -> u64 {
+    std::env::var("NARAD_SIM_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0xC1A5_0000)
+}
+
+type Local<T> = Pin<Box<dyn Future<Output = T>>>;
+
+/// What clients share: the network (to find running nodes), the history,
+/// and what they saw.
+struct Clients {
+    network: Rc<Network>,
+    executor: Rc<Executor>,
+    group: Group,
+    rng: RefCell<SimRng>,
+    events: RefCell<Vec<Event>>,
+    next_value: Cell<u64>,
+    accepted: RefCell<BTreeSet<String>>,
+    acked: RefCell<BTreeSet<String>>,
+    /// Ids whose ack got no answer: it may have landed.
+    maybe_acked: RefCell<BTreeSet<String>>,
+    /// Set once the faults end: consumers then ack everything.
+    calm: Cell<bool>,
+    stop: Cell<bool>,
+}
+
+/// How a request to a node ended, as a client sees it.
+enum Answer<T> {
+    Done(T),
+    /// No answer: the node died, the connection broke, or the client gave up.
+    Broken(String),
+}
+
+impl Clients {
+    fn now(&self) -> u64 {
+        self.executor.now_ms()
+    }
+
+    fn below(&self, bound: u64) -> u64 {
+        self.rng.borrow_mut().below(bound)
+    }
+
+    fn chance(&self, numerator: u64, denominator: u64) -> bool {
+        self.rng.borrow_mut().chance(numerator, denominator)
+    }
+
+    fn record(&self, client: &str, start_ms: u64, op: Op) {
+        self.events.borrow_mut().push(Event {
+            start_ms,
+            end_ms: self.now(),
+            client: client.to_string(),
+            op,
+        });
+    }
+
+    /// A running node, picked at random.
+    fn pick_node(&self) -> Option<NodeId> {
+        let nodes: Vec<NodeId> = (1..=NODES)
+            .filter(|n| self.network.target(*n).is_some())
+            .collect();
+        (!nodes.is_empty()).then(|| nodes[self.below(nodes.len() as u64) as usize])
+    }
+
+    /// Sends a request to a shard of `node`. Its handler runs as the node's
+    /// task (a crash drops it, as a dying process would), and the client's
+    /// going away drops it too, as hyper does. With `abandon`, the client
+    /// hangs up after that long.
+    async fn request<T: 'static>(
+        self: &Rc<Self>,
+        node: NodeId,
+        make: impl FnOnce(Rc<SimShard>) -> Local<T> + 'static,
+        abandon: Option<Duration>,
+    ) -> Answer<T> {
+        let Some((group, shards)) = self.network.target(node) else {
+            return Answer::Broken("connection refused".into());
+        };
+        let shard = shards[self.below(SHARDS as u64) as usize].clone();
+        let (done, answer) = oneshot::channel();
+        let (hang_up, hung_up) = oneshot::channel::<()>();
+        self.executor.spawn(
+            group,
+            Box::pin(async move {
+                let work = async { Some(make(shard).await) };
+                let gone = async {
+                    let _ = hung_up.await;
+                    None
+                };
+                if let Some(value) = futures_lite::future::or(work, gone).await {
+                    let _ = done.send(value);
+                }
+            }),
+        );
+        let limit = abandon.unwrap_or(CLIENT_TIMEOUT);
+        let waited = futures_lite::future::or(async { Some(answer.await) }, async {
+            self.executor.sleep(limit).await;
+            None
+        })
+        .await;
+        drop(hang_up);
+        match waited {
+            Some(Ok(value)) => Answer::Done(value),
+            Some(Err(_)) => Answer::Broken("connection reset".into()),
+            None => Answer::Broken("no answer in time".into()),
+        }
+    }
+}
+
+fn refused<T>(error: &ApiError) -> Outcome<T> {
+    Outcome::Refused {
+        status: error.code.status(),
+        code: error.code.as_str().to_string(),
+    }
+}
+
+fn delivery(message: &ConsumedMessage) -> Delivery {
+    Delivery {
+        id: message.id.clone(),
+        topic: message.topic.clone(),
+        partition: message.partition,
+        offset: message.offset,
+        value: match &message.value {
+            JsonValue::Text { value } => value.clone(),
+            JsonValue::Binary { value_base64 } => value_base64.clone(),
+        },
+        delivery_count: message.delivery_count,
+        lease_expires_at_ms: message.lease_expires_at_ms,
+        receipt: message.receipt.clone(),
+    }
+}
+
+async fn producer(clients: Rc<Clients>, name: String) {
+    while !clients.stop.get() && !clients.calm.get() {
+        clients
+            .executor
+            .sleep(Duration::from_millis(clients.below(60)))
+            .await;
+        let Some(node) = clients.pick_node() else {
+            continue;
+        };
+        let value = format!("m{}", clients.next_value.get());
+        clients.next_value.set(clients.next_value.get() + 1);
+        let abandon = clients
+            .chance(1, 40)
+            .then(|| Duration::from_millis(clients.below(20)));
+        let start = clients.now();
+        let body = Bytes::from(value.clone());
+        let answer = clients
+            .request(
+                node,
+                move |shard| {
+                    Box::pin(async move {
+                        let topic = shard.topic(TOPIC)?;
+                        shard.produce(&topic, vec![(None, body)]).await
+                    })
+                },
+                abandon,
+            )
+            .await;
+        let op = match answer {
+            Answer::Done(Ok(ids)) => {
+                let id = ids.into_iter().next().unwrap_or_default();
+                clients.accepted.borrow_mut().insert(id.clone());
+                Op::Produce {
+                    topic: TOPIC.into(),
+                    value,
+                    partition: None,
+                    outcome: Outcome::Ok { value: id },
+                }
+            }
+            Answer::Done(Err(error)) => Op::Produce {
+                topic: TOPIC.into(),
+                value,
+                partition: None,
+                outcome: refused(&error),
+            },
+            Answer::Broken(_) if abandon.is_some() => Op::ProduceAbandoned {
+                topic: TOPIC.into(),
+                value,
+            },
+            Answer::Broken(reason) => Op::Produce {
+                topic: TOPIC.into(),
+                value,
+                partition: None,
+                outcome: Outcome::Unknown { reason },
+            },
+        };
+        clients.record(&name, start, op);
+    }
+}
+
+async fn consumer(clients: Rc<Clients>, name: String) {
+    while !clients.stop.get() {
+        let Some(node) = clients.pick_node() else {
+            clients.executor.sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let abandon = (!clients.calm.get() && clients.chance(1, 40))
+            .then(|| Duration::from_millis(clients.below(50)));
+        let request = ConsumeRequest {
+            max_messages: 1 + clients.below(5) as u32,
+            wait_ms: clients.below(300),
+            visibility_timeout_ms: None,
+            partition: None,
+        };
+        let start = clients.now();
+        let answer = clients
+            .request(
+                node,
+                move |shard| {
+                    Box::pin(async move {
+                        let topic = shard.topic(TOPIC)?;
+                        shard.consume(&topic, request).await
+                    })
+                },
+                abandon,
+            )
+            .await;
+        let messages = match answer {
+            Answer::Done(Ok(messages)) => {
+                let seen = messages.iter().map(delivery).collect();
+                clients.record(
+                    &name,
+                    start,
+                    Op::Consume {
+                        topic: TOPIC.into(),
+                        outcome: Outcome::Ok { value: seen },
+                    },
+                );
+                messages
+            }
+            Answer::Done(Err(error)) => {
+                let outcome = refused(&error);
+                clients.record(&name, start, Op::Consume { topic: TOPIC.into(), outcome });
+                continue;
+            }
+            Answer::Broken(_) if abandon.is_some() => {
+                clients.record(&name, start, Op::ConsumeAbandoned { topic: TOPIC.into() });
+                continue;
+            }
+            Answer::Broken(reason) => {
+                let outcome = Outcome::Unknown { reason };
+                clients.record(&name, start, Op::Consume { topic: TOPIC.into(), outcome });
+                continue;
+            }
+        };
+        for message in messages {
+            settle_one(&clients, &name, &message).await;
+        }
+    }
+}
+
+/// Acks most deliveries; while faults run, also nacks, extends, lets some
+/// leases lapse and hangs up on some acks.
+async fn settle_one(clients: &Rc<Clients>, name: &str, message: &ConsumedMessage) {
+    let roll = if clients.calm.get() {
+        0
+    } else {
+        clients.below(20)
+    };
+    let (action, check_action) = match roll {
+        0..=13 => (SettleAction::Ack, CheckAction::Ack),
+        14 | 15 => (
+            SettleAction::Nack {
+                delay_ms: clients.below(500),
+            },
+            CheckAction::Nack,
+        ),
+        16 => (
+            SettleAction::Extend {
+                visibility_timeout_ms: VISIBILITY_MS,
+            },
+            CheckAction::Extend,
+        ),
+        // The lease lapses.
+        17 => return,
+        _ => (SettleAction::Ack, CheckAction::Ack),
+    };
+    let abandon = (roll == 18).then(|| Duration::from_millis(clients.below(10)));
+    // Think time, now and then beyond the lease.
+    if !clients.calm.get() && clients.chance(1, 30) {
+        let ms = VISIBILITY_MS + clients.below(500);
+        clients.executor.sleep(Duration::from_millis(ms)).await;
+    }
+    let Some(node) = clients.pick_node() else {
+        return;
+    };
+    let receipt = message.receipt.clone();
+    let start = clients.now();
+    let answer = clients
+        .request(
+            node,
+            move |shard| {
+                Box::pin(async move {
+                    let topic = shard.topic(TOPIC)?;
+                    let mut outcomes: Vec<SettleOutcome> =
+                        shard.settle(&topic, &[receipt], action).await;
+                    outcomes.pop().unwrap_or(Ok(None))
+                })
+            },
+            abandon,
+        )
+        .await;
+    let (id, receipt) = (message.id.clone(), message.receipt.clone());
+    let outcome = match answer {
+        Answer::Done(Ok(lease_end)) => {
+            if check_action == CheckAction::Ack {
+                clients.acked.borrow_mut().insert(id.clone());
+            }
+            Outcome::Ok { value: lease_end }
+        }
+        Answer::Done(Err(error)) => refused(&error),
+        Answer::Broken(_) if abandon.is_some() => {
+            clients.maybe_acked.borrow_mut().insert(id.clone());
+            let op = Op::AckAbandoned {
+                topic: TOPIC.into(),
+                id,
+                receipt,
+            };
+            clients.record(name, start, op);
+            return;
+        }
+        Answer::Broken(reason) => {
+            if check_action == CheckAction::Ack {
+                clients.maybe_acked.borrow_mut().insert(id.clone());
+            }
+            Outcome::Unknown { reason }
+        }
+    };
+    let op = Op::Settle {
+        action: check_action,
+        topic: TOPIC.into(),
+        id,
+        receipt,
+        outcome,
+    };
+    clients.record(name, start, op);
+}
+
+fn nemesis_event(clients: &Clients, action: NemesisAction, node: NodeId) {
+    let now = clients.now();
+    clients.record(
+        "nemesis",
+        now,
+        Op::Nemesis {
+            action,
+            node: format!("n{node}"),
+        },
+    );
+}
+
+/// One seed: the whole run. Panics with the checker's report on a
+/// violation.
+fn run(seed: u64) {
+    let mut rng = SimRng::new(seed);
+    let mut cluster = SimCluster::new(seed, NODES);
+    for node in 1..=NODES {
+        cluster.start(node);
+    }
+    let executor = cluster.executor.clone();
+    let clients = Rc::new(Clients {
+        network: cluster.network.clone(),
+        executor: executor.clone(),
+        group: executor.group(),
+        rng: RefCell::new(SimRng::new(seed ^ 0xC11E)),
+        events: RefCell::default(),
+        next_value: Cell::new(0),
+        accepted: RefCell::default(),
+        acked: RefCell::default(),
+        maybe_acked: RefCell::default(),
+        calm: Cell::new(false),
+        stop: Cell::new(false),
+    });
+
+    // The topic, created through node 1.
+    let created: Rc<Cell<bool>> = Rc::default();
+    {
+        let (shard, created) = (cluster.shard(1, 0).expect("node 1"), created.clone());
+        let patch = TopicPatch {
+            partitions: Some(PARTITIONS),
+            visibility_timeout_ms: Some(VISIBILITY_MS),
+            ..TopicPatch::default()
+        };
+        executor.spawn(
+            clients.group,
+            Box::pin(async move {
+                shard.put_topic(TOPIC, patch).await.expect("the topic");
+                created.set(true);
+            }),
+        );
+    }
+    assert!(executor.run_until(executor.now_ms() + 10_000, || created.get()));
+    let owners = cluster.standin.view().state.topics[TOPIC]
+        .owners
+        .iter()
+        .map(|n| format!("n{n}"))
+        .collect();
+    clients.record(
+        "setup",
+        executor.now_ms(),
+        Op::Owners {
+            topic: TOPIC.into(),
+            owners,
+        },
+    );
+    for i in 0..2 {
+        executor.spawn(
+            clients.group,
+            Box::pin(producer(clients.clone(), format!("producer-{i}"))),
+        );
+        executor.spawn(
+            clients.group,
+            Box::pin(consumer(clients.clone(), format!("consumer-{i}"))),
+        );
+    }
+
+    // Faults, one at a time, each healed before the next.
+    let churn_end = executor.now_ms() + CHURN_MS;
+    while executor.now_ms() < churn_end {
+        let quiet = 500 + rng.below(3_000);
+        executor.run_until(executor.now_ms() + quiet, || false);
+        let node = 1 + rng.below(NODES);
+        let down_ms = 200 + rng.below(4_000);
+        match rng.below(4) {
+            0 | 1 => {
+                let power = rng.chance(1, 2);
+                let action = if power {
+                    NemesisAction::PowerCut
+                } else {
+                    NemesisAction::Kill
+                };
+                nemesis_event(&clients, action, node);
+                cluster.crash(node, power);
+                executor.run_until(executor.now_ms() + down_ms, || false);
+                if down_ms > 3_000 {
+                    cluster.mark(node, false);
+                }
+                cluster.start(node);
+                nemesis_event(&clients, NemesisAction::Start, node);
+            }
+            2 => {
+                nemesis_event(&clients, NemesisAction::Pause, node);
+                cluster.network.cut.borrow_mut().insert(node);
+                executor.run_until(executor.now_ms() + down_ms, || false);
+                if down_ms > 3_000 {
+                    cluster.mark(node, false);
+                }
+                cluster.network.cut.borrow_mut().remove(&node);
+                cluster.mark(node, true);
+                nemesis_event(&clients, NemesisAction::Resume, node);
+            }
+            _ => {
+                cluster.network.loss_per_mille.set(50 + rng.below(200));
+                executor.run_until(executor.now_ms() + down_ms, || false);
+                cluster.network.loss_per_mille.set(0);
+            }
+        }
+    }
+
+    // Calm: every accepted message must be delivered and acked.
+    clients.calm.set(true);
+    let settled = {
+        let clients = clients.clone();
+        executor.run_until(executor.now_ms() + SETTLE_MS, move || {
+            let (acked, maybe) = (clients.acked.borrow(), clients.maybe_acked.borrow());
+            clients
+                .accepted
+                .borrow()
+                .iter()
+                .all(|id| acked.contains(id) || maybe.contains(id))
+        })
+    };
+    clients.stop.set(true);
+    let events = clients.events.borrow().clone();
+    let report = check(&events);
+    let violations = report.violations(Strictness::Faults);
+    assert!(
+        violations.is_empty(),
+        "seed {seed}: {violations:?} (every accepted message acked in time: {settled})\n{}",
+        report.summary()
+    );
+    assert!(report.accepted > 0, "seed {seed}: nothing was accepted");
+}
+
+#[test]
+fn a_simulated_cluster_keeps_the_delivery_contract_under_faults() {
+    let start = first_seed();
+    for seed in start..start + iterations() {
+        if let Err(panic) = std::panic::catch_unwind(|| run(seed)) {
+            eprintln!(
+                "simulation failed with seed {seed}; replay with NARAD_SIM_SEED={seed} \
+                 NARAD_SIM_ITERATIONS=1 cargo test -p narad-broker --test simulation"
+            );
+            std::panic::resume_unwind(panic);
+        }
+    }
+}
