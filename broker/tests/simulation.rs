@@ -3,7 +3,7 @@
 //! metastore's decisions, all on a manual clock (`tests/sim/`). Producers,
 //! consumers that ack, nack, extend, let leases lapse and hang up mid
 //! request, and a nemesis that crashes nodes, cuts their power, cuts them
-//! off and loses messages between them. `narad-check` judges each history
+//! off, slows their disks and loses messages between them. `narad-check` judges each history
 //! exactly as it judges the process suites.
 //!
 //! `NARAD_SIM_ITERATIONS` (seeds, default [`ITERATIONS_DEFAULT`]) and
@@ -287,16 +287,36 @@ async fn consumer(clients: Rc<Clients>, name: String) {
             }
             Answer::Done(Err(error)) => {
                 let outcome = refused(&error);
-                clients.record(&name, start, Op::Consume { topic: TOPIC.into(), outcome });
+                clients.record(
+                    &name,
+                    start,
+                    Op::Consume {
+                        topic: TOPIC.into(),
+                        outcome,
+                    },
+                );
                 continue;
             }
             Answer::Broken(_) if abandon.is_some() => {
-                clients.record(&name, start, Op::ConsumeAbandoned { topic: TOPIC.into() });
+                clients.record(
+                    &name,
+                    start,
+                    Op::ConsumeAbandoned {
+                        topic: TOPIC.into(),
+                    },
+                );
                 continue;
             }
             Answer::Broken(reason) => {
                 let outcome = Outcome::Unknown { reason };
-                clients.record(&name, start, Op::Consume { topic: TOPIC.into(), outcome });
+                clients.record(
+                    &name,
+                    start,
+                    Op::Consume {
+                        topic: TOPIC.into(),
+                        outcome,
+                    },
+                );
                 continue;
             }
         };
@@ -477,7 +497,7 @@ fn run(seed: u64) {
         executor.run_until(executor.now_ms() + quiet, || false);
         let node = 1 + rng.below(NODES);
         let down_ms = 200 + rng.below(4_000);
-        match rng.below(4) {
+        match rng.below(5) {
             0 | 1 => {
                 let power = rng.chance(1, 2);
                 let action = if power {
@@ -504,6 +524,12 @@ fn run(seed: u64) {
                 cluster.network.cut.borrow_mut().remove(&node);
                 cluster.mark(node, true);
                 nemesis_event(&clients, NemesisAction::Resume, node);
+            }
+            3 => {
+                let latency = cluster.nodes[(node - 1) as usize].latency.clone();
+                latency.slow.set(true);
+                executor.run_until(executor.now_ms() + down_ms, || false);
+                latency.slow.set(false);
             }
             _ => {
                 cluster.network.loss_per_mille.set(50 + rng.below(200));

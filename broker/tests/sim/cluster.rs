@@ -16,8 +16,8 @@ use narad_broker::metastore::{Metastore, Proposal};
 use narad_broker::receipt::ReceiptKey;
 use narad_broker::remote::Peers;
 use narad_broker::rpc::{
-    decode_answer, encode_request, open, Address, CallError, Delivered, Envelope, Links,
-    Operation, Reach, Reply, Transport, Visit,
+    decode_answer, encode_request, open, Address, CallError, Delivered, Envelope, Links, Operation,
+    Reach, Reply, Transport, Visit,
 };
 use narad_broker::settings::Settings;
 use narad_broker::shard::{Shard, ShardEnv, ShardIdentity, ShardParts};
@@ -31,6 +31,7 @@ use narad_storage::io::sim::SimFs;
 use narad_storage::rng::SimRng;
 use narad_storage::wal::{Wal, WalConfig};
 
+use super::disk::{Latency, TimedFs};
 use super::executor::{Executor, Group, SimRuntime};
 
 pub const SHARDS: usize = 2;
@@ -39,7 +40,7 @@ const CALL_TIMEOUT_DEFAULT: Duration = Duration::from_secs(1);
 /// Latency of one hop between nodes (ms), drawn up to this.
 const HOP_MS_MAX: u64 = 3;
 
-pub type SimShard = Shard<SimFs>;
+pub type SimShard = Shard<TimedFs>;
 
 fn metrics_handle() -> PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
@@ -193,7 +194,10 @@ impl Network {
         let cut = self.cut.borrow();
         cut.contains(&from)
             || cut.contains(&to)
-            || self.rng.borrow_mut().chance(self.loss_per_mille.get(), 1000)
+            || self
+                .rng
+                .borrow_mut()
+                .chance(self.loss_per_mille.get(), 1000)
     }
 
     fn hop(&self) -> super::executor::Sleep {
@@ -270,9 +274,9 @@ impl Visit for Trip {
                 return Err(unreachable("the node is down"));
             };
             let (envelope, answer) = open(O::KIND, &bytes).map_err(CallError::Unreachable)?;
-            let home = envelope
-                .home()
-                .map_or(0, |(topic, partition)| shard_for(topic, partition, shards.len()));
+            let home = envelope.home().map_or(0, |(topic, partition)| {
+                shard_for(topic, partition, shards.len())
+            });
             shards[home].receive(envelope, Reach::Node);
             let expired = async {
                 network.executor.sleep(timeout).await;
@@ -297,12 +301,7 @@ impl Visit for Trip {
 }
 
 impl Transport for SimNodes {
-    fn deliver(
-        &self,
-        to: Address,
-        envelope: Envelope,
-        timeout: Option<Duration>,
-    ) -> Delivered<'_> {
+    fn deliver(&self, to: Address, envelope: Envelope, timeout: Option<Duration>) -> Delivered<'_> {
         let (Address::Node(node), Some(network)) = (to, self.network.upgrade()) else {
             return Box::pin(async { Err(stopped()) });
         };
@@ -322,6 +321,7 @@ impl Transport for SimNodes {
 /// One node: its disk, and its shards while it runs.
 pub struct SimNode {
     pub fs: SimFs,
+    pub latency: Rc<Latency>,
     key: ReceiptKey,
     epoch: u32,
     pub group: Option<Group>,
@@ -346,6 +346,7 @@ impl SimCluster {
                 rng.fill(&mut key);
                 SimNode {
                     fs: SimFs::new(seed ^ (id << 32)),
+                    latency: Latency::new(executor.clone(), seed ^ id),
                     key: ReceiptKey::from_bytes(key),
                     epoch: 0,
                     group: None,
@@ -376,7 +377,10 @@ impl SimCluster {
     /// again what it held, as a process start does.
     pub fn start(&mut self, node: NodeId) {
         let index = self.index(node);
-        assert!(self.nodes[index].group.is_none(), "node {node} runs already");
+        assert!(
+            self.nodes[index].group.is_none(),
+            "node {node} runs already"
+        );
         let group = self.executor.group();
         let incarnation = self.rng.borrow_mut().next_u64();
         let sim = &mut self.nodes[index];
@@ -385,8 +389,9 @@ impl SimCluster {
         let peers = Arc::new(Peers::new(node, members));
         let wal_failed = Arc::new(AtomicBool::new(false));
         let mut shards = Vec::with_capacity(SHARDS);
+        sim.latency.instant.set(true);
         for index in 0..SHARDS {
-            let fs = sim.fs.clone();
+            let fs = TimedFs::new(sim.fs.clone(), sim.latency.clone());
             let wal_dir = std::path::PathBuf::from(format!("/data/wal/shard-{index}"));
             let config = WalConfig {
                 ring_bytes: self.settings.storage.wal_ring_bytes,
@@ -444,8 +449,12 @@ impl SimCluster {
                 .spawn(group, Box::pin(shard.clone().run_dispatcher()));
             shards.push(shard);
         }
+        sim.latency.instant.set(false);
         sim.group = Some(group);
-        self.network.running.borrow_mut().insert(node, (group, shards));
+        self.network
+            .running
+            .borrow_mut()
+            .insert(node, (group, shards));
         self.standin
             .apply(&Command::SetNodeState {
                 id: node,

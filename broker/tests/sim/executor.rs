@@ -157,7 +157,9 @@ impl Executor {
         let due: Vec<Waker> = {
             let mut timers = self.timers.borrow_mut();
             let later = timers.split_off(&(now + 1, 0));
-            std::mem::replace(&mut *timers, later).into_values().collect()
+            std::mem::replace(&mut *timers, later)
+                .into_values()
+                .collect()
         };
         for waker in due {
             waker.wake();
