@@ -525,16 +525,27 @@ fn run(seed: u64) {
                 cluster.mark(node, true);
                 nemesis_event(&clients, NemesisAction::Resume, node);
             }
+            // A slow disk and a lossy network are outages to the checker
+            // (as a pause is): a commit whose answer came late or got lost
+            // is sent again, rerouted, and may be stored twice.
             3 => {
                 let latency = cluster.nodes[(node - 1) as usize].latency.clone();
+                nemesis_event(&clients, NemesisAction::Pause, node);
                 latency.slow.set(true);
                 executor.run_until(executor.now_ms() + down_ms, || false);
                 latency.slow.set(false);
+                nemesis_event(&clients, NemesisAction::Resume, node);
             }
             _ => {
+                for node in 1..=NODES {
+                    nemesis_event(&clients, NemesisAction::Pause, node);
+                }
                 cluster.network.loss_per_mille.set(50 + rng.below(200));
                 executor.run_until(executor.now_ms() + down_ms, || false);
                 cluster.network.loss_per_mille.set(0);
+                for node in 1..=NODES {
+                    nemesis_event(&clients, NemesisAction::Resume, node);
+                }
             }
         }
     }
