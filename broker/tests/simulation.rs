@@ -7,7 +7,8 @@
 //! exactly as it judges the process suites.
 //!
 //! `NARAD_SIM_ITERATIONS` (seeds, default [`ITERATIONS_DEFAULT`]) and
-//! `NARAD_SIM_SEED` (the first) control a run; a failure prints the seed and
+//! `NARAD_SIM_SEED` (the first) control a run, `NARAD_SIM_VERBOSE` prints
+//! each seed's report; a failure prints the seed and
 //! how to replay it: `NARAD_SIM_SEED=<seed> NARAD_SIM_ITERATIONS=1 cargo
 //! test -p narad-broker --test simulation`.
 
@@ -22,6 +23,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_channel::oneshot;
+use narad_broker::partitioner::partition_for_key;
 use narad_broker::rpc::SettleOutcome;
 use narad_check::{
     check, Delivery, Event, NemesisAction, Op, Outcome, SettleAction as CheckAction, Strictness,
@@ -63,6 +65,25 @@ fn first_seed() -> u64 {
 
 type Local<T> = Pin<Box<dyn Future<Output = T>>>;
 
+/// What a run exercises.
+struct Scenario {
+    /// Produces carry a key (so the checker knows each message's partition).
+    keyed: bool,
+    /// Nodes lose their volumes, and nothing is rerouted (a message stays in
+    /// its key's partition, so what a lost volume took is known).
+    wipes: bool,
+}
+
+const CHURN: Scenario = Scenario {
+    keyed: false,
+    wipes: false,
+};
+
+const LOST_VOLUMES: Scenario = Scenario {
+    keyed: true,
+    wipes: true,
+};
+
 /// What clients share: the network (to find running nodes), the history,
 /// and what they saw.
 struct Clients {
@@ -78,6 +99,7 @@ struct Clients {
     maybe_acked: RefCell<BTreeSet<String>>,
     /// Set once the faults end: consumers then ack everything.
     calm: Cell<bool>,
+    keyed: bool,
     stop: Cell<bool>,
 }
 
@@ -201,13 +223,17 @@ async fn producer(clients: Rc<Clients>, name: String) {
             .then(|| Duration::from_millis(clients.below(20)));
         let start = clients.now();
         let body = Bytes::from(value.clone());
+        let key = clients
+            .keyed
+            .then(|| format!("k{}", clients.below(64)).into_bytes());
+        let partition = key.as_deref().map(|key| partition_for_key(key, PARTITIONS));
         let answer = clients
             .request(
                 node,
                 move |shard| {
                     Box::pin(async move {
                         let topic = shard.topic(TOPIC)?;
-                        shard.produce(&topic, vec![(None, body)]).await
+                        shard.produce(&topic, vec![(key, body)]).await
                     })
                 },
                 abandon,
@@ -220,14 +246,14 @@ async fn producer(clients: Rc<Clients>, name: String) {
                 Op::Produce {
                     topic: TOPIC.into(),
                     value,
-                    partition: None,
+                    partition,
                     outcome: Outcome::Ok { value: id },
                 }
             }
             Answer::Done(Err(error)) => Op::Produce {
                 topic: TOPIC.into(),
                 value,
-                partition: None,
+                partition,
                 outcome: refused(&error),
             },
             Answer::Broken(_) if abandon.is_some() => Op::ProduceAbandoned {
@@ -237,7 +263,7 @@ async fn producer(clients: Rc<Clients>, name: String) {
             Answer::Broken(reason) => Op::Produce {
                 topic: TOPIC.into(),
                 value,
-                partition: None,
+                partition,
                 outcome: Outcome::Unknown { reason },
             },
         };
@@ -427,9 +453,14 @@ fn nemesis_event(clients: &Clients, action: NemesisAction, node: NodeId) {
 
 /// One seed: the whole run. Panics with the checker's report on a
 /// violation.
-fn run(seed: u64) {
+fn run(seed: u64, scenario: &Scenario) {
     let mut rng = SimRng::new(seed);
-    let mut cluster = SimCluster::new(seed, NODES);
+    let overrides: &[(&str, &str)] = if scenario.wipes {
+        &[("dispatcher.reroute_after_ms", "600000")]
+    } else {
+        &[]
+    };
+    let mut cluster = SimCluster::new(seed, NODES, overrides);
     for node in 1..=NODES {
         cluster.start(node);
     }
@@ -445,6 +476,7 @@ fn run(seed: u64) {
         acked: RefCell::default(),
         maybe_acked: RefCell::default(),
         calm: Cell::new(false),
+        keyed: scenario.keyed,
         stop: Cell::new(false),
     });
 
@@ -496,6 +528,25 @@ fn run(seed: u64) {
         let quiet = 500 + rng.below(3_000);
         executor.run_until(executor.now_ms() + quiet, || false);
         let node = 1 + rng.below(NODES);
+        if scenario.wipes {
+            // Back before the controller would mark it dead (which would
+            // send its partitions' records elsewhere).
+            let down_ms = 200 + rng.below(2_000);
+            let action = match rng.below(3) {
+                0 => NemesisAction::Wipe,
+                1 => NemesisAction::PowerCut,
+                _ => NemesisAction::Kill,
+            };
+            nemesis_event(&clients, action, node);
+            match action {
+                NemesisAction::Wipe => cluster.wipe(node),
+                action => cluster.crash(node, action == NemesisAction::PowerCut),
+            }
+            executor.run_until(executor.now_ms() + down_ms, || false);
+            cluster.start(node);
+            nemesis_event(&clients, NemesisAction::Start, node);
+            continue;
+        }
         let down_ms = 200 + rng.below(4_000);
         match rng.below(5) {
             0 | 1 => {
@@ -573,18 +624,41 @@ fn run(seed: u64) {
         report.summary()
     );
     assert!(report.accepted > 0, "seed {seed}: nothing was accepted");
+    if std::env::var_os("NARAD_SIM_VERBOSE").is_some() {
+        eprintln!("seed {seed}: {}", report.summary());
+    }
 }
 
-#[test]
-fn a_simulated_cluster_keeps_the_delivery_contract_under_faults() {
+/// Runs `scenario` for every seed of the run; reports the first that fails.
+fn for_each_seed(test: &str, scenario: &Scenario, seeds: u64) {
     let start = first_seed();
-    for seed in start..start + iterations() {
-        if let Err(panic) = std::panic::catch_unwind(|| run(seed)) {
+    for seed in start..start + seeds {
+        if let Err(panic) = std::panic::catch_unwind(|| run(seed, scenario)) {
             eprintln!(
                 "simulation failed with seed {seed}; replay with NARAD_SIM_SEED={seed} \
-                 NARAD_SIM_ITERATIONS=1 cargo test -p narad-broker --test simulation"
+                 NARAD_SIM_ITERATIONS=1 cargo test -p narad-broker --test simulation {test}"
             );
             std::panic::resume_unwind(panic);
         }
     }
+}
+
+#[test]
+fn a_simulated_cluster_keeps_the_delivery_contract_under_faults() {
+    for_each_seed(
+        "a_simulated_cluster_keeps_the_delivery_contract_under_faults",
+        &CHURN,
+        iterations(),
+    );
+}
+
+/// A quarter of the seeds: each run is as long, and the churn above covers
+/// the other faults.
+#[test]
+fn a_simulated_cluster_loses_only_what_a_lost_volume_held() {
+    for_each_seed(
+        "a_simulated_cluster_loses_only_what_a_lost_volume_held",
+        &LOST_VOLUMES,
+        iterations().div_ceil(4),
+    );
 }

@@ -50,8 +50,8 @@ fn metrics_handle() -> PrometheusHandle {
 }
 
 /// The settings every simulated node runs with: the defaults the contract
-/// windows assume, with small files.
-pub fn settings() -> Arc<Settings> {
+/// windows assume, with small files, then `overrides`.
+pub fn settings(overrides: &[(&str, &str)]) -> Arc<Settings> {
     let flags: Vec<(String, String)> = [
         ("storage.wal_ring_bytes", "1048576"),
         ("storage.segment_bytes", "262144"),
@@ -59,6 +59,7 @@ pub fn settings() -> Arc<Settings> {
         ("dispatcher.reroute_after_ms", "2000"),
     ]
     .iter()
+    .chain(overrides)
     .map(|(k, v)| (k.to_string(), v.to_string()))
     .collect();
     let config = Config::resolve(None, Vec::new(), &flags).expect("the simulation's config");
@@ -337,7 +338,7 @@ pub struct SimCluster {
 }
 
 impl SimCluster {
-    pub fn new(seed: u64, nodes: u64) -> Self {
+    pub fn new(seed: u64, nodes: u64, overrides: &[(&str, &str)]) -> Self {
         let executor = Executor::new(seed, 1_000_000);
         let mut rng = SimRng::new(seed);
         let nodes = (1..=nodes)
@@ -359,7 +360,7 @@ impl SimCluster {
             standin: StandIn::new(count),
             executor,
             nodes,
-            settings: settings(),
+            settings: settings(overrides),
             rng: RefCell::new(rng),
         }
     }
@@ -480,6 +481,20 @@ impl SimCluster {
         } else {
             fs.crash_process();
         }
+    }
+
+    /// The node's volume is lost: it starts again on an empty disk, with a
+    /// new receipt key and start counter, as a node on a new volume does.
+    pub fn wipe(&mut self, node: NodeId) {
+        self.crash(node, false);
+        let index = self.index(node);
+        let mut key = [0u8; 32];
+        self.rng.borrow_mut().fill(&mut key);
+        let seed = self.rng.borrow_mut().next_u64();
+        let sim = &mut self.nodes[index];
+        sim.fs = SimFs::new(seed);
+        sim.key = ReceiptKey::from_bytes(key);
+        sim.epoch = 0;
     }
 
     /// The controller's view of a node that stopped answering.
