@@ -451,6 +451,26 @@ fn nemesis_event(clients: &Clients, action: NemesisAction, node: NodeId) {
     );
 }
 
+/// Whether an operation was answered 404 `topic_not_found`.
+fn told_missing(op: &Op) -> bool {
+    let code = match op {
+        Op::Produce {
+            outcome: Outcome::Refused { code, .. },
+            ..
+        }
+        | Op::Consume {
+            outcome: Outcome::Refused { code, .. },
+            ..
+        } => code,
+        Op::Settle {
+            outcome: Outcome::Refused { code, .. },
+            ..
+        } => code,
+        _ => return false,
+    };
+    code == "topic_not_found"
+}
+
 /// One seed: the whole run. Panics with the checker's report on a
 /// violation.
 fn run(seed: u64, scenario: &Scenario) {
@@ -624,6 +644,15 @@ fn run(seed: u64, scenario: &Scenario) {
         report.summary()
     );
     assert!(report.accepted > 0, "seed {seed}: nothing was accepted");
+    // The topic is never deleted: a node still learning the metadata says
+    // "retry" (503 catching_up), never "no such topic" (a final 404).
+    let said_missing: Vec<&Event> = events.iter().filter(|e| told_missing(&e.op)).collect();
+    assert!(
+        said_missing.is_empty(),
+        "seed {seed}: {} answers said the topic does not exist, e.g. {:?}",
+        said_missing.len(),
+        said_missing.first()
+    );
     if std::env::var_os("NARAD_SIM_VERBOSE").is_some() {
         eprintln!("seed {seed}: {}", report.summary());
     }

@@ -37,6 +37,9 @@ use super::executor::{Executor, Group, SimRuntime};
 pub const SHARDS: usize = 2;
 /// How long a call between nodes waits when its deadline is not given.
 const CALL_TIMEOUT_DEFAULT: Duration = Duration::from_secs(1);
+/// How long a started node takes to learn the metadata (ms), drawn up to
+/// this.
+const CATCH_UP_MS_MAX: u64 = 300;
 /// Latency of one hop between nodes (ms), drawn up to this.
 const HOP_MS_MAX: u64 = 3;
 
@@ -68,45 +71,103 @@ pub fn settings(overrides: &[(&str, &str)]) -> Arc<Settings> {
 
 // ------------------------------------------------------------ metastore
 
-/// The metastore's decisions, made at once and seen by every node at once:
-/// the deterministic state machine of the real one, without its log.
+/// The metastore's decisions, made at once by a deterministic stand-in for
+/// the Raft leader (the real state machine, without its log). Each node
+/// sees them through its own feed: a node that starts holds what it had
+/// applied before (nothing after a lost volume) and is not caught up until
+/// it has learned the rest, a little later, as a restarted node is.
 pub struct StandIn {
     state: RefCell<MetaState>,
     applied: Cell<u64>,
+    latest: RefCell<Arc<MetaView>>,
+    feeds: RefCell<BTreeMap<NodeId, NodeFeed>>,
+    members: Vec<(NodeId, String)>,
+}
+
+/// What one node has applied.
+struct NodeFeed {
     publisher: MetaPublisher,
     feed: MetaFeed,
-    members: Vec<(NodeId, String)>,
+    caught_up: Rc<Cell<bool>>,
+}
+
+impl NodeFeed {
+    fn new(view: Arc<MetaView>, caught_up: bool) -> Self {
+        let (publisher, feed) = meta_feed(MetaView::clone(&view));
+        Self {
+            publisher,
+            feed,
+            caught_up: Rc::new(Cell::new(caught_up)),
+        }
+    }
 }
 
 impl StandIn {
     pub fn new(nodes: u64) -> Rc<Self> {
         let state = MetaState::default();
-        let (publisher, feed) = meta_feed(MetaView {
+        let latest = Arc::new(MetaView {
             state: state.clone(),
             applied_index: 0,
         });
+        let feeds = (1..=nodes)
+            .map(|id| (id, NodeFeed::new(latest.clone(), true)))
+            .collect();
         Rc::new(Self {
             state: RefCell::new(state),
             applied: Cell::new(0),
-            publisher,
-            feed,
+            latest: RefCell::new(latest),
+            feeds: RefCell::new(feeds),
             members: (1..=nodes).map(|id| (id, format!("sim-{id}"))).collect(),
         })
     }
 
+    /// Applies a command and hands the new state to every caught-up node.
     pub fn apply(&self, command: &Command) -> Result<Applied, MetaError> {
         let applied = self.state.borrow_mut().apply(command)?;
         self.applied.set(self.applied.get() + 1);
-        let view = MetaView {
+        let view = Arc::new(MetaView {
             state: self.state.borrow().clone(),
             applied_index: self.applied.get(),
-        };
-        let _ = self.publisher.send(Arc::new(view));
+        });
+        *self.latest.borrow_mut() = view.clone();
+        for feed in self.feeds.borrow().values() {
+            if feed.caught_up.get() {
+                let _ = feed.publisher.send(view.clone());
+            }
+        }
         Ok(applied)
     }
 
+    /// The leader's state.
     pub fn view(&self) -> Arc<MetaView> {
-        self.feed.borrow().clone()
+        self.latest.borrow().clone()
+    }
+
+    /// A node starts: with what it applied before (or nothing, after a lost
+    /// volume), not caught up.
+    fn restart(&self, node: NodeId, lost_volume: bool) {
+        let mut feeds = self.feeds.borrow_mut();
+        let held = match (lost_volume, feeds.get(&node)) {
+            (false, Some(feed)) => feed.feed.borrow().clone(),
+            _ => Arc::new(MetaView::default()),
+        };
+        feeds.insert(node, NodeFeed::new(held, false));
+    }
+
+    /// The node has learned everything committed so far.
+    fn catch_up(&self, node: NodeId) {
+        if let Some(feed) = self.feeds.borrow().get(&node) {
+            let _ = feed.publisher.send(self.view());
+            feed.caught_up.set(true);
+        }
+    }
+
+    fn feed(&self, node: NodeId) -> MetaFeed {
+        self.feeds.borrow()[&node].feed.clone()
+    }
+
+    fn caught_up(&self, node: NodeId) -> bool {
+        self.feeds.borrow()[&node].caught_up.get()
     }
 }
 
@@ -118,19 +179,19 @@ struct NodeMeta {
 
 impl Metastore for NodeMeta {
     fn snapshot(&self) -> MetaSnapshot {
-        MetaSnapshot::new(self.standin.feed.clone())
+        MetaSnapshot::new(self.standin.feed(self.me))
     }
 
     fn subscribe(&self) -> MetaFeed {
-        self.standin.feed.clone()
+        self.standin.feed(self.me)
     }
 
     fn view(&self) -> Arc<MetaView> {
-        self.standin.view()
+        self.standin.feed(self.me).borrow().clone()
     }
 
     fn caught_up(&self) -> bool {
-        true
+        self.standin.caught_up(self.me)
     }
 
     fn leader(&self) -> Option<NodeId> {
@@ -322,6 +383,8 @@ impl Transport for SimNodes {
 /// One node: its disk, and its shards while it runs.
 pub struct SimNode {
     pub fs: SimFs,
+    /// Its volume was lost since it last ran.
+    wiped: bool,
     pub latency: Rc<Latency>,
     key: ReceiptKey,
     epoch: u32,
@@ -346,6 +409,7 @@ impl SimCluster {
                 let mut key = [0u8; 32];
                 rng.fill(&mut key);
                 SimNode {
+                    wiped: false,
                     fs: SimFs::new(seed ^ (id << 32)),
                     latency: Latency::new(executor.clone(), seed ^ id),
                     key: ReceiptKey::from_bytes(key),
@@ -384,8 +448,18 @@ impl SimCluster {
         );
         let group = self.executor.group();
         let incarnation = self.rng.borrow_mut().next_u64();
+        let catch_up_ms = self.rng.borrow_mut().below(CATCH_UP_MS_MAX + 1);
         let sim = &mut self.nodes[index];
         sim.epoch += 1;
+        self.standin.restart(node, std::mem::take(&mut sim.wiped));
+        let (standin, sleeper) = (self.standin.clone(), self.executor.clone());
+        self.executor.spawn(
+            group,
+            Box::pin(async move {
+                sleeper.sleep(Duration::from_millis(catch_up_ms)).await;
+                standin.catch_up(node);
+            }),
+        );
         let members: Vec<NodeId> = self.standin.members.iter().map(|(id, _)| *id).collect();
         let peers = Arc::new(Peers::new(node, members));
         let wal_failed = Arc::new(AtomicBool::new(false));
@@ -493,6 +567,7 @@ impl SimCluster {
         let seed = self.rng.borrow_mut().next_u64();
         let sim = &mut self.nodes[index];
         sim.fs = SimFs::new(seed);
+        sim.wiped = true;
         sim.key = ReceiptKey::from_bytes(key);
         sim.epoch = 0;
     }
