@@ -634,6 +634,17 @@ fn run(seed: u64, scenario: &Scenario) {
                 .all(|id| acked.contains(id) || maybe.contains(id))
         })
     };
+    // Nothing stays behind in a WAL: every record a shard took in was
+    // handed to its owner, those whose client hung up included.
+    let handed_on = {
+        let network = cluster.network.clone();
+        executor.run_until(executor.now_ms() + 10_000, move || {
+            (1..=NODES)
+                .filter_map(|node| network.target(node))
+                .flat_map(|(_, shards)| shards)
+                .all(|shard| shard.wal().stats().uncommitted_records == 0)
+        })
+    };
     clients.stop.set(true);
     let events = clients.events.borrow().clone();
     let report = check(&events);
@@ -644,6 +655,10 @@ fn run(seed: u64, scenario: &Scenario) {
         report.summary()
     );
     assert!(report.accepted > 0, "seed {seed}: nothing was accepted");
+    assert!(
+        handed_on,
+        "seed {seed}: records left in a WAL, never handed to their owner"
+    );
     // The topic is never deleted: a node still learning the metadata says
     // "retry" (503 catching_up), never "no such topic" (a final 404).
     let said_missing: Vec<&Event> = events.iter().filter(|e| told_missing(&e.op)).collect();
