@@ -3,7 +3,7 @@
 //! metastore's decisions, all on a manual clock (`tests/sim/`). Producers,
 //! consumers that ack, nack, extend, let leases lapse and hang up mid
 //! request, and a nemesis that crashes nodes, cuts their power, cuts them
-//! off, slows their disks and loses messages between them. `narad-check` judges each history
+//! off, slows or fills their disks and loses messages between them. `narad-check` judges each history
 //! exactly as it judges the process suites.
 //!
 //! `NARAD_SIM_ITERATIONS` (seeds, default [`ITERATIONS_DEFAULT`]) and
@@ -32,6 +32,7 @@ use narad_net::types::{ConsumeRequest, ConsumedMessage, SettleAction, TopicPatch
 use narad_net::value::JsonValue;
 use narad_net::ApiError;
 use narad_raft::state::NodeId;
+use narad_storage::io::sim::{FaultError, FaultOp, FaultRule};
 use narad_storage::rng::SimRng;
 
 use sim::cluster::{Network, SimCluster, SimShard, SHARDS};
@@ -72,16 +73,26 @@ struct Scenario {
     /// Nodes lose their volumes, and nothing is rerouted (a message stays in
     /// its key's partition, so what a lost volume took is known).
     wipes: bool,
+    /// Disks fill up among the other faults.
+    full_disks: bool,
 }
 
 const CHURN: Scenario = Scenario {
     keyed: false,
     wipes: false,
+    full_disks: false,
 };
 
 const LOST_VOLUMES: Scenario = Scenario {
     keyed: true,
     wipes: true,
+    full_disks: false,
+};
+
+const FULL_DISKS: Scenario = Scenario {
+    keyed: false,
+    wipes: false,
+    full_disks: true,
 };
 
 /// What clients share: the network (to find running nodes), the history,
@@ -568,7 +579,8 @@ fn run(seed: u64, scenario: &Scenario) {
             continue;
         }
         let down_ms = 200 + rng.below(4_000);
-        match rng.below(5) {
+        let kinds = if scenario.full_disks { 6 } else { 5 };
+        match rng.below(kinds) {
             0 | 1 => {
                 let power = rng.chance(1, 2);
                 let action = if power {
@@ -599,6 +611,22 @@ fn run(seed: u64, scenario: &Scenario) {
             // A slow disk and a lossy network are outages to the checker
             // (as a pause is): a commit whose answer came late or got lost
             // is sent again, rerouted, and may be stored twice.
+            // The disk fills up; once space is freed the operator restarts
+            // the node (a failed WAL or ack state stays failed until then).
+            5 => {
+                let fs = cluster.nodes[(node - 1) as usize].fs.clone();
+                nemesis_event(&clients, NemesisAction::Pause, node);
+                for op in [FaultOp::Write, FaultOp::Sync] {
+                    fs.inject(FaultRule::always(op, "/data", FaultError::Enospc));
+                }
+                executor.run_until(executor.now_ms() + down_ms, || false);
+                fs.clear_faults();
+                nemesis_event(&clients, NemesisAction::Resume, node);
+                nemesis_event(&clients, NemesisAction::Kill, node);
+                cluster.crash(node, false);
+                cluster.start(node);
+                nemesis_event(&clients, NemesisAction::Start, node);
+            }
             3 => {
                 let latency = cluster.nodes[(node - 1) as usize].latency.clone();
                 nemesis_event(&clients, NemesisAction::Pause, node);
@@ -649,10 +677,18 @@ fn run(seed: u64, scenario: &Scenario) {
     let events = clients.events.borrow().clone();
     let report = check(&events);
     let violations = report.violations(Strictness::Faults);
+    let faults: Vec<String> = events
+        .iter()
+        .filter_map(|e| match &e.op {
+            Op::Nemesis { action, node } => Some(format!("{} {action:?} {node}", e.start_ms)),
+            _ => None,
+        })
+        .collect();
     assert!(
         violations.is_empty(),
-        "seed {seed}: {violations:?} (every accepted message acked in time: {settled})\n{}",
-        report.summary()
+        "seed {seed}: {violations:?} (every accepted message acked in time: {settled})\n{}\nfaults: {}",
+        report.summary(),
+        faults.join(", ")
     );
     assert!(report.accepted > 0, "seed {seed}: nothing was accepted");
     assert!(
@@ -692,6 +728,21 @@ fn a_simulated_cluster_keeps_the_delivery_contract_under_faults() {
     for_each_seed(
         "a_simulated_cluster_keeps_the_delivery_contract_under_faults",
         &CHURN,
+        iterations(),
+    );
+}
+
+/// A finding of the simulation, not yet fixed: an ack answered 204 after
+/// the disk filled, before its partition's next ack write failed, is held
+/// in memory only, and the restart that follows (once space is freed)
+/// delivers the message again, outside the crash windows the contract
+/// names. Replay: `cargo test -p narad-broker --test simulation -- --ignored`.
+#[test]
+#[ignore = "a known finding: acks answered 204 while the disk is full are lost at the next restart"]
+fn a_full_disk_loses_no_acked_message() {
+    for_each_seed(
+        "a_full_disk_loses_no_acked_message",
+        &FULL_DISKS,
         iterations(),
     );
 }
