@@ -96,6 +96,16 @@ impl Executor {
         drop(dead);
     }
 
+    /// Drops every task and timer: the tasks hold the shards, which hold
+    /// this executor, so a run that ends must break that circle.
+    pub fn shut_down(&self) {
+        self.alive.borrow_mut().clear();
+        let tasks = std::mem::take(&mut *self.tasks.borrow_mut());
+        drop(tasks);
+        let timers = std::mem::take(&mut *self.timers.borrow_mut());
+        drop(timers);
+    }
+
     pub fn spawn(&self, group: Group, future: LocalFuture) {
         if !self.alive.borrow().contains(&group) {
             return;
