@@ -94,22 +94,17 @@ const CHURN: Scenario = Scenario {
 const LOST_VOLUMES: Scenario = Scenario {
     keyed: true,
     wipes: true,
-    full_disks: false,
-    dead_letters: false,
+    ..CHURN
 };
 
 const FULL_DISKS: Scenario = Scenario {
-    keyed: false,
-    wipes: false,
     full_disks: true,
-    dead_letters: false,
+    ..CHURN
 };
 
 const DEAD_LETTERS: Scenario = Scenario {
-    keyed: false,
-    wipes: false,
-    full_disks: false,
     dead_letters: true,
+    ..CHURN
 };
 
 /// What clients share: the network (to find running nodes), the history,
@@ -331,54 +326,24 @@ async fn consumer(clients: Rc<Clients>, name: String) {
                 abandon,
             )
             .await;
-        let messages = match answer {
+        let topic = TOPIC.to_string();
+        let (op, messages) = match answer {
             Answer::Done(Ok(messages)) => {
-                let seen = messages.iter().map(delivery).collect();
-                clients.record(
-                    &name,
-                    start,
-                    Op::Consume {
-                        topic: TOPIC.into(),
-                        outcome: Outcome::Ok { value: seen },
-                    },
-                );
-                messages
+                let value = messages.iter().map(delivery).collect();
+                let outcome = Outcome::Ok { value };
+                (Op::Consume { topic, outcome }, messages)
             }
             Answer::Done(Err(error)) => {
                 let outcome = refused(&error);
-                clients.record(
-                    &name,
-                    start,
-                    Op::Consume {
-                        topic: TOPIC.into(),
-                        outcome,
-                    },
-                );
-                continue;
+                (Op::Consume { topic, outcome }, Vec::new())
             }
-            Answer::Broken(_) if abandon.is_some() => {
-                clients.record(
-                    &name,
-                    start,
-                    Op::ConsumeAbandoned {
-                        topic: TOPIC.into(),
-                    },
-                );
-                continue;
-            }
+            Answer::Broken(_) if abandon.is_some() => (Op::ConsumeAbandoned { topic }, Vec::new()),
             Answer::Broken(reason) => {
                 let outcome = Outcome::Unknown { reason };
-                clients.record(
-                    &name,
-                    start,
-                    Op::Consume {
-                        topic: TOPIC.into(),
-                        outcome,
-                    },
-                );
-                continue;
+                (Op::Consume { topic, outcome }, Vec::new())
             }
         };
+        clients.record(&name, start, op);
         for message in messages {
             if clients.dead_letters && message.delivery_count > MAX_DELIVERIES {
                 let over = format!("{} delivered {} times", message.id, message.delivery_count);
