@@ -25,7 +25,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_channel::oneshot;
 use narad_broker::partitioner::partition_for_key;
-use narad_broker::rpc::SettleOutcome;
+use narad_broker::rpc::{Available, CallError, SettleOutcome};
 use narad_check::{
     check, Delivery, Event, NemesisAction, Op, Outcome, SettleAction as CheckAction, Strictness,
 };
@@ -832,6 +832,28 @@ fn run(seed: u64, scenario: &Scenario) {
     if std::env::var_os("NARAD_SIM_VERBOSE").is_some() {
         eprintln!("seed {seed}: {}", report.summary());
     }
+}
+
+#[test]
+fn another_nodes_availability_notice_is_answered() {
+    let mut cluster = SimCluster::new(first_seed(), NODES, &[]);
+    let _teardown = Teardown(cluster.executor.clone());
+    for node in 1..=NODES {
+        cluster.start(node);
+    }
+    let answer: Rc<RefCell<Option<Result<(), CallError>>>> = Rc::default();
+    let cluster = Rc::new(cluster);
+    let (caller, got) = (cluster.clone(), answer.clone());
+    let executor = cluster.executor.clone();
+    executor.spawn(
+        executor.group(),
+        Box::pin(async move {
+            let reply = caller.call_node(1, 2, Available { from: 1 }).await;
+            *got.borrow_mut() = Some(reply);
+        }),
+    );
+    assert!(executor.run_until(executor.now_ms() + 5_000, || answer.borrow().is_some()));
+    assert_eq!(answer.borrow_mut().take(), Some(Ok(())));
 }
 
 /// Runs `scenario` for every seed of the run; reports the first that fails.

@@ -845,3 +845,42 @@ fn a_relative_data_folder_works_as_the_readme_runs_it() {
     );
     assert!(tmp.path().join("narad-data").join("wal").exists());
 }
+
+#[test]
+fn consumes_of_one_message_take_turns_over_every_partition() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let node = Node::start(dir.path(), &[]);
+    node.create_topic("turns", json!({"partitions": 8}));
+    // Two messages in every partition, each sent with a key of that partition.
+    for partition in 0..8u32 {
+        let key = (0..)
+            .map(|n| format!("key-{n}"))
+            .find(|k| narad_broker::partitioner::partition_for_key(k.as_bytes(), 8) == partition)
+            .expect("a key for every partition");
+        for _ in 0..2 {
+            let (status, answer) = node.request_with(
+                "POST",
+                "/v1/topics/turns/messages",
+                &[("Narad-Key", &key)],
+                b"queued",
+            );
+            assert_eq!(status, 202, "{answer}");
+        }
+    }
+    let all_available = || {
+        let (_, topic) = node.request("GET", "/v1/topics/turns", b"");
+        topic["partition_stats"]
+            .as_array()
+            .is_some_and(|p| p.iter().all(|s| s["available"] == 2))
+    };
+    assert!(eventually(WAIT, all_available), "every partition holds two");
+    // Eight consumes of one message each, none acked: a consume starts one
+    // partition further on each time, so each takes from another partition.
+    let partitions: BTreeSet<u64> = (0..8)
+        .map(|_| {
+            let got = node.consume("turns", json!({"max_messages": 1}));
+            got[0]["partition"].as_u64().expect("partition")
+        })
+        .collect();
+    assert_eq!(partitions, (0..8).collect::<BTreeSet<u64>>());
+}

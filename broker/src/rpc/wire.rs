@@ -19,13 +19,15 @@ use super::ops::{Available, Collect, Commit, Envelope, Gauges, Operation, Settle
 /// with a clear error rather than misreading it.
 pub const WIRE_VERSION: u8 = 1;
 
-/// Request kinds between nodes (the metastore uses 1 to 15).
-pub const KIND_COMMIT: u8 = 16;
-pub const KIND_COLLECT: u8 = 17;
-pub const KIND_SETTLE: u8 = 18;
-pub const KIND_STATS: u8 = 19;
-pub const KIND_AVAILABLE: u8 = 20;
-pub const KIND_GAUGES: u8 = 21;
+/// Request kinds between nodes (the metastore uses 1 to 15; 16 to 20 were
+/// the unversioned data plane of earlier releases, which a node of this
+/// one refuses as unknown kinds rather than misreading them).
+pub const KIND_COMMIT: u8 = 32;
+pub const KIND_COLLECT: u8 = 33;
+pub const KIND_SETTLE: u8 = 34;
+pub const KIND_STATS: u8 = 35;
+pub const KIND_AVAILABLE: u8 = 36;
+pub const KIND_GAUGES: u8 = 37;
 
 /// Whether `kind` is an operation of the data plane.
 pub fn is_operation_kind(kind: u8) -> bool {

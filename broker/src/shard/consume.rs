@@ -56,9 +56,10 @@ impl<F: FileSystem> Shard<F> {
         request: ConsumeRequest,
         visibility_ms: u64,
     ) -> Collected {
+        let rotation = self.next_turn();
         let op = Collect {
             topic: TopicRef::of(topic),
-            partitions: consume_order(topic.config.partitions, self.next_turn(), request.partition),
+            partitions: consume_order(topic.config.partitions, rotation, request.partition),
             max: request.max_messages,
             visibility_ms,
         };
@@ -71,16 +72,22 @@ impl<F: FileSystem> Shard<F> {
                     .map_err(|e| e.to_api(to))?;
             }
         }
-        self.collect(topic, op, Reach::Cluster).await
+        self.collect(topic, op, Reach::Cluster, rotation).await
     }
 
     /// Leases up to `op.max` messages from the partitions of `op` within
     /// `reach`: this node's first (going round its shards from a rotating
     /// start), then other nodes' that may have messages, from a rotating
-    /// start too, so no partition starves. A shard or node that fails
-    /// leaves its partitions out when others answered.
-    pub(super) async fn collect(&self, topic: &Topic, op: Collect, reach: Reach) -> Collected {
-        let rotation = self.next_turn();
+    /// start too, so no partition starves (`rotation` is the round's turn).
+    /// A shard or node that fails leaves its partitions out when others
+    /// answered.
+    pub(super) async fn collect(
+        &self,
+        topic: &Topic,
+        op: Collect,
+        reach: Reach,
+        rotation: u32,
+    ) -> Collected {
         let placement = self.placement(topic);
         let count = topic.config.partitions;
         let (mine, others) =

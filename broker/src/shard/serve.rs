@@ -20,10 +20,14 @@ impl<F: FileSystem> Shard<F> {
     /// Takes in one operation: a wake-up at once, anything else in a task of
     /// its own (a slow one never holds the next behind it).
     pub fn receive(self: &Rc<Self>, envelope: Envelope, from: Reach) {
-        if let Envelope::Available(op, _) = &envelope {
-            self.heard_available(op, from);
-            return;
-        }
+        let envelope = match envelope {
+            Envelope::Available(op, reply) => {
+                self.heard_available(&op, from);
+                let _ = reply.send(());
+                return;
+            }
+            envelope => envelope,
+        };
         let in_flight = (from == Reach::Node).then(|| InFlight::enter(self));
         let shard = self.clone();
         self.env.runtime.spawn(Box::pin(async move {
@@ -46,7 +50,7 @@ impl<F: FileSystem> Shard<F> {
             }
             Envelope::Collect(op, reply) => {
                 let answer = match self.topic_at(&op.topic) {
-                    Ok(topic) => self.collect(&topic, op, from).await,
+                    Ok(topic) => self.collect(&topic, op, from, self.next_turn()).await,
                     Err(error) => Err(error),
                 };
                 let _ = reply.send(answer);

@@ -126,9 +126,10 @@ impl<F: FileSystem> Shard<F> {
         Ok((created, topic))
     }
 
-    /// Waits until this node's metadata holds `topic` (the leader applied it
-    /// first), at most [`LOCAL_APPLY_WAIT`]: the answer to a topic change
-    /// comes after the node that gives it can serve the topic.
+    /// Waits until this node's metadata holds `topic` as the change left it
+    /// (the leader applied it first), or a later incarnation, at most
+    /// [`LOCAL_APPLY_WAIT`]: the answer to a topic change comes after the
+    /// node that gives it can serve the topic as changed.
     async fn applied_here(&self, topic: &Topic) {
         let mut changes = self.env.meta.subscribe();
         let deadline = self.now() + LOCAL_APPLY_WAIT.as_millis() as u64;
@@ -138,7 +139,7 @@ impl<F: FileSystem> Shard<F> {
                 .state
                 .topics
                 .get(&topic.name)
-                .is_some_and(|t| t.incarnation >= topic.incarnation);
+                .is_some_and(|t| t.incarnation > topic.incarnation || t == topic);
             let now = self.now();
             if held || now >= deadline {
                 return;

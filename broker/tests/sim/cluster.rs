@@ -572,6 +572,25 @@ impl SimCluster {
         sim.epoch = 0;
     }
 
+    /// What node `from` gets back when it sends `op` to node `to` over the
+    /// simulated network (which must not be cut or lossy for a sure answer).
+    pub async fn call_node<O: Operation>(
+        &self,
+        from: NodeId,
+        to: NodeId,
+        op: O,
+    ) -> Result<O::Reply, CallError> {
+        let transport = SimNodes {
+            network: Rc::downgrade(&self.network),
+            me: from,
+        };
+        let runtime = SimRuntime {
+            executor: self.executor.clone(),
+            group: self.executor.group(),
+        };
+        narad_broker::rpc::call(&transport, &runtime, Address::Node(to), op, None).await
+    }
+
     /// The controller's view of a node that stopped answering.
     pub fn mark(&self, node: NodeId, alive: bool) {
         self.standin
