@@ -451,6 +451,8 @@ async fn settle_one(clients: &Rc<Clients>, name: &str, message: &ConsumedMessage
 
 /// Consumes the dead-letter topic and acks what it gets (outside the
 /// history: the checker judges the topic the messages were produced to).
+/// The ack is a request of its own: a consume whose answer is lost leaves
+/// leases that lapse, and the messages come again.
 async fn dead_letter_reader(clients: Rc<Clients>) {
     while !clients.stop.get() {
         let Some(node) = clients.pick_node() else {
@@ -469,24 +471,38 @@ async fn dead_letter_reader(clients: Rc<Clients>) {
                 move |shard| {
                     Box::pin(async move {
                         let topic = shard.topic(DEAD_TOPIC)?;
-                        let got = shard.consume(&topic, request).await?;
-                        let receipts: Vec<String> = got.iter().map(|m| m.receipt.clone()).collect();
-                        shard.settle(&topic, &receipts, SettleAction::Ack).await;
-                        Ok::<_, ApiError>(got)
+                        shard.consume(&topic, request).await
                     })
                 },
                 None,
             )
             .await;
-        match answer {
-            Answer::Done(Ok(got)) => {
-                let mut seen = clients.dead_lettered.borrow_mut();
-                seen.extend(got.into_iter().map(|m| m.id));
-            }
-            Answer::Done(Err(_)) | Answer::Broken(_) => {
-                clients.executor.sleep(Duration::from_millis(50)).await;
-            }
-        }
+        let Answer::Done(Ok(got)) = answer else {
+            clients.executor.sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let receipts: Vec<String> = got.iter().map(|m| m.receipt.clone()).collect();
+        clients
+            .dead_lettered
+            .borrow_mut()
+            .extend(got.into_iter().map(|m| m.id));
+        // Acked anywhere: an ack that does not land only brings the
+        // message back once its lease lapses.
+        let Some(node) = clients.pick_node() else {
+            continue;
+        };
+        clients
+            .request(
+                node,
+                move |shard| {
+                    Box::pin(async move {
+                        let topic = shard.topic(DEAD_TOPIC)?;
+                        Ok::<_, ApiError>(shard.settle(&topic, &receipts, SettleAction::Ack).await)
+                    })
+                },
+                None,
+            )
+            .await;
     }
 }
 
@@ -584,6 +600,7 @@ fn run(seed: u64, scenario: &Scenario) {
                 if dead_letters {
                     let dead = TopicPatch {
                         partitions: Some(2),
+                        visibility_timeout_ms: Some(VISIBILITY_MS),
                         ..TopicPatch::default()
                     };
                     shard
