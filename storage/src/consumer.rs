@@ -224,6 +224,9 @@ struct State<Fl> {
     oldest_unsynced_ms: Option<u64>,
     io_busy: bool,
     failed: Option<String>,
+    /// Why the last write of acks found no space: they are held back and
+    /// written again at the next tick; acks are refused until one succeeds.
+    full: Option<String>,
 }
 
 /// One partition's consumer state.
@@ -357,6 +360,7 @@ impl<F: FileSystem> ConsumerState<F> {
                 oldest_unsynced_ms: None,
                 io_busy: false,
                 failed: None,
+                full: None,
             }),
         };
         consumer.compact().await?;
@@ -404,9 +408,11 @@ impl<F: FileSystem> ConsumerState<F> {
         self.state.borrow_mut().acks.skip_to(oldest_retained)
     }
 
-    /// Why the state stopped persisting acks, if it did.
+    /// Why the state does not persist acks now, if it does not: failed for
+    /// good (an I/O error), or the disk is full (until a write succeeds).
     pub fn failure(&self) -> Option<String> {
-        self.state.borrow().failed.clone()
+        let state = self.state.borrow();
+        state.failed.clone().or_else(|| state.full.clone())
     }
 
     /// The latest time [`Self::maintain`] must run to keep the promises:
@@ -486,10 +492,11 @@ impl<F: FileSystem> ConsumerState<F> {
 
     async fn write_to_os(&self) -> Result<()> {
         self.begin_io()?;
-        let (log, path, pos, frame) = {
+        let (log, path, pos, frame, offsets, written_at, unsynced_before) = {
             let mut state = self.state.borrow_mut();
             let offsets = std::mem::take(&mut state.unwritten);
             let written_at = state.oldest_unwritten_ms.take();
+            let unsynced_before = state.oldest_unsynced_ms.is_some();
             if offsets.is_empty() {
                 state.io_busy = false;
                 return Ok(());
@@ -505,13 +512,49 @@ impl<F: FileSystem> ConsumerState<F> {
             if state.oldest_unsynced_ms.is_none() {
                 state.oldest_unsynced_ms = written_at;
             }
-            (state.log.clone(), state.log_path.clone(), pos, frame)
+            (
+                state.log.clone(),
+                state.log_path.clone(),
+                pos,
+                frame,
+                offsets,
+                written_at,
+                unsynced_before,
+            )
         };
-        let result = log
-            .write_at(&frame, pos)
-            .await
-            .map_err(|e| StorageError::io("write", &path, e));
-        self.end_io(result)
+        let result = log.write_at(&frame, pos).await;
+        match result {
+            Err(error) if error.raw_os_error() == Some(libc::ENOSPC) => {
+                // No space: nothing was acknowledged as written, so hold the
+                // acks back and write them again (the frame at the same
+                // place) at the next tick.
+                let mut state = self.state.borrow_mut();
+                state.io_busy = false;
+                state.log_end = pos;
+                let mut held = offsets;
+                held.append(&mut state.unwritten);
+                state.unwritten = held;
+                state.oldest_unwritten_ms = match (written_at, state.oldest_unwritten_ms) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+                if !unsynced_before {
+                    state.oldest_unsynced_ms = None;
+                }
+                let error = StorageError::io("write", &path, error);
+                if state.full.is_none() {
+                    tracing::warn!(dir = %self.dir.display(), %error, "no space for acks; holding them back until a write succeeds");
+                }
+                state.full = Some(error.to_string());
+                Err(error)
+            }
+            result => {
+                if result.is_ok() {
+                    self.state.borrow_mut().full = None;
+                }
+                self.end_io(result.map_err(|e| StorageError::io("write", &path, e)))
+            }
+        }
     }
 
     async fn sync(&self) -> Result<()> {
@@ -726,6 +769,62 @@ mod tests {
             open().is_acked(1),
             "synced within 1 s and one tick of being recorded"
         );
+    }
+
+    #[test]
+    fn a_full_disk_holds_acks_back_until_space_returns_while_an_io_error_stays() {
+        use crate::clock::ManualClock;
+        use crate::io::sim::{FaultError, FaultOp, FaultRule, SimFs};
+        use futures_lite::future::block_on;
+
+        let fs = SimFs::new(11);
+        let clock = ManualClock::new(0);
+        let shared: SharedClock = Rc::new(clock.clone());
+        let dir = Path::new("/data/partitions/t/0/consumer");
+        let config = ConsumerConfig::default();
+        let open =
+            || block_on(ConsumerState::open(&fs, dir, config, shared.clone())).expect("open");
+        let state = open();
+        assert!(state.ack(0));
+        fs.inject(FaultRule::always(
+            FaultOp::Write,
+            "consumer",
+            FaultError::Enospc,
+        ));
+        clock.advance_ms(100);
+        assert!(block_on(state.maintain()).is_err(), "the write fails");
+        assert!(state.failure().is_some(), "acks are refused meanwhile");
+        clock.advance_ms(100);
+        assert!(block_on(state.maintain()).is_err(), "still full");
+        // Space returns: the next tick writes what was held back.
+        fs.clear_faults();
+        clock.advance_ms(100);
+        block_on(state.maintain()).expect("written once space returned");
+        assert_eq!(state.failure(), None, "acks are taken again");
+        assert!(state.ack(1));
+        clock.advance_ms(100);
+        block_on(state.maintain()).expect("tick");
+        drop(state);
+        fs.crash_process();
+        let state = open();
+        assert!(
+            state.is_acked(0) && state.is_acked(1),
+            "the ack held back through the full disk survives a crash"
+        );
+        // An I/O error is another matter: the state stays failed.
+        assert!(state.ack(2));
+        fs.inject(FaultRule::always(
+            FaultOp::Write,
+            "consumer",
+            FaultError::Eio,
+        ));
+        clock.advance_ms(100);
+        assert!(block_on(state.maintain()).is_err());
+        fs.clear_faults();
+        assert!(state.ack(3));
+        clock.advance_ms(100);
+        assert!(block_on(state.maintain()).is_err(), "EIO is final");
+        assert!(state.failure().is_some());
     }
 
     #[test]
