@@ -26,8 +26,8 @@ use crate::limits::{
 };
 use crate::mesh::shard_for;
 use crate::rpc::{
-    decode_answer, encode_refusal, encode_request, open, Address, CallError, Delivered, Envelope,
-    Operation, Reply, Transport, Visit,
+    answer_from_wire, encode_refusal, encode_request, open, Address, CallError, Delivered,
+    Envelope, Operation, Reply, Transport, Visit,
 };
 
 // ------------------------------------------------------------ outbound
@@ -82,14 +82,7 @@ impl Visit for RoundTrip {
                     }
                     other => CallError::Unreachable(other.to_string()),
                 })?;
-            match decode_answer::<O::Reply>(&answer).map_err(CallError::Unreachable)? {
-                Ok(answer) => {
-                    // A caller that gave up dropped its end.
-                    let _ = reply.send(answer);
-                    Ok(())
-                }
-                Err(refused) => Err(CallError::Refused(refused)),
-            }
+            answer_from_wire::<O>(&answer, reply)
         })
     }
 }

@@ -131,6 +131,23 @@ struct Clients {
     stop: Cell<bool>,
 }
 
+/// A consume of `topic` at `node`.
+async fn consume_at(
+    clients: &Rc<Clients>,
+    node: NodeId,
+    topic: &'static str,
+    request: ConsumeRequest,
+    abandon: Option<Duration>,
+) -> Answer<Result<Vec<ConsumedMessage>, ApiError>> {
+    let consume = move |shard: Rc<SimShard>| -> Local<_> {
+        Box::pin(async move {
+            let topic = shard.topic(topic)?;
+            shard.consume(&topic, request).await
+        })
+    };
+    clients.request(node, consume, abandon).await
+}
+
 /// How a request to a node ended, as a client sees it.
 enum Answer<T> {
     Done(T),
@@ -314,18 +331,7 @@ async fn consumer(clients: Rc<Clients>, name: String) {
             partition: None,
         };
         let start = clients.now();
-        let answer = clients
-            .request(
-                node,
-                move |shard| {
-                    Box::pin(async move {
-                        let topic = shard.topic(TOPIC)?;
-                        shard.consume(&topic, request).await
-                    })
-                },
-                abandon,
-            )
-            .await;
+        let answer = consume_at(&clients, node, TOPIC, request, abandon).await;
         let topic = TOPIC.to_string();
         let (op, messages) = match answer {
             Answer::Done(Ok(messages)) => {
@@ -465,18 +471,7 @@ async fn dead_letter_reader(clients: Rc<Clients>) {
             visibility_timeout_ms: None,
             partition: None,
         };
-        let answer = clients
-            .request(
-                node,
-                move |shard| {
-                    Box::pin(async move {
-                        let topic = shard.topic(DEAD_TOPIC)?;
-                        shard.consume(&topic, request).await
-                    })
-                },
-                None,
-            )
-            .await;
+        let answer = consume_at(&clients, node, DEAD_TOPIC, request, None).await;
         let Answer::Done(Ok(got)) = answer else {
             clients.executor.sleep(Duration::from_millis(50)).await;
             continue;

@@ -719,20 +719,40 @@ mod tests {
         }
     }
 
+    /// A simulated disk and a manual clock, and a partition's consumer
+    /// state on them with the default intervals.
+    struct Disk {
+        fs: crate::io::sim::SimFs,
+        clock: crate::clock::ManualClock,
+    }
+
+    impl Disk {
+        fn new(seed: u64) -> Self {
+            Self {
+                fs: crate::io::sim::SimFs::new(seed),
+                clock: crate::clock::ManualClock::new(0),
+            }
+        }
+
+        fn open(
+            fs: &crate::io::sim::SimFs,
+            clock: &crate::clock::ManualClock,
+        ) -> ConsumerState<crate::io::sim::SimFs> {
+            let shared: SharedClock = Rc::new(clock.clone());
+            let dir = Path::new("/data/partitions/t/0/consumer");
+            let open = ConsumerState::open(fs, dir, ConsumerConfig::default(), shared);
+            futures_lite::future::block_on(open).expect("open")
+        }
+    }
+
     #[test]
     fn every_tick_writes_every_unwritten_ack_however_young() {
-        use crate::clock::{Clock, ManualClock};
-        use crate::io::sim::SimFs;
+        use crate::clock::Clock;
         use futures_lite::future::block_on;
 
-        let fs = SimFs::new(7);
-        let clock = ManualClock::new(0);
-        let shared: SharedClock = Rc::new(clock.clone());
-        let dir = Path::new("/data/partitions/t/0/consumer");
         // 100 ms to the OS, 1 s to the disk; the owner ticks every 100 ms.
-        let config = ConsumerConfig::default();
-        let open =
-            || block_on(ConsumerState::open(&fs, dir, config, shared.clone())).expect("open");
+        let Disk { fs, clock, .. } = Disk::new(7);
+        let open = || Disk::open(&fs, &clock);
         let state = open();
         // Recorded 1 ms after a tick: 99 ms old at the next one.
         clock.advance_ms(1);
@@ -773,17 +793,11 @@ mod tests {
 
     #[test]
     fn a_full_disk_holds_acks_back_until_space_returns_while_an_io_error_stays() {
-        use crate::clock::ManualClock;
-        use crate::io::sim::{FaultError, FaultOp, FaultRule, SimFs};
+        use crate::io::sim::{FaultError, FaultOp, FaultRule};
         use futures_lite::future::block_on;
 
-        let fs = SimFs::new(11);
-        let clock = ManualClock::new(0);
-        let shared: SharedClock = Rc::new(clock.clone());
-        let dir = Path::new("/data/partitions/t/0/consumer");
-        let config = ConsumerConfig::default();
-        let open =
-            || block_on(ConsumerState::open(&fs, dir, config, shared.clone())).expect("open");
+        let Disk { fs, clock, .. } = Disk::new(11);
+        let open = || Disk::open(&fs, &clock);
         let state = open();
         assert!(state.ack(0));
         fs.inject(FaultRule::always(

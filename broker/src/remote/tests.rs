@@ -1,7 +1,7 @@
 //! Tests of [`super`].
 
 use super::*;
-use crate::rpc::{Stats, TopicRef};
+use crate::rpc::{decode_answer, Stats, TopicRef};
 
 fn stats_request() -> Vec<u8> {
     encode_request(&Stats {

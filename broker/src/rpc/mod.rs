@@ -16,7 +16,7 @@ pub use ops::{
     Available, Collect, Collected, Commit, Committed, Delivery, Envelope, Figures, Gauges,
     Operation, Record, Reply, Settle, SettleOutcome, Settled, ShardGauges, Stats, TopicRef, Visit,
 };
-pub use transport::{call, Address, CallError, Delivered, Links, Transport};
+pub use transport::{answer_from_wire, call, Address, CallError, Delivered, Links, Transport};
 pub use wire::{decode_answer, encode_refusal, encode_request};
 pub use wire::{is_operation_kind, open, EncodedReply, Wire, WIRE_VERSION};
 

@@ -11,7 +11,8 @@ use futures_channel::oneshot;
 use narad_net::{ApiError, ErrorCode};
 use narad_raft::state::NodeId;
 
-use super::ops::{Envelope, Operation};
+use super::ops::{Envelope, Operation, Reply};
+use super::wire::decode_answer;
 use crate::runtime::Runtime;
 
 /// Where an operation goes.
@@ -64,6 +65,23 @@ pub trait Transport {
     /// Hands over a wake-up without waiting: dropped when the receiver
     /// already has one queued (so none is ever lost) or cannot be reached.
     fn post(&self, to: Address, envelope: Envelope);
+}
+
+/// Hands the reply in an answer that came over the wire to whoever waits
+/// for it, or says why there is none: a node's refusal, or bytes that are
+/// not an answer of this operation.
+pub fn answer_from_wire<O: Operation>(
+    bytes: &[u8],
+    reply: Reply<O::Reply>,
+) -> Result<(), CallError> {
+    match decode_answer::<O::Reply>(bytes).map_err(CallError::Unreachable)? {
+        Ok(answer) => {
+            // A caller that gave up dropped its end.
+            let _ = reply.send(answer);
+            Ok(())
+        }
+        Err(refused) => Err(CallError::Refused(refused)),
+    }
 }
 
 /// Calls `to` with `op` and waits for its reply, at most `timeout`.

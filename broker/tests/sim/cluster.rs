@@ -16,8 +16,8 @@ use narad_broker::metastore::{Metastore, Proposal};
 use narad_broker::receipt::ReceiptKey;
 use narad_broker::remote::Peers;
 use narad_broker::rpc::{
-    decode_answer, encode_request, open, Address, CallError, Delivered, Envelope, Links, Operation,
-    Reach, Reply, Transport, Visit,
+    answer_from_wire, encode_request, open, Address, CallError, Delivered, Envelope, Links,
+    Operation, Reach, Reply, Transport, Visit,
 };
 use narad_broker::settings::Settings;
 use narad_broker::shard::{Shard, ShardEnv, ShardIdentity, ShardParts};
@@ -351,13 +351,7 @@ impl Visit for Trip {
                 return Err(unreachable("the answer was lost"));
             }
             network.hop().await;
-            match decode_answer::<O::Reply>(&bytes).map_err(CallError::Unreachable)? {
-                Ok(answer) => {
-                    let _ = reply.send(answer);
-                    Ok(())
-                }
-                Err(refused) => Err(CallError::Refused(refused)),
-            }
+            answer_from_wire::<O>(&bytes, reply)
         })
     }
 }
