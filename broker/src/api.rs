@@ -18,9 +18,10 @@ use narad_net::types::{
     SettleRequest, SettleResult, TopicPatch,
 };
 use narad_net::{ApiError, ErrorCode};
-use narad_raft::state::Topic;
+use narad_raft::state::{Action, Grant, Topic, ADMIN_USER};
 use serde_json::{json, Value};
 
+use crate::auth::{validate_grants, validate_password, validate_user_name};
 use crate::metric_names::{
     CONNECTIONS_OPEN, CONSUMER_STATE_FAILED, DISPATCHER_PENDING_RECORDS, HTTP_BUFFERED_BODY_BYTES,
     HTTP_REQUESTS_TOTAL, HTTP_REQUEST_SECONDS, INGRESS_WAL_FAILED, NODE_ALIVE,
@@ -29,93 +30,210 @@ use crate::metric_names::{
     WAL_USED_BYTES,
 };
 use crate::rpc::ShardGauges;
+use crate::schemas::check_document;
 use crate::shard::{Shard, MAX_MESSAGE_BYTES_DEFAULT};
 
-/// The routes of this build.
+/// What a route needs of its caller when `auth.enabled` is on
+/// (docs/security.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Route<'a> {
-    Healthz,
-    Readyz,
-    Metrics,
+pub enum Need {
+    /// Nothing: health and metrics.
+    Open,
+    /// Any authenticated user.
+    Anyone,
+    /// The action's grant on the route's topic.
+    Topic(Action),
+    /// The `cluster` grant.
     Cluster,
-    Topics,
-    Topic(&'a str),
-    Produce(&'a str),
-    ProduceBatch(&'a str),
-    Consume(&'a str),
-    Settle(&'a str, SettleKind, bool),
+    /// The user the route names, or the `cluster` grant.
+    SelfOrCluster,
+}
+
+/// One route: its `label` (the metrics' `route` label), its path with
+/// `{name}` for a segment it takes, and its methods with what each needs.
+#[derive(Debug)]
+pub struct RouteSpec {
+    pub label: &'static str,
+    pub path: &'static str,
+    pub methods: &'static [(Method, Need)],
+}
+
+const fn spec(
+    label: &'static str,
+    path: &'static str,
+    methods: &'static [(Method, Need)],
+) -> RouteSpec {
+    RouteSpec {
+        label,
+        path,
+        methods,
+    }
+}
+
+/// Every route of this build: the router matches paths against these and
+/// nothing else, so a route is in this list or does not exist.
+pub const ROUTES: &[RouteSpec] = &[
+    spec("healthz", "/healthz", &[(Method::GET, Need::Open)]),
+    spec("readyz", "/readyz", &[(Method::GET, Need::Open)]),
+    spec("metrics", "/metrics", &[(Method::GET, Need::Open)]),
+    spec("cluster", "/v1/cluster", &[(Method::GET, Need::Anyone)]),
+    spec("topics", "/v1/topics", &[(Method::GET, Need::Anyone)]),
+    spec(
+        "topic",
+        "/v1/topics/{topic}",
+        &[
+            (Method::GET, Need::Topic(Action::Admin)),
+            (Method::PUT, Need::Topic(Action::Admin)),
+            (Method::DELETE, Need::Topic(Action::Admin)),
+        ],
+    ),
+    spec(
+        "produce",
+        "/v1/topics/{topic}/messages",
+        &[(Method::POST, Need::Topic(Action::Produce))],
+    ),
+    spec(
+        "produce_batch",
+        "/v1/topics/{topic}/messages/batch",
+        &[(Method::POST, Need::Topic(Action::Produce))],
+    ),
+    spec(
+        "consume",
+        "/v1/topics/{topic}/consume",
+        &[(Method::POST, Need::Topic(Action::Consume))],
+    ),
+    spec(
+        "ack",
+        "/v1/topics/{topic}/ack",
+        &[(Method::POST, Need::Topic(Action::Consume))],
+    ),
+    spec(
+        "ack_batch",
+        "/v1/topics/{topic}/ack/batch",
+        &[(Method::POST, Need::Topic(Action::Consume))],
+    ),
+    spec(
+        "nack",
+        "/v1/topics/{topic}/nack",
+        &[(Method::POST, Need::Topic(Action::Consume))],
+    ),
+    spec(
+        "nack_batch",
+        "/v1/topics/{topic}/nack/batch",
+        &[(Method::POST, Need::Topic(Action::Consume))],
+    ),
+    spec(
+        "extend",
+        "/v1/topics/{topic}/extend",
+        &[(Method::POST, Need::Topic(Action::Consume))],
+    ),
+    spec(
+        "extend_batch",
+        "/v1/topics/{topic}/extend/batch",
+        &[(Method::POST, Need::Topic(Action::Consume))],
+    ),
+    spec("schemas", "/v1/schemas", &[(Method::GET, Need::Anyone)]),
+    spec(
+        "schema",
+        "/v1/schemas/{schema}",
+        &[
+            (Method::GET, Need::Anyone),
+            (Method::PUT, Need::Cluster),
+            (Method::DELETE, Need::Cluster),
+        ],
+    ),
+    spec("users", "/v1/users", &[(Method::GET, Need::Cluster)]),
+    spec(
+        "user",
+        "/v1/users/{user}",
+        &[
+            (Method::PUT, Need::Cluster),
+            (Method::DELETE, Need::Cluster),
+        ],
+    ),
+    spec(
+        "user_tokens",
+        "/v1/users/{user}/tokens",
+        &[(Method::POST, Need::SelfOrCluster)],
+    ),
+    spec(
+        "user_token",
+        "/v1/users/{user}/tokens/{token}",
+        &[(Method::DELETE, Need::SelfOrCluster)],
+    ),
+    spec(
+        "user_grants",
+        "/v1/users/{user}/grants",
+        &[(Method::GET, Need::Cluster), (Method::PUT, Need::Cluster)],
+    ),
+];
+
+/// A request's route: its spec and the segments it took.
+#[derive(Debug, Clone, Copy)]
+struct Route<'a> {
+    spec: &'static RouteSpec,
+    topic: Option<&'a str>,
+    schema: Option<&'a str>,
+    user: Option<&'a str>,
+    token: Option<&'a str>,
 }
 
 impl Route<'_> {
-    /// The `route` label of the request metrics.
-    fn label(&self) -> &'static str {
-        match self {
-            Route::Healthz => "healthz",
-            Route::Readyz => "readyz",
-            Route::Metrics => "metrics",
-            Route::Cluster => "cluster",
-            Route::Topics => "topics",
-            Route::Topic(_) => "topic",
-            Route::Produce(_) => "produce",
-            Route::ProduceBatch(_) => "produce_batch",
-            Route::Consume(_) => "consume",
-            Route::Settle(_, SettleKind::Ack, false) => "ack",
-            Route::Settle(_, SettleKind::Ack, true) => "ack_batch",
-            Route::Settle(_, SettleKind::Nack, false) => "nack",
-            Route::Settle(_, SettleKind::Nack, true) => "nack_batch",
-            Route::Settle(_, SettleKind::Extend, false) => "extend",
-            Route::Settle(_, SettleKind::Extend, true) => "extend_batch",
-        }
+    /// What this route needs for `method`, if the route takes it.
+    fn need(&self, method: &Method) -> Option<Need> {
+        self.spec
+            .methods
+            .iter()
+            .find(|(m, _)| m == method)
+            .map(|(_, need)| *need)
     }
 
-    fn allowed(&self) -> &'static [Method] {
-        match self {
-            Route::Healthz | Route::Readyz | Route::Metrics | Route::Topics | Route::Cluster => {
-                &[Method::GET]
-            }
-            Route::Topic(_) => &[Method::GET, Method::PUT, Method::DELETE],
-            Route::Produce(_) | Route::ProduceBatch(_) | Route::Consume(_) | Route::Settle(..) => {
-                &[Method::POST]
-            }
-        }
+    fn allowed(&self) -> Vec<&'static str> {
+        self.spec.methods.iter().map(|(m, _)| m.as_str()).collect()
     }
 
-    fn topic(&self) -> Option<&str> {
-        match self {
-            Route::Topic(t)
-            | Route::Produce(t)
-            | Route::ProduceBatch(t)
-            | Route::Consume(t)
-            | Route::Settle(t, ..) => Some(t),
-            Route::Healthz | Route::Readyz | Route::Metrics | Route::Topics | Route::Cluster => {
-                None
-            }
-        }
+    /// The settle kind and whether it is a batch, for the settle routes.
+    fn settle(&self) -> Option<(SettleKind, bool)> {
+        let (kind, batch) = match self.spec.label.split_once('_') {
+            Some((kind, "batch")) => (kind, true),
+            _ => (self.spec.label, false),
+        };
+        let kind = match kind {
+            "ack" => SettleKind::Ack,
+            "nack" => SettleKind::Nack,
+            "extend" => SettleKind::Extend,
+            _ => return None,
+        };
+        Some((kind, batch))
     }
 }
 
 fn route(path: &str) -> Option<Route<'_>> {
     let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
-    let settle = |kind: &str| match kind {
-        "ack" => Some(SettleKind::Ack),
-        "nack" => Some(SettleKind::Nack),
-        "extend" => Some(SettleKind::Extend),
-        _ => None,
-    };
-    match segments.as_slice() {
-        ["healthz"] => Some(Route::Healthz),
-        ["readyz"] => Some(Route::Readyz),
-        ["metrics"] => Some(Route::Metrics),
-        ["v1", "topics"] => Some(Route::Topics),
-        ["v1", "cluster"] => Some(Route::Cluster),
-        ["v1", "topics", t] => Some(Route::Topic(t)),
-        ["v1", "topics", t, "messages"] => Some(Route::Produce(t)),
-        ["v1", "topics", t, "messages", "batch"] => Some(Route::ProduceBatch(t)),
-        ["v1", "topics", t, "consume"] => Some(Route::Consume(t)),
-        ["v1", "topics", t, kind] => settle(kind).map(|k| Route::Settle(t, k, false)),
-        ["v1", "topics", t, kind, "batch"] => settle(kind).map(|k| Route::Settle(t, k, true)),
-        _ => None,
-    }
+    ROUTES.iter().find_map(|spec| {
+        let pattern: Vec<&str> = spec.path.trim_start_matches('/').split('/').collect();
+        if pattern.len() != segments.len() {
+            return None;
+        }
+        let mut route = Route {
+            spec,
+            topic: None,
+            schema: None,
+            user: None,
+            token: None,
+        };
+        for (want, got) in pattern.iter().zip(&segments) {
+            match *want {
+                "{topic}" => route.topic = Some(*got),
+                "{schema}" => route.schema = Some(*got),
+                "{user}" => route.user = Some(*got),
+                "{token}" => route.token = Some(*got),
+                literal if literal == *got => {}
+                _ => return None,
+            }
+        }
+        Some(route)
+    })
 }
 
 fn json_response(status: StatusCode, body: &impl serde::Serialize) -> HttpResponse {
@@ -139,7 +257,7 @@ fn empty_response(status: StatusCode) -> HttpResponse {
 pub async fn handle(shard: Rc<Shard>, request: HttpRequest) -> HttpResponse {
     let started = std::time::Instant::now();
     let path = request.uri().path().to_string();
-    let label = route(&path).map_or("unknown", |r| r.label());
+    let label = route(&path).map_or("unknown", |r| r.spec.label);
     let response = match dispatch(&shard, request, &path).await {
         Ok(response) => response,
         Err(error) => error_response(&error),
@@ -177,34 +295,62 @@ async fn dispatch(
     request: HttpRequest,
     path: &str,
 ) -> Result<HttpResponse, ApiError> {
-    let Some(route) = route(path) else {
+    let matched = route(path);
+    // With auth on, credentials come first, before any other check: an
+    // unknown path answers 401 too, and only health and metrics are open.
+    let open = matched
+        .and_then(|r| r.need(request.method()))
+        .is_some_and(|need| need == Need::Open);
+    let user = if shard.settings().auth.enabled && !open {
+        let header = request
+            .headers()
+            .get(hyper::header::AUTHORIZATION)
+            .map(|v| v.as_bytes());
+        Some(shard.authenticate(header).await?)
+    } else {
+        None
+    };
+    let Some(route) = matched else {
         return Err(ApiError::new(
             ErrorCode::NotFound,
             format!("no route {path}"),
         ));
     };
-    if !route.allowed().contains(request.method()) {
-        let allow: Vec<&str> = route.allowed().iter().map(Method::as_str).collect();
+    let Some(need) = route.need(request.method()) else {
+        let allow = route.allowed().join(", ");
         let mut response = error_response(&ApiError::new(
             ErrorCode::MethodNotAllowed,
-            format!(
-                "{} is not allowed on {path}; use {}",
-                request.method(),
-                allow.join(", ")
-            ),
+            format!("{} is not allowed on {path}; use {allow}", request.method()),
         ));
-        if let Ok(value) = hyper::header::HeaderValue::from_str(&allow.join(", ")) {
+        if let Ok(value) = hyper::header::HeaderValue::from_str(&allow) {
             response.headers_mut().insert(hyper::header::ALLOW, value);
         }
         return Ok(response);
-    }
-    if let Some(topic) = route.topic() {
+    };
+    if let Some(topic) = route.topic {
         validate_topic_name(topic)?;
     }
+    if let Some(schema) = route.schema {
+        validate_schema_name(schema)?;
+    }
+    if let Some(name) = route.user {
+        validate_user_name(name)?;
+    }
+    // The grant, before anything says whether the topic exists.
+    if let Some(user) = &user {
+        match need {
+            Need::Open | Need::Anyone => {}
+            Need::Topic(action) => shard.authorize(user, action, route.topic)?,
+            Need::Cluster => shard.authorize(user, Action::Cluster, None)?,
+            Need::SelfOrCluster if route.user == Some(user.as_str()) => {}
+            Need::SelfOrCluster => shard.authorize(user, Action::Cluster, None)?,
+        }
+    }
     let body = request.body().clone();
-    match route {
-        Route::Healthz => Ok(json_response(StatusCode::OK, &json!({"status": "ok"}))),
-        Route::Readyz => match shard.not_ready().await {
+    let method = request.method().clone();
+    match (route.spec.label, route.topic) {
+        ("healthz", _) => Ok(json_response(StatusCode::OK, &json!({"status": "ok"}))),
+        ("readyz", _) => match shard.not_ready().await {
             // docs/http-api.md: 503 whatever the reason, in the error shape with its code.
             Some(error) => {
                 let mut response = error_response(&error);
@@ -213,13 +359,18 @@ async fn dispatch(
             }
             None => Ok(json_response(StatusCode::OK, &json!({"status": "ready"}))),
         },
-        Route::Metrics => Ok(metrics(shard).await),
-        Route::Cluster => Ok(json_response(StatusCode::OK, &cluster_json(shard))),
-        Route::Topics => {
-            let topics: Vec<Value> = shard.topics().iter().map(topic_json).collect();
+        ("metrics", _) => Ok(metrics(shard).await),
+        ("cluster", _) => Ok(json_response(StatusCode::OK, &cluster_json(shard))),
+        ("topics", _) => {
+            let topics: Vec<Value> = shard
+                .topics()
+                .iter()
+                .filter(|t| user.as_ref().is_none_or(|u| shard.sees_topic(u, &t.name)))
+                .map(topic_json)
+                .collect();
             Ok(json_response(StatusCode::OK, &json!({ "topics": topics })))
         }
-        Route::Topic(name) => match *request.method() {
+        ("topic", Some(name)) => match method {
             Method::PUT => put_topic(shard, name, &body).await,
             Method::DELETE => {
                 shard.delete_topic(name).await?;
@@ -227,7 +378,7 @@ async fn dispatch(
             }
             _ => get_topic(shard, name).await,
         },
-        Route::Produce(name) => {
+        ("produce", Some(name)) => {
             let topic = shard.topic(name)?;
             let key = request
                 .headers()
@@ -240,7 +391,7 @@ async fn dispatch(
             let id = ids.into_iter().next().unwrap_or_default();
             Ok(json_response(StatusCode::ACCEPTED, &json!({ "id": id })))
         }
-        Route::ProduceBatch(name) => {
+        ("produce_batch", Some(name)) => {
             let topic = shard.topic(name)?;
             let items = parse_batch(&body, topic.config.max_message_bytes)?;
             let batch_bytes: usize = items.iter().map(|i| i.value.len()).sum();
@@ -258,13 +409,14 @@ async fn dispatch(
             let ids = shard.produce(&topic, messages).await?;
             Ok(json_response(StatusCode::ACCEPTED, &json!({ "ids": ids })))
         }
-        Route::Consume(name) => {
+        ("consume", Some(name)) => {
             let topic = shard.topic(name)?;
             let consume = ConsumeRequest::parse(&body)?;
             let messages = shard.consume(&topic, consume).await?;
             Ok(json_response(StatusCode::OK, &ConsumeResponse { messages }))
         }
-        Route::Settle(name, kind, batch) => {
+        (_, Some(name)) if route.settle().is_some() => {
+            let (kind, batch) = route.settle().unwrap_or((SettleKind::Ack, false));
             let topic = shard.topic(name)?;
             let settle = SettleRequest::parse(&body, kind, batch)?;
             if batch {
@@ -273,7 +425,220 @@ async fn dispatch(
                 settle_one(shard, &topic, settle).await
             }
         }
+        ("schemas", _) => Ok(json_response(StatusCode::OK, &schemas_json(shard))),
+        ("schema", _) => {
+            let name = route.schema.unwrap_or_default();
+            schema(shard, &method, name, &body).await
+        }
+        ("users", _) => Ok(json_response(StatusCode::OK, &users_json(shard))),
+        ("user", _) => {
+            let name = route.user.unwrap_or_default();
+            put_or_delete_user(shard, &method, name, &body).await
+        }
+        ("user_tokens", _) => {
+            let name = route.user.unwrap_or_default();
+            let (token, created_at_ms) = shard.add_token(name).await?;
+            Ok(json_response(
+                StatusCode::CREATED,
+                &json!({"id": token.id, "token": token.token, "created_at_ms": created_at_ms}),
+            ))
+        }
+        ("user_token", _) => {
+            let (name, id) = (
+                route.user.unwrap_or_default(),
+                route.token.unwrap_or_default(),
+            );
+            shard.revoke_token(name, id).await?;
+            Ok(empty_response(StatusCode::NO_CONTENT))
+        }
+        ("user_grants", _) => {
+            let name = route.user.unwrap_or_default();
+            grants(shard, &method, name, &body).await
+        }
+        (label, _) => Err(ApiError::new(
+            ErrorCode::Internal,
+            format!("route {label} has no handler"),
+        )),
     }
+}
+
+/// `{schema}` in a path: a topic name's characters.
+fn validate_schema_name(name: &str) -> Result<(), ApiError> {
+    validate_topic_name(name).map_err(|_| {
+        let shown: String = name.chars().take(64).collect();
+        ApiError::new(
+            ErrorCode::InvalidRequest,
+            format!("schema name {shown:?} must be 1 to 249 characters of A-Z, a-z, 0-9, '.', '_' or '-'"),
+        )
+    })
+}
+
+fn schemas_json(shard: &Shard) -> Value {
+    let view = shard.state();
+    let schemas: Vec<Value> = view
+        .state
+        .schemas
+        .iter()
+        .map(|(name, schema)| json!({"name": name, "version": schema.latest().0}))
+        .collect();
+    json!({ "schemas": schemas })
+}
+
+fn no_such(what: &str, name: &str) -> ApiError {
+    ApiError::new(
+        ErrorCode::NotFound,
+        format!("{what} {name:?} does not exist"),
+    )
+}
+
+async fn schema(
+    shard: &Shard,
+    method: &Method,
+    name: &str,
+    body: &[u8],
+) -> Result<HttpResponse, ApiError> {
+    match *method {
+        Method::PUT => {
+            let document = check_document(body)?;
+            let (version, created) = shard.put_schema(name, document).await?;
+            let status = if created {
+                StatusCode::CREATED
+            } else {
+                StatusCode::OK
+            };
+            Ok(json_response(
+                status,
+                &json!({"name": name, "version": version}),
+            ))
+        }
+        Method::DELETE => {
+            if !shard.state().state.schemas.contains_key(name) {
+                return Err(no_such("schema", name));
+            }
+            shard.delete_schema(name).await?;
+            Ok(empty_response(StatusCode::NO_CONTENT))
+        }
+        _ => {
+            let view = shard.state();
+            let schema = view
+                .state
+                .schemas
+                .get(name)
+                .ok_or_else(|| no_such("schema", name))?;
+            let (version, document) = schema.latest();
+            let document: Value = serde_json::from_str(document).unwrap_or(Value::Null);
+            Ok(json_response(
+                StatusCode::OK,
+                &json!({"name": name, "version": version, "schema": document}),
+            ))
+        }
+    }
+}
+
+fn users_json(shard: &Shard) -> Value {
+    let view = shard.state();
+    let state = &view.state;
+    let users: Vec<Value> = state
+        .users
+        .iter()
+        .map(|(name, user)| {
+            let tokens: Vec<Value> = state
+                .tokens
+                .iter()
+                .filter(|(_, t)| t.user == *name)
+                .map(|(id, t)| json!({"id": id, "created_at_ms": t.created_at_ms}))
+                .collect();
+            let grants = if name == ADMIN_USER {
+                json!([{"topic": "*", "actions": Action::ALL}])
+            } else {
+                json!(user.grants)
+            };
+            json!({
+                "name": name,
+                "grants": grants,
+                "tokens": tokens,
+                "created_at_ms": user.created_at_ms,
+            })
+        })
+        .collect();
+    json!({ "users": users })
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PasswordBody {
+    password: String,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GrantsBody {
+    grants: Vec<Grant>,
+}
+
+fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8], shape: &str) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| {
+        ApiError::new(
+            ErrorCode::InvalidRequest,
+            format!("the body must be {shape}: {e}"),
+        )
+    })
+}
+
+async fn put_or_delete_user(
+    shard: &Shard,
+    method: &Method,
+    name: &str,
+    body: &[u8],
+) -> Result<HttpResponse, ApiError> {
+    if *method == Method::DELETE {
+        if !shard.state().state.users.contains_key(name) {
+            return Err(no_such("user", name));
+        }
+        shard.delete_user(name).await?;
+        return Ok(empty_response(StatusCode::NO_CONTENT));
+    }
+    let PasswordBody { password } = parse_body(body, r#"{"password": "..."}"#)?;
+    validate_password(&password)?;
+    let created = shard.put_user(name, password).await?;
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok(json_response(status, &json!({ "name": name })))
+}
+
+async fn grants(
+    shard: &Shard,
+    method: &Method,
+    name: &str,
+    body: &[u8],
+) -> Result<HttpResponse, ApiError> {
+    if *method == Method::PUT {
+        let GrantsBody { grants } = parse_body(
+            body,
+            r#"{"grants": [{"topic": "...", "actions": ["produce" | "consume" | "admin" | "cluster"]}]}"#,
+        )?;
+        validate_grants(&grants)?;
+        if !shard.state().state.users.contains_key(name) {
+            return Err(no_such("user", name));
+        }
+        shard.set_grants(name, grants.clone()).await?;
+        return Ok(json_response(StatusCode::OK, &json!({ "grants": grants })));
+    }
+    let view = shard.state();
+    let user = view
+        .state
+        .users
+        .get(name)
+        .ok_or_else(|| no_such("user", name))?;
+    let grants = if name == ADMIN_USER {
+        json!([{"topic": "*", "actions": Action::ALL}])
+    } else {
+        json!(user.grants)
+    };
+    Ok(json_response(StatusCode::OK, &json!({ "grants": grants })))
 }
 
 async fn settle_one(
@@ -556,26 +921,48 @@ mod tests {
 
     #[test]
     fn routes_match_the_api() {
-        assert_eq!(route("/v1/topics"), Some(Route::Topics));
-        assert_eq!(route("/v1/topics/orders"), Some(Route::Topic("orders")));
+        let label = |path: &str| route(path).map(|r| r.spec.label);
+        assert_eq!(label("/v1/topics"), Some("topics"));
         assert_eq!(
-            route("/v1/topics/orders/messages/batch"),
-            Some(Route::ProduceBatch("orders"))
+            route("/v1/topics/orders").and_then(|r| r.topic),
+            Some("orders")
         );
         assert_eq!(
-            route("/v1/topics/orders/nack"),
-            Some(Route::Settle("orders", SettleKind::Nack, false))
+            label("/v1/topics/orders/messages/batch"),
+            Some("produce_batch")
         );
+        let nack = route("/v1/topics/orders/nack").expect("nack");
+        assert_eq!(nack.settle(), Some((SettleKind::Nack, false)));
+        let extend = route("/v1/topics/orders/extend/batch").expect("extend");
+        assert_eq!(extend.settle(), Some((SettleKind::Extend, true)));
+        assert_eq!(route("/v1/topics/orders").and_then(|r| r.settle()), None);
         assert_eq!(
-            route("/v1/topics/orders/extend/batch"),
-            Some(Route::Settle("orders", SettleKind::Extend, true))
-        );
-        assert_eq!(
-            route("/v1/topics/orders/children"),
+            label("/v1/topics/orders/children"),
             None,
             "children arrive later: 404"
         );
-        assert_eq!(route("/v1/nothing"), None);
-        assert_eq!(route("/healthz"), Some(Route::Healthz));
+        assert_eq!(label("/v1/nothing"), None);
+        assert_eq!(label("/healthz"), Some("healthz"));
+        let token = route("/v1/users/ann/tokens/abc").expect("token");
+        assert_eq!((token.user, token.token), (Some("ann"), Some("abc")));
+        assert_eq!(
+            route("/v1/schemas/order").and_then(|r| r.schema),
+            Some("order")
+        );
+    }
+
+    #[test]
+    fn every_route_has_one_label_and_only_health_and_metrics_are_open() {
+        let mut labels = std::collections::HashSet::new();
+        for spec in ROUTES {
+            assert!(labels.insert(spec.label), "{} twice", spec.label);
+            let open = spec.methods.iter().any(|(_, need)| *need == Need::Open);
+            assert_eq!(
+                open,
+                matches!(spec.label, "healthz" | "readyz" | "metrics"),
+                "{}",
+                spec.label
+            );
+        }
     }
 }

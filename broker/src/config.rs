@@ -62,6 +62,8 @@ enum Kind {
     },
     Text,
     Addr,
+    /// `true` or `false`.
+    Bool,
     /// One of these words.
     OneOf(&'static [&'static str]),
 }
@@ -257,6 +259,10 @@ const KEYS: &[(&str, Kind, Option<&str>)] = &[
         },
         Some("1073741824"),
     ),
+    // Authentication and grants (docs/security.md).
+    ("auth.enabled", Kind::Bool, Some("false")),
+    ("auth.admin_password", Kind::Text, None),
+    ("auth.admin_password_file", Kind::Text, None),
     // For tests only: a fault layer under every storage file, switched at
     // runtime through `<data_dir>/fault-control` (see docs/testing.md).
     (
@@ -274,9 +280,7 @@ const NON_CONFIG_ENV: &[&str] = &["NARAD_URL", "NARAD_LOG"];
 /// that enforced nothing would leave a node open while its operator
 /// believes it closed). A prefix ends with `.`.
 const NOT_AVAILABLE: &[(&str, &str)] = &[
-    ("auth.", "users, grants and authentication"),
     ("http.tls.", "TLS on the client port"),
-    ("schemas.", "schemas"),
     ("children.", "child topics"),
     ("remote.", "remote children"),
     ("cluster.move_promote_after_ms", "partition moves"),
@@ -353,6 +357,10 @@ fn check(key: &str, value: &str, kind: Kind, source: Source) -> Result<(), Confi
             .map(|_| ())
             .map_err(|_| invalid("must be HOST:PORT with an IP address".into())),
         Kind::Text => Ok(()),
+        Kind::Bool => match value.trim() {
+            "true" | "false" => Ok(()),
+            _ => Err(invalid("must be true or false".into())),
+        },
         Kind::OneOf(words) => {
             if words.contains(&value) {
                 Ok(())
@@ -502,6 +510,28 @@ impl Config {
         ]
         .iter()
         .all(|k| self.text(k).is_some());
+        let passwords = [
+            self.text("auth.admin_password"),
+            self.text("auth.admin_password_file"),
+        ];
+        match passwords {
+            [Some(_), Some(_)] => {
+                return Err(ConfigError::Inconsistent(
+                    "give auth.admin_password or auth.admin_password_file, not both".into(),
+                ))
+            }
+            [Some(""), None] => {
+                return Err(ConfigError::Inconsistent(
+                    "auth.admin_password must not be empty".into(),
+                ))
+            }
+            [None, None] if self.text("auth.enabled") == Some("true") => {
+                return Err(ConfigError::Inconsistent(
+                    "auth.enabled needs auth.admin_password or auth.admin_password_file (the password of the user admin)".into(),
+                ))
+            }
+            _ => {}
+        }
         if self.text("peers").is_some() && self.text("cluster.secret").is_none() && !has_tls {
             return Err(ConfigError::Inconsistent(
                 "--peers needs --cluster-secret (development) or cluster.tls.ca_file, cert_file and key_file (production)"
@@ -540,6 +570,7 @@ impl Config {
                     .trim()
                     .parse::<u64>()
                     .map_or_else(|_| text.into(), serde_json::Value::from),
+                (Some(text), Kind::Bool) => serde_json::Value::Bool(text.trim() == "true"),
                 (Some(text), _) => text.into(),
             };
             let parts: Vec<&str> = key.split('.').collect();

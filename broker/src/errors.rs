@@ -40,8 +40,12 @@ pub fn from_meta(error: &MetaError) -> ApiError {
                 Refused::NoSuchDeadLetterTopic(_)
                 | Refused::OwnDeadLetterTopic
                 | Refused::MaxDeliveriesWithoutDeadLetterTopic => ErrorCode::InvalidRequest,
-                Refused::FewerPartitions { .. } | Refused::DeadLetterTopicInUse { .. } => {
-                    ErrorCode::Conflict
+                Refused::FewerPartitions { .. }
+                | Refused::DeadLetterTopicInUse { .. }
+                | Refused::SchemaInUse { .. }
+                | Refused::UndeletableUser(_) => ErrorCode::Conflict,
+                Refused::NoSuchUser(_) | Refused::NoSuchToken { .. } | Refused::NoSuchSchema(_) => {
+                    ErrorCode::NotFound
                 }
                 Refused::OwnersMismatch { .. } => ErrorCode::Internal,
             };

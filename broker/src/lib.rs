@@ -17,6 +17,7 @@
 //!   default and the precedence of flags, environment, file and defaults).
 
 pub mod api;
+pub mod auth;
 pub mod cli;
 pub mod config;
 pub mod controller;
@@ -35,6 +36,7 @@ pub mod remote;
 pub mod route;
 pub mod rpc;
 pub mod runtime;
+pub mod schemas;
 pub mod settings;
 pub mod shard;
 pub mod signal;

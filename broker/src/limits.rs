@@ -111,6 +111,20 @@ pub const STOP_DRAIN_POLL: Duration = Duration::from_millis(50);
 /// How long a stopping shard waits for the others at each stop barrier.
 pub const STOP_BARRIER_TIMEOUT: Duration = Duration::from_secs(30);
 
+// ------------------------------------------------------------ security
+
+/// Longest user name (`[A-Za-z0-9._@-]`).
+pub const USER_NAME_BYTES_MAX: usize = 128;
+/// Longest password a user may be given.
+pub const PASSWORD_BYTES_MAX: usize = 1024;
+/// Passwords a shard remembers as verified before it forgets them all.
+pub const VERIFIED_PASSWORDS_MAX: usize = 4096;
+/// How often a node that bootstraps the user `admin` tries again while the
+/// metastore has no leader.
+pub const ADMIN_BOOTSTRAP_RETRY: Duration = Duration::from_millis(500);
+/// Largest JSON Schema document a schema version may hold.
+pub const SCHEMA_DOCUMENT_BYTES_MAX: usize = 1024 * 1024;
+
 // ------------------------------------------------------------ relations
 
 // A message id is exactly 128 bits.

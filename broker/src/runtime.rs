@@ -18,7 +18,13 @@ pub trait Runtime {
     /// Runs `task` on this thread, detached: it is not cancelled when the
     /// caller goes away (work that must finish once started).
     fn spawn(&self, task: LocalFuture);
+    /// Runs slow, blocking `work` (a password hash) where it holds up no
+    /// other request of the shard; completes once it ran.
+    fn blocking(&self, work: BlockingWork) -> LocalFuture;
 }
+
+/// Work for [`Runtime::blocking`].
+pub type BlockingWork = Box<dyn FnOnce() + Send + 'static>;
 
 /// The runtime handle a shard keeps.
 pub type SharedRuntime = Rc<dyn Runtime>;
@@ -34,5 +40,9 @@ impl Runtime for GlommioRuntime {
 
     fn spawn(&self, task: LocalFuture) {
         glommio::spawn_local(task).detach();
+    }
+
+    fn blocking(&self, work: BlockingWork) -> LocalFuture {
+        Box::pin(glommio::executor().spawn_blocking(work))
     }
 }

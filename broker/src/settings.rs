@@ -29,7 +29,35 @@ pub struct Settings {
     pub topics: Topics,
     pub raft: Raft,
     pub http: Http,
+    pub auth: Auth,
     pub testing: Testing,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Auth {
+    pub enabled: bool,
+    /// The password `admin` starts with (read from `admin_password_file`
+    /// when that is given).
+    pub admin_password: Option<Secret>,
+    pub admin_password_file: Option<String>,
+}
+
+/// A value never shown in logs or debug output.
+#[derive(Clone, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn reveal(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<secret>")
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -112,8 +140,20 @@ impl Settings {
     /// against the key table already, so only a key without a field here,
     /// a programming error, can fail this).
     pub fn from_config(config: &Config) -> Result<Self, String> {
-        serde_json::from_value(config.nested())
-            .map_err(|e| format!("the configuration does not fit the settings: {e}"))
+        let mut settings: Self = serde_json::from_value(config.nested())
+            .map_err(|e| format!("the configuration does not fit the settings: {e}"))?;
+        if let Some(path) = &settings.auth.admin_password_file {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("auth.admin_password_file {path}: {e}"))?;
+            // A file written by `echo` ends in a newline that is no part
+            // of the password.
+            let password = text.trim_end_matches(['\n', '\r']);
+            if password.is_empty() {
+                return Err(format!("auth.admin_password_file {path} is empty"));
+            }
+            settings.auth.admin_password = Some(Secret(password.to_string()));
+        }
+        Ok(settings)
     }
 }
 
@@ -132,6 +172,7 @@ mod tests {
         assert_eq!(settings.dispatcher.reroute_after_ms, 3000);
         assert_eq!(settings.storage.ack_flush_interval_ms, 100);
         assert!(settings.peers.is_none() && settings.cluster.tls.ca_file.is_none());
+        assert!(!settings.auth.enabled && settings.auth.admin_password.is_none());
         let set = Config::resolve(
             None,
             Vec::new(),
@@ -145,5 +186,53 @@ mod tests {
         let settings = Settings::from_config(&set).expect("settings");
         assert_eq!(settings.node_id, 7);
         assert_eq!(settings.cluster.secret.as_deref(), Some("s"));
+    }
+
+    #[test]
+    fn the_admin_password_comes_from_its_key_or_its_file_and_never_shows() {
+        let dir = tempfile::tempdir().expect("dir");
+        let file = dir.path().join("admin-password");
+        std::fs::write(&file, "from-file\n").expect("write");
+        let resolve = |pairs: &[(&str, &str)]| {
+            let pairs = pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<Vec<_>>();
+            Config::resolve(None, Vec::new(), &pairs)
+                .map_err(|e| e.to_string())
+                .and_then(|c| Settings::from_config(&c))
+        };
+        let settings = resolve(&[
+            ("auth.enabled", "true"),
+            ("auth.admin_password_file", file.to_str().expect("utf8")),
+        ])
+        .expect("settings");
+        assert!(settings.auth.enabled);
+        let password = settings.auth.admin_password.as_ref().expect("password");
+        assert_eq!(password.reveal(), "from-file");
+        assert!(!format!("{settings:?}").contains("from-file"));
+        let settings = resolve(&[("auth.admin_password", "p")]).expect("settings");
+        assert_eq!(
+            settings.auth.admin_password.map(|p| p.0).as_deref(),
+            Some("p")
+        );
+        for (pairs, says) in [
+            (vec![("auth.enabled", "true")], "auth.enabled needs"),
+            (vec![("auth.enabled", "yes")], "true or false"),
+            (
+                vec![
+                    ("auth.admin_password", "a"),
+                    ("auth.admin_password_file", "f"),
+                ],
+                "not both",
+            ),
+            (
+                vec![("auth.admin_password_file", "/nonexistent/pw")],
+                "/nonexistent/pw",
+            ),
+        ] {
+            let error = resolve(&pairs).expect_err("refused");
+            assert!(error.contains(says), "{error}");
+        }
     }
 }

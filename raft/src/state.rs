@@ -34,6 +34,90 @@ pub struct Topic {
     pub created_at_ms: u64,
 }
 
+/// What a grant allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Action {
+    Produce,
+    Consume,
+    /// Topics, their children and redrives, and a topic's schema field.
+    Admin,
+    /// Users, grants, schemas, nodes and moves: not about one topic.
+    Cluster,
+}
+
+impl Action {
+    pub const ALL: [Action; 4] = [
+        Action::Produce,
+        Action::Consume,
+        Action::Admin,
+        Action::Cluster,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Produce => "produce",
+            Action::Consume => "consume",
+            Action::Admin => "admin",
+            Action::Cluster => "cluster",
+        }
+    }
+}
+
+/// Actions on the topics a name or prefix pattern matches: `orders`, or
+/// `billing.*` for every topic whose name starts with `billing.` (`*` alone:
+/// every topic).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Grant {
+    pub topic: String,
+    pub actions: Vec<Action>,
+}
+
+impl Grant {
+    /// Whether the pattern covers `topic`.
+    pub fn matches(&self, topic: &str) -> bool {
+        match self.topic.strip_suffix('*') {
+            Some(prefix) => topic.starts_with(prefix),
+            None => self.topic == topic,
+        }
+    }
+}
+
+/// A user: never its password, only the password's argon2id hash (PHC
+/// string), made by the proposer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct User {
+    pub password_hash: String,
+    pub grants: Vec<Grant>,
+    pub created_at_ms: u64,
+}
+
+/// A bearer token: only the hash of its secret part is kept.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Token {
+    pub user: String,
+    /// Hex BLAKE3 of the token's secret.
+    pub secret_hash: String,
+    pub created_at_ms: u64,
+}
+
+/// Every version of a schema: `versions[i]` is version `i + 1`, a JSON
+/// Schema document as text.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Schema {
+    pub versions: Vec<String>,
+}
+
+impl Schema {
+    /// The latest version's number and document.
+    pub fn latest(&self) -> (u32, &str) {
+        (
+            u32::try_from(self.versions.len()).unwrap_or(u32::MAX),
+            self.versions.last().map_or("{}", String::as_str),
+        )
+    }
+}
+
 /// What a proposer asks for.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Command {
@@ -59,6 +143,40 @@ pub enum Command {
         alive: bool,
         now_ms: u64,
     },
+    /// Creates a user or changes its password; with `if_absent`, only
+    /// creates (the bootstrap of `admin` from every node's configuration).
+    PutUser {
+        name: String,
+        password_hash: String,
+        if_absent: bool,
+        now_ms: u64,
+    },
+    /// Deletes a user and its tokens.
+    DeleteUser {
+        name: String,
+    },
+    SetGrants {
+        user: String,
+        grants: Vec<Grant>,
+    },
+    AddToken {
+        user: String,
+        id: String,
+        secret_hash: String,
+        now_ms: u64,
+    },
+    RevokeToken {
+        user: String,
+        id: String,
+    },
+    /// Adds the next version of a schema (the first creates it).
+    PutSchema {
+        name: String,
+        document: String,
+    },
+    DeleteSchema {
+        name: String,
+    },
 }
 
 /// What the controller knows about a node.
@@ -79,6 +197,15 @@ pub enum Applied {
     TopicDeleted,
     /// A cluster or node record changed.
     ClusterChanged,
+    UserCreated,
+    /// A user's password, grants or tokens changed, or it was deleted.
+    UserChanged,
+    /// The schema's latest version now, and whether this created it.
+    SchemaPut {
+        version: u32,
+        created: bool,
+    },
+    SchemaDeleted,
     /// A Raft entry with no command (a leader's blank entry, a membership change).
     Nothing,
 }
@@ -100,7 +227,20 @@ pub enum Refused {
     DeadLetterTopicInUse { topic: String, by: String },
     #[error("{needed} owners needed for the new partitions, {given} given")]
     OwnersMismatch { needed: usize, given: usize },
+    #[error("user {0:?} does not exist")]
+    NoSuchUser(String),
+    #[error("user {user:?} has no token {id:?}")]
+    NoSuchToken { user: String, id: String },
+    #[error("schema {0:?} does not exist")]
+    NoSuchSchema(String),
+    #[error("schema {schema:?} is the schema of topic {topic:?}")]
+    SchemaInUse { schema: String, topic: String },
+    #[error("the user {0:?} cannot be deleted")]
+    UndeletableUser(String),
 }
+
+/// The user that holds every grant, bootstrapped from `auth.admin_password`.
+pub const ADMIN_USER: &str = "admin";
 
 /// Everything the metastore holds; one applied index versions it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -114,6 +254,15 @@ pub struct MetaState {
     /// Liveness of every node the controller has judged.
     #[serde(default)]
     pub nodes: BTreeMap<NodeId, NodeRecord>,
+    /// Users by name (absent in folders of older builds).
+    #[serde(default)]
+    pub users: BTreeMap<String, User>,
+    /// Bearer tokens by id.
+    #[serde(default)]
+    pub tokens: BTreeMap<String, Token>,
+    /// Schemas by name.
+    #[serde(default)]
+    pub schemas: BTreeMap<String, Schema>,
 }
 
 impl MetaState {
@@ -152,6 +301,107 @@ impl MetaState {
                     }
                 }
             }
+            Command::PutUser {
+                name,
+                password_hash,
+                if_absent,
+                now_ms,
+            } => match self.users.get_mut(name) {
+                Some(_) if *if_absent => Ok(Applied::Nothing),
+                Some(user) => {
+                    user.password_hash = password_hash.clone();
+                    Ok(Applied::UserChanged)
+                }
+                None => {
+                    self.users.insert(
+                        name.clone(),
+                        User {
+                            password_hash: password_hash.clone(),
+                            grants: Vec::new(),
+                            created_at_ms: *now_ms,
+                        },
+                    );
+                    Ok(Applied::UserCreated)
+                }
+            },
+            Command::DeleteUser { name } => {
+                if name == ADMIN_USER {
+                    return Err(Refused::UndeletableUser(name.clone()));
+                }
+                if self.users.remove(name).is_none() {
+                    return Err(Refused::NoSuchUser(name.clone()));
+                }
+                self.tokens.retain(|_, token| token.user != *name);
+                Ok(Applied::UserChanged)
+            }
+            Command::SetGrants { user, grants } => {
+                let record = self
+                    .users
+                    .get_mut(user)
+                    .ok_or_else(|| Refused::NoSuchUser(user.clone()))?;
+                record.grants = grants.clone();
+                Ok(Applied::UserChanged)
+            }
+            Command::AddToken {
+                user,
+                id,
+                secret_hash,
+                now_ms,
+            } => {
+                if !self.users.contains_key(user) {
+                    return Err(Refused::NoSuchUser(user.clone()));
+                }
+                self.tokens.insert(
+                    id.clone(),
+                    Token {
+                        user: user.clone(),
+                        secret_hash: secret_hash.clone(),
+                        created_at_ms: *now_ms,
+                    },
+                );
+                Ok(Applied::UserChanged)
+            }
+            Command::RevokeToken { user, id } => match self.tokens.get(id) {
+                Some(token) if token.user == *user => {
+                    self.tokens.remove(id);
+                    Ok(Applied::UserChanged)
+                }
+                _ => Err(Refused::NoSuchToken {
+                    user: user.clone(),
+                    id: id.clone(),
+                }),
+            },
+            Command::PutSchema { name, document } => {
+                let created = !self.schemas.contains_key(name);
+                let schema = self.schemas.entry(name.clone()).or_insert(Schema {
+                    versions: Vec::new(),
+                });
+                // The same document again is no new version.
+                if schema.versions.last() != Some(document) {
+                    schema.versions.push(document.clone());
+                }
+                Ok(Applied::SchemaPut {
+                    version: schema.latest().0,
+                    created,
+                })
+            }
+            Command::DeleteSchema { name } => {
+                if !self.schemas.contains_key(name) {
+                    return Err(Refused::NoSuchSchema(name.clone()));
+                }
+                if let Some(topic) = self
+                    .topics
+                    .values()
+                    .find(|t| t.config.schema.as_deref() == Some(name))
+                {
+                    return Err(Refused::SchemaInUse {
+                        schema: name.clone(),
+                        topic: topic.name.clone(),
+                    });
+                }
+                self.schemas.remove(name);
+                Ok(Applied::SchemaDeleted)
+            }
         }
     }
 
@@ -171,6 +421,11 @@ impl MetaState {
                 return Err(Refused::MaxDeliveriesWithoutDeadLetterTopic)
             }
             _ => {}
+        }
+        if let Some(schema) = &config.schema {
+            if !self.schemas.contains_key(schema) {
+                return Err(Refused::NoSuchSchema(schema.clone()));
+            }
         }
         let existing_partitions = self.topics.get(name).map_or(0, |t| t.config.partitions);
         if config.partitions < existing_partitions {
@@ -334,6 +589,155 @@ mod tests {
             state.apply(&Command::DeleteTopic { name: "dlq".into() }),
             Err(Refused::NoSuchTopic("dlq".into()))
         );
+    }
+
+    #[test]
+    fn users_tokens_and_grants_change_and_go_with_their_user() {
+        let mut state = MetaState::default();
+        let put_user = |state: &mut MetaState, name: &str, hash: &str, if_absent| {
+            state.apply(&Command::PutUser {
+                name: name.into(),
+                password_hash: hash.into(),
+                if_absent,
+                now_ms: 1,
+            })
+        };
+        assert_eq!(
+            put_user(&mut state, "ann", "h1", false),
+            Ok(Applied::UserCreated)
+        );
+        assert_eq!(
+            put_user(&mut state, "ann", "h2", true),
+            Ok(Applied::Nothing)
+        );
+        assert_eq!(state.users["ann"].password_hash, "h1");
+        assert_eq!(
+            put_user(&mut state, "ann", "h2", false),
+            Ok(Applied::UserChanged)
+        );
+        assert_eq!(state.users["ann"].password_hash, "h2");
+        let grants = vec![Grant {
+            topic: "billing.*".into(),
+            actions: vec![Action::Admin],
+        }];
+        state
+            .apply(&Command::SetGrants {
+                user: "ann".into(),
+                grants: grants.clone(),
+            })
+            .expect("grants");
+        assert_eq!(state.users["ann"].grants, grants);
+        assert!(grants[0].matches("billing.eu") && !grants[0].matches("billing"));
+        assert_eq!(
+            state.apply(&Command::SetGrants {
+                user: "bob".into(),
+                grants: vec![]
+            }),
+            Err(Refused::NoSuchUser("bob".into()))
+        );
+        let token = |user: &str, id: &str| Command::AddToken {
+            user: user.into(),
+            id: id.into(),
+            secret_hash: "x".into(),
+            now_ms: 2,
+        };
+        state.apply(&token("ann", "t1")).expect("token");
+        assert_eq!(
+            state.apply(&token("bob", "t2")),
+            Err(Refused::NoSuchUser("bob".into()))
+        );
+        put_user(&mut state, "bob", "h", false).expect("bob");
+        state.apply(&token("bob", "t2")).expect("token");
+        assert_eq!(
+            state.apply(&Command::RevokeToken {
+                user: "bob".into(),
+                id: "t1".into()
+            }),
+            Err(Refused::NoSuchToken {
+                user: "bob".into(),
+                id: "t1".into()
+            }),
+            "a token is revoked only through its own user"
+        );
+        state
+            .apply(&Command::DeleteUser { name: "ann".into() })
+            .expect("delete");
+        assert!(!state.tokens.contains_key("t1") && state.tokens.contains_key("t2"));
+        put_user(&mut state, ADMIN_USER, "h", true).expect("admin");
+        assert_eq!(
+            state.apply(&Command::DeleteUser {
+                name: ADMIN_USER.into()
+            }),
+            Err(Refused::UndeletableUser(ADMIN_USER.into()))
+        );
+    }
+
+    #[test]
+    fn schemas_keep_versions_and_cannot_go_while_a_topic_uses_them() {
+        let mut state = MetaState::default();
+        let put_schema = |state: &mut MetaState, document: &str| {
+            state.apply(&Command::PutSchema {
+                name: "order".into(),
+                document: document.into(),
+            })
+        };
+        assert_eq!(
+            put_schema(&mut state, "{}"),
+            Ok(Applied::SchemaPut {
+                version: 1,
+                created: true
+            })
+        );
+        assert_eq!(
+            put_schema(&mut state, "{\"type\":\"object\"}"),
+            Ok(Applied::SchemaPut {
+                version: 2,
+                created: false
+            })
+        );
+        assert_eq!(
+            put_schema(&mut state, "{\"type\":\"object\"}"),
+            Ok(Applied::SchemaPut {
+                version: 2,
+                created: false
+            }),
+            "the same document again is no new version"
+        );
+        let with_schema = |schema: &str| TopicConfig {
+            schema: Some(schema.into()),
+            ..config(1)
+        };
+        assert_eq!(
+            put(&mut state, "t", with_schema("nope"), vec![1]),
+            Err(Refused::NoSuchSchema("nope".into()))
+        );
+        put(&mut state, "t", with_schema("order"), vec![1]).expect("topic");
+        assert_eq!(
+            state.apply(&Command::DeleteSchema {
+                name: "order".into()
+            }),
+            Err(Refused::SchemaInUse {
+                schema: "order".into(),
+                topic: "t".into()
+            })
+        );
+        state
+            .apply(&Command::DeleteTopic { name: "t".into() })
+            .expect("topic goes");
+        assert_eq!(
+            state.apply(&Command::DeleteSchema {
+                name: "order".into()
+            }),
+            Ok(Applied::SchemaDeleted)
+        );
+    }
+
+    #[test]
+    fn a_snapshot_of_an_older_build_loads_without_users_or_schemas() {
+        let old = r#"{"topics":{},"next_incarnation":3,"cluster_id":"c","nodes":{}}"#;
+        let state: MetaState = serde_json::from_str(old).expect("old snapshot");
+        assert_eq!(state.next_incarnation, 3);
+        assert!(state.users.is_empty() && state.tokens.is_empty() && state.schemas.is_empty());
     }
 
     #[test]

@@ -22,7 +22,7 @@ use narad_net::http_server::NodeBudget;
 use narad_net::types::{ConsumeRequest, ConsumedMessage, SettleAction, TopicPatch};
 use narad_net::{ApiError, ErrorCode};
 use narad_raft::node::MetaSnapshot;
-use narad_raft::state::{Applied, Command, NodeId, Topic, TopicConfig};
+use narad_raft::state::{Applied, Command, MetaState, NodeId, Topic, TopicConfig};
 use narad_raft::store::MetaView;
 use narad_storage::clock::SharedClock;
 use narad_storage::consumer::{ConsumerConfig, ConsumerState};
@@ -34,6 +34,7 @@ use narad_storage::limits::SEGMENT_PREALLOC_STEP_BYTES_DEFAULT;
 use narad_storage::log::{LogConfig, Message, PartitionLog};
 use narad_storage::wal::{Wal, WalConfig, WalPos, WalRecord, WalRecordRef};
 
+use crate::auth::VerifiedPasswords;
 use crate::controller::place;
 use crate::dispatcher::{
     CommitBatch, Destination, DispatchRecord, Dispatcher, DispatcherConfig, FailureOutcome,
@@ -60,6 +61,7 @@ use crate::rpc::{
     Stats, TopicRef, Transport,
 };
 use crate::runtime::SharedRuntime;
+use crate::schemas::CompiledSchemas;
 use crate::settings::Settings;
 use crate::signal::Signal;
 
@@ -69,6 +71,7 @@ mod health;
 mod nodes;
 mod owners;
 mod produce;
+mod security;
 mod serve;
 mod settle;
 mod stop;
@@ -193,6 +196,9 @@ pub struct Shard<F: FileSystem = NodeFs> {
     dispatch: Dispatch,
     remote: Remote,
     flow: Flow,
+    /// Passwords checked here, and schemas compiled here.
+    passwords: VerifiedPasswords,
+    schemas: CompiledSchemas,
 }
 
 /// What the node gives each of its shards.
@@ -312,6 +318,8 @@ impl<F: FileSystem> Shard<F> {
                 next_seq: Cell::new(0),
                 round_robin: Cell::new(0),
             },
+            passwords: VerifiedPasswords::default(),
+            schemas: CompiledSchemas::default(),
         })
     }
 

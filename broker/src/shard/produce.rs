@@ -69,6 +69,11 @@ impl<F: FileSystem> Shard<F> {
                 ));
             }
         }
+        if let Some(schema) = &topic.config.schema {
+            let view = self.view();
+            self.schemas
+                .check(&view.state, schema, messages.iter().map(|(_, v)| &v[..]))?;
+        }
         let accept_ms = self.now();
         let placed: Vec<(u32, u128)> = messages
             .iter()

@@ -9,7 +9,8 @@ impl<F: FileSystem> Shard<F> {
     /// Commits again what the WAL held above its checkpoint, then starts the
     /// WAL's committer and checkpointer, the metadata watch, availability
     /// notices, the dead-letter mover, lease sweeps, retention of idle
-    /// partitions and ack maintenance. The dispatcher loop
+    /// partitions, ack maintenance, and (on shard 0) the bootstrap of the
+    /// user admin. The dispatcher loop
     /// ([`Self::run_dispatcher`]) is the caller's to run, since a stop waits
     /// for it.
     pub fn start_tasks(self: &Rc<Self>, recovered: Vec<(WalPos, WalRecord)>) {
@@ -64,5 +65,13 @@ impl<F: FileSystem> Shard<F> {
         runtime.spawn(Box::pin(every(self.clone(), maintain, |s| {
             Box::pin(async move { s.maintain_all().await })
         })));
+        // One shard of each node makes sure the user admin exists.
+        if let (0, Some(password)) = (self.identity.shard_id, &self.settings.auth.admin_password) {
+            let password = password.reveal().to_string();
+            let shard = self.clone();
+            runtime.spawn(Box::pin(async move {
+                shard.bootstrap_admin(password).await;
+            }));
+        }
     }
 }

@@ -90,10 +90,12 @@ impl<F: FileSystem> Shard<F> {
             })?;
         }
         if let Some(schema) = &config.schema {
-            return Err(ApiError::new(
-                ErrorCode::InvalidRequest,
-                format!("schema {schema:?} does not exist"),
-            ));
+            if !self.view().state.schemas.contains_key(schema) {
+                return Err(ApiError::new(
+                    ErrorCode::InvalidRequest,
+                    format!("schema {schema:?} does not exist"),
+                ));
+            }
         }
         let existing_partitions = existing.as_ref().map_or(0, |t| t.config.partitions);
         let added = config.partitions.saturating_sub(existing_partitions);
@@ -114,7 +116,7 @@ impl<F: FileSystem> Shard<F> {
         let (created, topic) = match applied {
             Applied::TopicCreated(topic) => (true, topic),
             Applied::TopicUpdated(topic) | Applied::TopicUnchanged(topic) => (false, topic),
-            Applied::TopicDeleted | Applied::ClusterChanged | Applied::Nothing => {
+            _ => {
                 return Err(ApiError::new(
                     ErrorCode::Internal,
                     "the metastore answered a topic change oddly",
@@ -127,19 +129,26 @@ impl<F: FileSystem> Shard<F> {
     }
 
     /// Waits until this node's metadata holds `topic` as the change left it
-    /// (the leader applied it first), or a later incarnation, at most
-    /// [`LOCAL_APPLY_WAIT`]: the answer to a topic change comes after the
-    /// node that gives it can serve the topic as changed.
+    /// (the leader applied it first), or a later incarnation: the answer to
+    /// a topic change comes after the node that gives it can serve the
+    /// topic as changed.
     async fn applied_here(&self, topic: &Topic) {
+        self.applied_here_when(|state| {
+            state
+                .topics
+                .get(&topic.name)
+                .is_some_and(|t| t.incarnation > topic.incarnation || t == topic)
+        })
+        .await;
+    }
+
+    /// Waits until this node's metadata satisfies `holds`, at most
+    /// [`LOCAL_APPLY_WAIT`] (the leader applies a change first).
+    pub(super) async fn applied_here_when(&self, holds: impl Fn(&MetaState) -> bool) {
         let mut changes = self.env.meta.subscribe();
         let deadline = self.now() + LOCAL_APPLY_WAIT.as_millis() as u64;
         loop {
-            let held = changes
-                .borrow_and_update()
-                .state
-                .topics
-                .get(&topic.name)
-                .is_some_and(|t| t.incarnation > topic.incarnation || t == topic);
+            let held = holds(&changes.borrow_and_update().state);
             let now = self.now();
             if held || now >= deadline {
                 return;

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
-use narad_broker::runtime::{LocalFuture, Runtime};
+use narad_broker::runtime::{BlockingWork, LocalFuture, Runtime};
 use narad_storage::clock::{Clock, ManualClock};
 use narad_storage::rng::SimRng;
 
@@ -260,5 +260,11 @@ impl Runtime for SimRuntime {
 
     fn spawn(&self, task: LocalFuture) {
         self.executor.spawn(self.group, task);
+    }
+
+    /// Runs the work at once, on the simulation's one thread.
+    fn blocking(&self, work: BlockingWork) -> LocalFuture {
+        work();
+        Box::pin(std::future::ready(()))
     }
 }
