@@ -137,6 +137,7 @@ async fn shard(
         handler,
         Rc::new(Cell::new(false)),
         narad_net::http_server::NodeBudget::unlimited(),
+        None,
     )
     .await;
     Ok(())

@@ -448,6 +448,15 @@ async fn dispatch(
                 route.user.unwrap_or_default(),
                 route.token.unwrap_or_default(),
             );
+            let held = shard
+                .state()
+                .state
+                .tokens
+                .get(id)
+                .is_some_and(|t| t.user == name);
+            if !held {
+                return Err(no_such("token", id));
+            }
             shard.revoke_token(name, id).await?;
             Ok(empty_response(StatusCode::NO_CONTENT))
         }
@@ -578,10 +587,13 @@ struct GrantsBody {
 
 fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8], shape: &str) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(|e| {
-        ApiError::new(
-            ErrorCode::InvalidRequest,
-            format!("the body must be {shape}: {e}"),
-        )
+        // serde's own wording for a field the type does not have.
+        let code = if e.to_string().starts_with("unknown field") {
+            ErrorCode::UnknownField
+        } else {
+            ErrorCode::InvalidRequest
+        };
+        ApiError::new(code, format!("the body must be {shape}: {e}"))
     })
 }
 

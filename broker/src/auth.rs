@@ -397,7 +397,10 @@ mod tests {
             grant("orders", vec![Action::Cluster]),
             grant("**", vec![Action::Produce]),
         ] {
-            assert!(validate_grants(std::slice::from_ref(&bad)).is_err(), "{bad:?}");
+            assert!(
+                validate_grants(std::slice::from_ref(&bad)).is_err(),
+                "{bad:?}"
+            );
         }
     }
 

@@ -5,7 +5,8 @@
 use std::io::Read;
 
 use clap::{Args, Subcommand, ValueEnum};
-use narad_net::client::{Client, ClientError};
+use narad_net::client::{encode_segment, Client, ClientError};
+use narad_net::tls::ClientTlsFiles;
 use serde_json::{json, Map, Value};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -27,6 +28,23 @@ pub struct ClientArgs {
     /// Output format.
     #[arg(long, value_enum, default_value = "human", global = true)]
     pub output: Output,
+    /// A bearer token (with auth on).
+    #[arg(long, env = "NARAD_TOKEN", global = true, hide_env_values = true)]
+    pub token: Option<String>,
+    /// A user name, with `--password` (with auth on).
+    #[arg(long = "user", id = "auth_user", env = "NARAD_USER", global = true)]
+    pub user: Option<String>,
+    #[arg(long, env = "NARAD_PASSWORD", global = true, hide_env_values = true)]
+    pub password: Option<String>,
+    /// PEM file of the CA that signed the node's certificate (https://
+    /// URLs; without it, the system's CA bundle).
+    #[arg(long, env = "NARAD_CA_FILE", global = true)]
+    pub ca_file: Option<String>,
+    /// This client's certificate and key (PEM), for a node that asks for one.
+    #[arg(long, env = "NARAD_CERT_FILE", global = true)]
+    pub cert_file: Option<String>,
+    #[arg(long, env = "NARAD_KEY_FILE", global = true)]
+    pub key_file: Option<String>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -56,7 +74,21 @@ pub enum TopicAction {
 }
 
 fn client(args: &ClientArgs) -> Result<Client, String> {
-    Client::new(&args.server).map_err(|e| e.to_string())
+    let client = Client::new(&args.server)
+        .map_err(|e| e.to_string())?
+        .with_tls(&ClientTlsFiles {
+            ca_file: args.ca_file.clone(),
+            cert_file: args.cert_file.clone(),
+            key_file: args.key_file.clone(),
+        })
+        .map_err(|e| e.to_string())?;
+    match (&args.token, &args.user, &args.password) {
+        (Some(_), Some(_), _) => Err("give --token or --user, not both".into()),
+        (Some(token), None, _) => Ok(client.with_token(token)),
+        (None, Some(user), Some(password)) => Ok(client.with_password(user, password)),
+        (None, Some(_), None) => Err("--user needs --password (or NARAD_PASSWORD)".into()),
+        (None, None, _) => Ok(client),
+    }
 }
 
 fn failed(error: ClientError) -> String {
@@ -354,6 +386,339 @@ pub fn consume(
             print_table(&["PARTITION", "OFFSET", "DELIVERIES", "ID", "VALUE"], &rows);
             if ack {
                 println!("acked {}", messages.len());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What `narad user` does.
+#[derive(Subcommand, Debug)]
+pub enum UserAction {
+    /// Create a user, or change its password (`--password-stdin` reads it
+    /// from standard input, so it stays out of the process list).
+    Create {
+        name: String,
+        #[arg(long = "new-password", conflicts_with = "password_stdin")]
+        new_password: Option<String>,
+        #[arg(long)]
+        password_stdin: bool,
+    },
+    /// Delete a user and its tokens.
+    Delete { name: String },
+    /// Every user with its grants and tokens (never a secret).
+    List,
+}
+
+/// What `narad token` does.
+#[derive(Subcommand, Debug)]
+pub enum TokenAction {
+    /// A new bearer token of USER: shown once.
+    Create { user: String },
+    /// Revoke a token by its id.
+    Revoke { user: String, id: String },
+}
+
+/// What `narad grant` does.
+#[derive(Subcommand, Debug)]
+pub enum GrantAction {
+    /// Replace a user's grants: `--grant TOPIC=ACTION[,ACTION]` (repeat it;
+    /// TOPIC may end in `*`; actions: produce, consume, admin, cluster).
+    Set {
+        user: String,
+        #[arg(long = "grant", value_name = "TOPIC=ACTIONS")]
+        grants: Vec<String>,
+    },
+    /// A user's grants.
+    Show { user: String },
+}
+
+/// What `narad schema` does.
+#[derive(Subcommand, Debug)]
+pub enum SchemaAction {
+    /// Put a JSON Schema document (a file, or `-` for stdin) as the next
+    /// version of NAME.
+    Put { name: String, file: String },
+    /// The latest version of a schema.
+    Get { name: String },
+    /// Delete a schema no topic uses.
+    Delete { name: String },
+    /// Every schema with its latest version.
+    List,
+}
+
+fn call(
+    client: &Client,
+    method: &str,
+    path: &str,
+    body: &Value,
+) -> Result<narad_net::client::Answer, String> {
+    let bytes = if body.is_null() {
+        Vec::new()
+    } else {
+        body.to_string().into_bytes()
+    };
+    client.call(method, path, &[], &bytes).map_err(failed)
+}
+
+fn grants_cell(grants: &Value) -> String {
+    grants
+        .as_array()
+        .map(|grants| {
+            grants
+                .iter()
+                .map(|g| {
+                    let actions: Vec<String> = g["actions"]
+                        .as_array()
+                        .map(|a| a.iter().map(cell).collect())
+                        .unwrap_or_default();
+                    format!("{}={}", cell(&g["topic"]), actions.join(","))
+                })
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "-".into())
+}
+
+/// `TOPIC=ACTION[,ACTION]` as a grant.
+fn parse_grant(text: &str) -> Result<Value, String> {
+    let (topic, actions) = text
+        .split_once('=')
+        .ok_or_else(|| format!("grant {text:?} must look like TOPIC=ACTION[,ACTION]"))?;
+    let actions: Vec<&str> = actions
+        .split(',')
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+        .collect();
+    Ok(json!({"topic": topic, "actions": actions}))
+}
+
+pub fn user(args: &ClientArgs, action: &UserAction) -> Result<(), String> {
+    let client = client(args)?;
+    match action {
+        UserAction::Create {
+            name,
+            new_password,
+            password_stdin,
+        } => {
+            let password = match (new_password, password_stdin) {
+                (Some(p), _) => p.clone(),
+                (None, true) => {
+                    let mut text = String::new();
+                    std::io::stdin()
+                        .read_to_string(&mut text)
+                        .map_err(|e| format!("reading the password from stdin: {e}"))?;
+                    text.trim_end_matches(['\n', '\r']).to_string()
+                }
+                (None, false) => {
+                    return Err("give the password with --new-password or --password-stdin".into())
+                }
+            };
+            let answer = call(
+                &client,
+                "PUT",
+                &format!("/v1/users/{}", encode_segment(name)),
+                &json!({ "password": password }),
+            )?;
+            match args.output {
+                Output::Json => print_json(&answer.body),
+                Output::Human if answer.status == 201 => println!("created user {name}"),
+                Output::Human => println!("changed the password of user {name}"),
+            }
+        }
+        UserAction::Delete { name } => {
+            call(
+                &client,
+                "DELETE",
+                &format!("/v1/users/{}", encode_segment(name)),
+                &Value::Null,
+            )?;
+            if args.output == Output::Human {
+                println!("deleted user {name}");
+            }
+        }
+        UserAction::List => {
+            let listing = call(&client, "GET", "/v1/users", &Value::Null)?.body;
+            match args.output {
+                Output::Json => print_json(&listing),
+                Output::Human => {
+                    let rows: Vec<Vec<String>> = listing["users"]
+                        .as_array()
+                        .map(|users| {
+                            users
+                                .iter()
+                                .map(|u| {
+                                    let tokens = u["tokens"].as_array().map_or(0, Vec::len);
+                                    vec![
+                                        cell(&u["name"]),
+                                        grants_cell(&u["grants"]),
+                                        tokens.to_string(),
+                                    ]
+                                })
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    print_table(&["NAME", "GRANTS", "TOKENS"], &rows);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+pub fn token(args: &ClientArgs, action: &TokenAction) -> Result<(), String> {
+    let client = client(args)?;
+    match action {
+        TokenAction::Create { user } => {
+            let answer = call(
+                &client,
+                "POST",
+                &format!("/v1/users/{}/tokens", encode_segment(user)),
+                &Value::Null,
+            )?;
+            match args.output {
+                Output::Json => print_json(&answer.body),
+                Output::Human => {
+                    println!("id: {}", cell(&answer.body["id"]));
+                    println!("token: {}", cell(&answer.body["token"]));
+                    println!("(the token is shown only now: keep it)");
+                }
+            }
+        }
+        TokenAction::Revoke { user, id } => {
+            call(
+                &client,
+                "DELETE",
+                &format!(
+                    "/v1/users/{}/tokens/{}",
+                    encode_segment(user),
+                    encode_segment(id)
+                ),
+                &Value::Null,
+            )?;
+            if args.output == Output::Human {
+                println!("revoked token {id} of user {user}");
+            }
+        }
+    }
+    Ok(())
+}
+
+pub fn grant(args: &ClientArgs, action: &GrantAction) -> Result<(), String> {
+    let client = client(args)?;
+    let (user, answer) = match action {
+        GrantAction::Set { user, grants } => {
+            let grants = grants
+                .iter()
+                .map(|g| parse_grant(g))
+                .collect::<Result<Vec<_>, _>>()?;
+            let path = format!("/v1/users/{}/grants", encode_segment(user));
+            (
+                user,
+                call(&client, "PUT", &path, &json!({ "grants": grants }))?,
+            )
+        }
+        GrantAction::Show { user } => {
+            let path = format!("/v1/users/{}/grants", encode_segment(user));
+            (user, call(&client, "GET", &path, &Value::Null)?)
+        }
+    };
+    match args.output {
+        Output::Json => print_json(&answer.body),
+        Output::Human => {
+            let rows: Vec<Vec<String>> = answer.body["grants"]
+                .as_array()
+                .map(|grants| {
+                    grants
+                        .iter()
+                        .map(|g| {
+                            let actions: Vec<String> = g["actions"]
+                                .as_array()
+                                .map(|a| a.iter().map(cell).collect())
+                                .unwrap_or_default();
+                            vec![cell(&g["topic"]), actions.join(",")]
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            println!("grants of {user}:");
+            print_table(&["TOPIC", "ACTIONS"], &rows);
+        }
+    }
+    Ok(())
+}
+
+pub fn schema(args: &ClientArgs, action: &SchemaAction) -> Result<(), String> {
+    let client = client(args)?;
+    match action {
+        SchemaAction::Put { name, file } => {
+            let mut text = String::new();
+            if file == "-" {
+                std::io::stdin()
+                    .read_to_string(&mut text)
+                    .map_err(|e| format!("reading stdin: {e}"))?;
+            } else {
+                text = std::fs::read_to_string(file).map_err(|e| format!("reading {file}: {e}"))?;
+            }
+            let answer = client
+                .call(
+                    "PUT",
+                    &format!("/v1/schemas/{}", encode_segment(name)),
+                    &[],
+                    text.as_bytes(),
+                )
+                .map_err(failed)?;
+            match args.output {
+                Output::Json => print_json(&answer.body),
+                Output::Human => println!(
+                    "schema {name} is at version {}",
+                    cell(&answer.body["version"])
+                ),
+            }
+        }
+        SchemaAction::Get { name } => {
+            let answer = call(
+                &client,
+                "GET",
+                &format!("/v1/schemas/{}", encode_segment(name)),
+                &Value::Null,
+            )?;
+            match args.output {
+                Output::Json => print_json(&answer.body),
+                Output::Human => {
+                    println!("schema {name}, version {}", cell(&answer.body["version"]));
+                    print_json(&answer.body["schema"]);
+                }
+            }
+        }
+        SchemaAction::Delete { name } => {
+            call(
+                &client,
+                "DELETE",
+                &format!("/v1/schemas/{}", encode_segment(name)),
+                &Value::Null,
+            )?;
+            if args.output == Output::Human {
+                println!("deleted schema {name}");
+            }
+        }
+        SchemaAction::List => {
+            let listing = call(&client, "GET", "/v1/schemas", &Value::Null)?.body;
+            match args.output {
+                Output::Json => print_json(&listing),
+                Output::Human => {
+                    let rows: Vec<Vec<String>> = listing["schemas"]
+                        .as_array()
+                        .map(|schemas| {
+                            schemas
+                                .iter()
+                                .map(|s| vec![cell(&s["name"]), cell(&s["version"])])
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    print_table(&["NAME", "VERSION"], &rows);
+                }
             }
         }
     }

@@ -259,6 +259,10 @@ const KEYS: &[(&str, Kind, Option<&str>)] = &[
         },
         Some("1073741824"),
     ),
+    // HTTPS on the client port (docs/security.md).
+    ("http.tls.cert_file", Kind::Text, None),
+    ("http.tls.key_file", Kind::Text, None),
+    ("http.tls.client_ca_file", Kind::Text, None),
     // Authentication and grants (docs/security.md).
     ("auth.enabled", Kind::Bool, Some("false")),
     ("auth.admin_password", Kind::Text, None),
@@ -273,14 +277,22 @@ const KEYS: &[(&str, Kind, Option<&str>)] = &[
 ];
 
 /// Environment variables with the `NARAD_` prefix that are not config keys.
-const NON_CONFIG_ENV: &[&str] = &["NARAD_URL", "NARAD_LOG"];
+const NON_CONFIG_ENV: &[&str] = &[
+    "NARAD_URL",
+    "NARAD_LOG",
+    "NARAD_TOKEN",
+    "NARAD_USER",
+    "NARAD_PASSWORD",
+    "NARAD_CA_FILE",
+    "NARAD_CERT_FILE",
+    "NARAD_KEY_FILE",
+];
 
 /// Keys of features this release does not have, and the feature: refused
 /// at start with that said, never accepted and ignored (an `auth.enabled`
 /// that enforced nothing would leave a node open while its operator
 /// believes it closed). A prefix ends with `.`.
 const NOT_AVAILABLE: &[(&str, &str)] = &[
-    ("http.tls.", "TLS on the client port"),
     ("children.", "child topics"),
     ("remote.", "remote children"),
     ("cluster.move_promote_after_ms", "partition moves"),
@@ -510,6 +522,22 @@ impl Config {
         ]
         .iter()
         .all(|k| self.text(k).is_some());
+        match (
+            self.text("http.tls.cert_file"),
+            self.text("http.tls.key_file"),
+            self.text("http.tls.client_ca_file"),
+        ) {
+            (Some(_), Some(_), _) | (None, None, None) => {}
+            (None, None, Some(_)) => return Err(ConfigError::Inconsistent(
+                "http.tls.client_ca_file needs http.tls.cert_file and http.tls.key_file (HTTPS)"
+                    .into(),
+            )),
+            _ => {
+                return Err(ConfigError::Inconsistent(
+                    "http.tls.cert_file and http.tls.key_file go together".into(),
+                ))
+            }
+        }
         let passwords = [
             self.text("auth.admin_password"),
             self.text("auth.admin_password_file"),

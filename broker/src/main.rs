@@ -3,7 +3,10 @@
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
-use narad_broker::cli::{self, ClientArgs, ClusterAction, TopicAction};
+use narad_broker::cli::{
+    self, ClientArgs, ClusterAction, GrantAction, SchemaAction, TokenAction, TopicAction,
+    UserAction,
+};
 use narad_broker::config::Config;
 
 /// mimalloc: per-thread free lists suit one executor per core; the system
@@ -37,6 +40,34 @@ enum Command {
     Cluster {
         #[command(subcommand)]
         action: ClusterAction,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Create, delete or list users.
+    User {
+        #[command(subcommand)]
+        action: UserAction,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Create or revoke a user's bearer tokens.
+    Token {
+        #[command(subcommand)]
+        action: TokenAction,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Set or show a user's grants.
+    Grant {
+        #[command(subcommand)]
+        action: GrantAction,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Put, get, delete or list JSON Schemas.
+    Schema {
+        #[command(subcommand)]
+        action: SchemaAction,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -167,6 +198,10 @@ fn main() -> ExitCode {
         }
         Command::Topic { action, client } => cli::topic(client, action),
         Command::Cluster { action, client } => cli::cluster(client, action),
+        Command::User { action, client } => cli::user(client, action),
+        Command::Token { action, client } => cli::token(client, action),
+        Command::Grant { action, client } => cli::grant(client, action),
+        Command::Schema { action, client } => cli::schema(client, action),
         Command::Produce {
             topic,
             value,

@@ -126,6 +126,27 @@ pub struct Http {
     pub max_batch_bytes: u64,
     pub max_connections: u64,
     pub max_buffered_body_bytes: u64,
+    pub tls: HttpTls,
+}
+
+/// HTTPS on the client port: both files, or plain HTTP.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpTls {
+    pub cert_file: Option<String>,
+    pub key_file: Option<String>,
+    pub client_ca_file: Option<String>,
+}
+
+impl HttpTls {
+    /// The files, when HTTPS is on.
+    pub fn files(&self) -> Option<narad_net::tls::TlsFiles> {
+        Some(narad_net::tls::TlsFiles {
+            cert_file: self.cert_file.clone()?,
+            key_file: self.key_file.clone()?,
+            client_ca_file: self.client_ca_file.clone(),
+        })
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -386,6 +386,10 @@ fn a_forbidden_user_learns_nothing_of_topics_and_lists_only_its_own() {
         json!({"grants": []}),
     );
     assert_eq!(status, 404);
+    let (status, answer) = admin(&node, "PUT", "/v1/users/bob", json!({"pass": "x"}));
+    assert_eq!(answer["error"]["code"], "unknown_field", "{status} {answer}");
+    let (status, answer) = admin(&node, "DELETE", "/v1/users/admin/tokens/nope", json!({}));
+    assert_eq!((status, answer["error"]["code"].as_str()), (404, Some("not_found")));
     let answer = node.stderr();
     assert!(
         !answer.contains(ADMIN_PASSWORD),
@@ -417,12 +421,12 @@ fn the_admin_password_can_come_from_a_file_and_auth_needs_one() {
         )
         .0 == 200
     }));
-    let refused = std::process::Command::new(env!("CARGO_BIN_EXE_narad"))
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_narad"));
+    command
         .args(["serve", "--data-dir"])
         .arg(tmp.path().join("m"))
-        .args(["--listen", "127.0.0.1:0", "--set", "auth.enabled=true"])
-        .output()
-        .expect("run");
+        .args(["--listen", "127.0.0.1:0", "--set", "auth.enabled=true"]);
+    let refused = support::run_to_exit(command, Duration::from_secs(30));
     assert!(!refused.status.success());
     let says = String::from_utf8_lossy(&refused.stderr);
     assert!(says.contains("auth.admin_password"), "{says}");

@@ -32,6 +32,7 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 
 use crate::error::{ApiError, ErrorCode};
+use crate::tls::{ServerTls, TLS_HANDSHAKE_RECORD};
 
 /// A request with its whole body.
 pub type HttpRequest = hyper::Request<Bytes>;
@@ -200,9 +201,9 @@ impl ConnectionClock {
     }
 }
 
-/// glommio's socket as hyper's IO.
-struct Io {
-    stream: Rc<RefCell<TcpStream>>,
+/// A glommio socket (plain or under TLS) as hyper's IO.
+struct Io<S> {
+    stream: Rc<RefCell<S>>,
     clock: Rc<ConnectionClock>,
     buffer: Vec<u8>,
     /// hyper's own answer to a request it could not parse, being replaced by
@@ -236,7 +237,7 @@ fn replace_automatic_error(head: &[u8]) -> Option<Vec<u8>> {
     )
 }
 
-impl hyper::rt::Read for Io {
+impl<S: AsyncRead + AsyncWrite + Unpin> hyper::rt::Read for Io<S> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -260,7 +261,7 @@ impl hyper::rt::Read for Io {
     }
 }
 
-impl hyper::rt::Write for Io {
+impl<S: AsyncRead + AsyncWrite + Unpin> hyper::rt::Write for Io<S> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -350,8 +351,8 @@ async fn watchdog(clock: Rc<ConnectionClock>) -> bool {
 }
 
 /// Serves one connection until the client closes it or a deadline passes.
-pub async fn serve_connection(
-    stream: TcpStream,
+pub async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin + 'static>(
+    stream: S,
     limits: ServerLimits,
     handler: Handler,
     budget: Arc<NodeBudget>,
@@ -441,13 +442,14 @@ pub async fn serve_connection(
 }
 
 /// Accepts connections until `stop` is set, serving each on its own task
-/// while the node's budget has room for it.
+/// while the node's budget has room for it; with `tls`, HTTPS only.
 pub async fn serve(
     listener: TcpListener,
     limits: ServerLimits,
     handler: Handler,
     stop: Rc<Cell<bool>>,
     budget: Arc<NodeBudget>,
+    tls: Option<Arc<ServerTls>>,
 ) {
     while !stop.get() {
         match listener.accept().await {
@@ -458,15 +460,78 @@ pub async fn serve(
                     continue;
                 };
                 let (handler, budget) = (handler.clone(), budget.clone());
+                let tls = tls.as_ref().map(|tls| tls.current());
                 glommio::spawn_local(async move {
                     let _permit = permit;
-                    serve_connection(stream, limits, handler, budget).await;
+                    match tls {
+                        Some(config) => serve_tls(stream, config, limits, handler, budget).await,
+                        None => serve_connection(stream, limits, handler, budget).await,
+                    }
                 })
                 .detach();
             }
             Err(error) => tracing::warn!(%error, "accept failed"),
         }
     }
+}
+
+/// Serves one connection of a TLS port: the handshake (within the header
+/// timeout), then HTTP inside it. A client that speaks plain HTTP gets a
+/// plain answer saying so; a failed handshake is logged with its reason.
+async fn serve_tls(
+    stream: TcpStream,
+    config: Arc<rustls::ServerConfig>,
+    limits: ServerLimits,
+    handler: Handler,
+    budget: Arc<NodeBudget>,
+) {
+    let peer = stream
+        .peer_addr()
+        .map_or_else(|_| "?".to_string(), |a| a.to_string());
+    let mut first = [0u8; 1];
+    let peeked = glommio::timer::timeout(limits.header_timeout, async {
+        Ok(stream.peek(&mut first).await)
+    })
+    .await;
+    match peeked {
+        Ok(Ok(1)) if first[0] == TLS_HANDSHAKE_RECORD => {}
+        Ok(Ok(1)) => {
+            tracing::info!(%peer, "plain HTTP on the TLS client port refused");
+            answer_plain_on_tls_port(stream).await;
+            return;
+        }
+        // Closed, failed or silent before its first byte.
+        _ => return,
+    }
+    let acceptor = futures_rustls::TlsAcceptor::from(config);
+    let handshake = glommio::timer::timeout(limits.header_timeout, async {
+        Ok(acceptor.accept(stream).await)
+    })
+    .await;
+    match handshake {
+        Ok(Ok(tls)) => serve_connection(tls, limits, handler, budget).await,
+        Ok(Err(error)) => tracing::warn!(%peer, %error, "TLS handshake with a client failed"),
+        Err(_) => tracing::warn!(
+            %peer,
+            timeout_ms = limits.header_timeout.as_millis() as u64,
+            "TLS handshake with a client did not finish in time"
+        ),
+    }
+}
+
+/// The answer to plain HTTP on a TLS port, in plain HTTP.
+async fn answer_plain_on_tls_port(mut stream: TcpStream) {
+    let body = ApiError::new(
+        ErrorCode::InvalidRequest,
+        "this port serves HTTPS only: connect with https://",
+    )
+    .to_json();
+    let response = format!(
+        "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = stream.write_all(response.as_bytes()).await;
+    let _ = stream.close().await;
 }
 
 /// Answers `429 overloaded` on a connection over `http.max_connections`,

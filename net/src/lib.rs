@@ -12,6 +12,7 @@
 //!   budget;
 //! - [`client`]: a small blocking client of the HTTP API with its retry
 //!   rules (`docs/status-codes.md`; the CLI uses it);
+//! - [`tls`]: TLS on the client port (reloadable) and for clients;
 //! - [`peer`]: QUIC between nodes with mutual TLS (quinn, rustls).
 
 pub mod batch;
@@ -20,6 +21,7 @@ pub mod error;
 pub mod http_server;
 pub mod names;
 pub mod peer;
+pub mod tls;
 pub mod types;
 pub mod value;
 

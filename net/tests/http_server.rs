@@ -45,6 +45,7 @@ fn start_server() -> SocketAddr {
                 handler,
                 Rc::new(std::cell::Cell::new(false)),
                 narad_net::http_server::NodeBudget::unlimited(),
+                None,
             )
             .await;
         });

@@ -112,7 +112,6 @@ fn keys_of_features_not_in_this_release_are_refused_from_every_source() {
     for (key, value) in [
         ("cluster.move_promote_after_ms", "120000"),
         ("children.remote_max_in_flight", "4"),
-        ("http.tls.cert_file", "/x"),
     ] {
         let flag = Config::resolve(None, Vec::new(), &flags(&[(key, value)])).expect_err("flag");
         assert!(

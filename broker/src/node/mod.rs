@@ -17,6 +17,7 @@ use glommio::net::TcpListener;
 use glommio::{LocalExecutorBuilder, Placement};
 use narad_net::http_server::{serve, Handler, HttpRequest, NodeBudget, ServerLimits};
 use narad_net::peer::{PeerEndpoint, PeerHandler, PeerTls};
+use narad_net::tls::ServerTls;
 use narad_raft::node::{BoxFuture, MetaNode, MetaNodeConfig, PeerCaller};
 use narad_storage::clock::{SharedClock, SystemClock};
 use narad_storage::io::blocking::BlockingFs;
@@ -56,16 +57,21 @@ const IO_MEMORY_BYTES: usize = 16 * 1024 * 1024;
 /// JSON framing and base64 can grow a batch's values; leave room for it.
 const BODY_BYTES_SLACK: u64 = 64 * 1024;
 
-/// Blocks SIGTERM and SIGINT in this thread (and the threads it starts) and
-/// returns a flag that a signal thread sets when one arrives (it also tells
-/// `stopping`).
-fn stop_on_signal(stopping: mpsc::Sender<()>) -> Result<Arc<AtomicBool>, String> {
+/// Blocks SIGTERM, SIGINT and SIGHUP in this thread (and the threads it
+/// starts) and returns a flag that a signal thread sets when SIGTERM or
+/// SIGINT arrives (it also tells `stopping`). SIGHUP reloads the client
+/// port's certificates, if it has any.
+fn handle_signals(
+    stopping: mpsc::Sender<()>,
+    tls: Option<Arc<ServerTls>>,
+) -> Result<Arc<AtomicBool>, String> {
     // SAFETY: plain libc signal-mask calls on a zeroed, then filled, sigset.
     let set = unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGTERM);
         libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGHUP);
         if libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
             return Err("could not block SIGTERM".into());
         }
@@ -75,15 +81,29 @@ fn stop_on_signal(stopping: mpsc::Sender<()>) -> Result<Arc<AtomicBool>, String>
     let raised = flag.clone();
     std::thread::Builder::new()
         .name("narad-signals".into())
-        .spawn(move || {
+        .spawn(move || loop {
             let mut signal: libc::c_int = 0;
             // SAFETY: waits on the signals blocked above.
-            let result = unsafe { libc::sigwait(&set, &mut signal) };
-            if result == 0 {
-                tracing::info!(signal, "stopping gracefully");
-                raised.store(true, Ordering::SeqCst);
-                let _ = stopping.send(());
+            if unsafe { libc::sigwait(&set, &mut signal) } != 0 {
+                return;
             }
+            if signal == libc::SIGHUP {
+                match &tls {
+                    Some(tls) => match tls.reload() {
+                        Ok(()) => tracing::info!("reloaded the client port's TLS certificates"),
+                        Err(error) => tracing::error!(
+                            %error,
+                            "could not reload the client port's TLS certificates; the previous ones stay"
+                        ),
+                    },
+                    None => tracing::info!("SIGHUP: no TLS certificates to reload"),
+                }
+                continue;
+            }
+            tracing::info!(signal, "stopping gracefully");
+            raised.store(true, Ordering::SeqCst);
+            let _ = stopping.send(());
+            return;
         })
         .map_err(|e| e.to_string())?;
     Ok(flag)
@@ -154,6 +174,8 @@ struct ShardCommon {
     peers: Option<Arc<Peers>>,
     /// The other nodes over QUIC; `None` for a single node.
     nodes: Option<QuicNodes>,
+    /// HTTPS on the client port; `None` for plain HTTP.
+    tls: Option<Arc<ServerTls>>,
 }
 
 /// The number of shards: `shards`, or every online CPU when 0.
@@ -182,8 +204,15 @@ pub fn run(config: Config) -> Result<(), String> {
     let node_id = settings.node_id;
     // Signals are blocked before any thread starts, so every thread
     // inherits the mask and only the signal thread takes SIGTERM.
+    let tls = match settings.http.tls.files() {
+        Some(files) => Some(
+            ServerTls::load(files)
+                .map_err(|e| format!("http.tls (HTTPS on the client port): {e}"))?,
+        ),
+        None => None,
+    };
     let (stopping, stop_signalled) = mpsc::channel();
-    let stop = stop_on_signal(stopping.clone())?;
+    let stop = handle_signals(stopping.clone(), tls.clone())?;
     let faults = fault_control(&settings, &data_dir)?;
     let blocking_fs = BlockingFs::with_faults(faults.clone());
     let epoch = next_epoch(&blocking_fs, &data_dir)?;
@@ -275,6 +304,7 @@ pub fn run(config: Config) -> Result<(), String> {
         faults: faults.clone(),
         peers: peers.clone(),
         nodes,
+        tls,
     };
     for (index, ends) in mesh::wire(shards).into_iter().enumerate() {
         let start = ShardStart {

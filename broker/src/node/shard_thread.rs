@@ -25,6 +25,7 @@ pub(super) async fn run_shard(start: ShardStart) -> Result<(), String> {
         faults,
         peers,
         nodes,
+        tls,
     } = common;
     // Connecting waits for every peer to connect too: start it first, so a
     // slow bind here never holds another shard.
@@ -136,6 +137,7 @@ pub(super) async fn run_shard(start: ShardStart) -> Result<(), String> {
         handler,
         accepting,
         node.http_budget.clone(),
+        tls,
     ));
     let _ = startup.send(Startup::Serving);
     while !node.stop.load(Ordering::SeqCst) {

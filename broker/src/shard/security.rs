@@ -45,12 +45,16 @@ impl<F: FileSystem> Shard<F> {
                 }
                 // An unknown user is checked against a decoy, so that the
                 // answer takes as long as for a wrong password.
-                let against = hash
-                    .clone()
-                    .unwrap_or_else(|| auth::decoy_hash().to_string());
+                let against = hash.clone();
                 let candidate = password.clone();
                 let matched = self
-                    .off_thread(move || auth::verify_password(&against, &candidate))
+                    .off_thread(move || {
+                        let against: &str = match &against {
+                            Some(hash) => hash,
+                            None => auth::decoy_hash(),
+                        };
+                        auth::verify_password(against, &candidate)
+                    })
                     .await
                     .unwrap_or(false);
                 match hash {
@@ -150,8 +154,13 @@ impl<F: FileSystem> Shard<F> {
                 now_ms: self.now(),
             };
             match self.env.meta.propose(command).await {
-                Ok(Applied::UserCreated) => tracing::info!("created the user admin"),
-                Ok(_) => {}
+                Ok(applied) => {
+                    if applied == Applied::UserCreated {
+                        tracing::info!("created the user admin");
+                    }
+                    self.applied_here_when(|state| state.users.contains_key(ADMIN_USER))
+                        .await;
+                }
                 Err(error) => {
                     tracing::debug!(%error, "the user admin is not created yet");
                     self.env.runtime.sleep(ADMIN_BOOTSTRAP_RETRY).await;

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 pub mod cluster;
+pub mod tls;
 
 pub const START_DEADLINE: Duration = Duration::from_secs(60);
 pub const REQUEST_DEADLINE: Duration = Duration::from_secs(30);
@@ -112,6 +113,11 @@ impl Node {
         self.child
             .as_mut()
             .is_some_and(|child| matches!(child.try_wait(), Ok(None)))
+    }
+
+    /// SIGHUP: the node reloads its client port's certificates.
+    pub fn hangup(&self) {
+        self.signal("HUP");
     }
 
     fn signal(&self, signal: &str) {
@@ -353,6 +359,23 @@ pub fn try_request(
         status,
         serde_json::from_slice(&bytes).unwrap_or(Value::Null),
     ))
+}
+
+/// Runs a command that must exit by itself (a node that refuses to
+/// start); kills it and fails if it still runs after `deadline`.
+pub fn run_to_exit(mut command: Command, deadline: Duration) -> std::process::Output {
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let exited = eventually(deadline, || matches!(child.try_wait(), Ok(Some(_))));
+    if !exited {
+        let _ = child.kill();
+    }
+    let output = child.wait_with_output().expect("output");
+    assert!(exited, "{command:?} did not exit within {deadline:?}");
+    output
 }
 
 /// Polls `condition` until it holds or `deadline` passes.
