@@ -4,7 +4,8 @@
 //! judges the history.
 //!
 //! - Suite 1, healthy: nothing is broken; any loss, duplicate, stray message
-//!   or message on the wrong topic fails.
+//!   or message on the wrong topic fails. It runs with HTTPS on the client
+//!   port and authentication on, as production does.
 //! - Suite 2, faults: at least one fault every 5 seconds and every kind of
 //!   fault in every run, and clients that now and then send a produce, a
 //!   consume or an ack whole and hang up without reading the answer; every
@@ -34,6 +35,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use base64::Engine;
 use narad_broker::partitioner::partition_for_key;
 use narad_check::{
     check, now_ms, Delivery, History, NemesisAction, Op, Outcome, Report, SettleAction, Strictness,
@@ -705,11 +707,57 @@ fn shared_for(cluster: &Cluster) -> Arc<Shared> {
     })
 }
 
+/// Suite 1 runs as production does: HTTPS on the client port, and every
+/// client authenticated (Basic, as the user admin).
+fn secured_cluster(dir: &std::path::Path) -> Cluster {
+    let ca = support::tls::TestCa::new(dir, "suite");
+    let server = ca.issue("node", &["127.0.0.1"]);
+    let flags = vec![
+        "--set".to_string(),
+        format!(
+            "http.tls.cert_file={}",
+            support::tls::path(&server.cert_file)
+        ),
+        "--set".to_string(),
+        format!("http.tls.key_file={}", support::tls::path(&server.key_file)),
+        "--set".to_string(),
+        "auth.enabled=true".to_string(),
+        "--set".to_string(),
+        format!("auth.admin_password={SUITE_ADMIN_PASSWORD}"),
+    ];
+    let mut cluster = Cluster::start_each(3, |_| flags.clone());
+    let tls = narad_net::tls::client_config(&narad_net::tls::ClientTlsFiles {
+        ca_file: Some(support::tls::path(&ca.cert_file)),
+        ..Default::default()
+    })
+    .expect("client TLS");
+    let pair =
+        base64::engine::general_purpose::STANDARD.encode(format!("admin:{SUITE_ADMIN_PASSWORD}"));
+    for node in &mut cluster.nodes {
+        node.set_access(support::Access {
+            tls: Some(tls.clone()),
+            authorization: Some(format!("Basic {pair}")),
+        });
+    }
+    cluster.wait_ready(SETTLE_DEADLINE);
+    // The user admin exists once the metastore took its bootstrap.
+    let known = eventually(SETTLE_DEADLINE, || {
+        cluster
+            .nodes
+            .iter()
+            .all(|n| n.request("GET", "/v1/topics", b"").0 == 200)
+    });
+    assert!(known, "every node knows the user admin");
+    cluster
+}
+
+const SUITE_ADMIN_PASSWORD: &str = "suite-admin-pw";
+
 #[test]
 fn suite_1_healthy_cluster_delivers_every_message_once() {
     let seed = seed();
-    let cluster = Cluster::start(3);
-    cluster.wait_ready(SETTLE_DEADLINE);
+    let certificates = tempfile::tempdir().expect("tmp");
+    let cluster = secured_cluster(certificates.path());
     let shared = shared_for(&cluster);
     create_topics(&cluster, &shared, 30_000);
     let (producing, consuming) = start_clients(&shared, seed, 4, Some(300), 3, Mix::plain());

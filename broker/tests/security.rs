@@ -387,9 +387,15 @@ fn a_forbidden_user_learns_nothing_of_topics_and_lists_only_its_own() {
     );
     assert_eq!(status, 404);
     let (status, answer) = admin(&node, "PUT", "/v1/users/bob", json!({"pass": "x"}));
-    assert_eq!(answer["error"]["code"], "unknown_field", "{status} {answer}");
+    assert_eq!(
+        answer["error"]["code"], "unknown_field",
+        "{status} {answer}"
+    );
     let (status, answer) = admin(&node, "DELETE", "/v1/users/admin/tokens/nope", json!({}));
-    assert_eq!((status, answer["error"]["code"].as_str()), (404, Some("not_found")));
+    assert_eq!(
+        (status, answer["error"]["code"].as_str()),
+        (404, Some("not_found"))
+    );
     let answer = node.stderr();
     assert!(
         !answer.contains(ADMIN_PASSWORD),

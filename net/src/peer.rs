@@ -531,6 +531,71 @@ mod tests {
         theirs.shutdown();
     }
 
+    /// A CA and a node certificate it signs (naming `narad-node`), written
+    /// as PEM files in a fresh folder; returns the three paths.
+    fn operator_files(tag: &str) -> (String, String, String) {
+        let dir = std::env::temp_dir().join(format!(
+            "narad-peer-{tag}-{}-{:?}",
+            std::process::id(),
+            std::time::SystemTime::now()
+        ));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let ca_key = rcgen::KeyPair::generate().expect("ca key");
+        let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).expect("ca");
+        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca_cert = ca.self_signed(&ca_key).expect("ca cert");
+        let issuer = rcgen::Issuer::new(ca, ca_key);
+        let key = rcgen::KeyPair::generate().expect("key");
+        let cert = rcgen::CertificateParams::new(vec![PEER_SERVER_NAME.to_string()])
+            .expect("params")
+            .signed_by(&key, &issuer)
+            .expect("cert");
+        let write = |name: &str, text: String| {
+            let path = dir.join(name);
+            std::fs::write(&path, text).expect("write");
+            path.to_string_lossy().to_string()
+        };
+        (
+            write("ca.pem", ca_cert.pem()),
+            write("node.pem", cert.pem()),
+            write("node-key.pem", key.serialize_pem()),
+        )
+    }
+
+    #[test]
+    fn nodes_with_operator_files_of_one_ca_talk_and_another_cas_node_is_refused() {
+        let (ca, cert, key) = operator_files("ours");
+        let ours = PeerTls::from_files(&ca, &cert, &key).expect("operator files");
+        let a = PeerEndpoint::start(local(), &ours, echo()).expect("a");
+        let b = PeerEndpoint::start(local(), &ours, echo()).expect("b");
+        let (ca2, cert2, key2) = operator_files("theirs");
+        let theirs = PeerTls::from_files(&ca2, &cert2, &key2).expect("other files");
+        let stranger = PeerEndpoint::start(local(), &theirs, echo()).expect("stranger");
+        runtime().block_on(async {
+            let answer = a
+                .call(b.local_addr(), 3, b"hi".to_vec(), Duration::from_secs(10))
+                .await
+                .expect("same CA");
+            assert_eq!(answer, b"\x03hi");
+            let refused = stranger
+                .call(a.local_addr(), 1, vec![], Duration::from_secs(5))
+                .await;
+            assert!(
+                matches!(refused, Err(PeerError::Unreachable { .. })),
+                "{refused:?}"
+            );
+        });
+        assert!(PeerTls::from_files(&ca, "/nonexistent.pem", &key).is_err());
+        for endpoint in [a, b, stranger] {
+            endpoint.shutdown();
+        }
+        for file in [ca, ca2] {
+            if let Some(dir) = std::path::Path::new(&file).parent() {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+        }
+    }
+
     #[test]
     fn a_silent_peer_times_out_instead_of_blocking() {
         let a = PeerEndpoint::start(local(), &PeerTls::from_secret("x").expect("tls"), echo())

@@ -14,6 +14,54 @@ use serde_json::Value;
 pub mod cluster;
 pub mod tls;
 
+/// How tests reach a node that serves HTTPS or wants credentials.
+#[derive(Clone)]
+pub struct Access {
+    pub tls: Option<std::sync::Arc<rustls::ClientConfig>>,
+    /// The `Authorization` header sent with every request.
+    pub authorization: Option<String>,
+}
+
+/// The access of each secured node, by client address: every request
+/// helper below looks its address up here.
+fn accesses() -> &'static std::sync::Mutex<std::collections::HashMap<String, Access>> {
+    static ACCESS: std::sync::OnceLock<
+        std::sync::Mutex<std::collections::HashMap<String, Access>>,
+    > = std::sync::OnceLock::new();
+    ACCESS.get_or_init(Default::default)
+}
+
+fn access_of(addr: &str) -> Option<Access> {
+    accesses().lock().ok()?.get(addr).cloned()
+}
+
+/// A stream the request helpers write to: TCP, or TLS over TCP.
+trait Stream: Read + Write {}
+impl<T: Read + Write> Stream for T {}
+
+/// A connection to `addr`, under TLS if the node serves HTTPS.
+fn open(addr: &str, timeout: Duration) -> Result<(Box<dyn Stream>, Option<String>), String> {
+    let target: std::net::SocketAddr = addr.parse().map_err(|e| format!("{addr}: {e}"))?;
+    let stream =
+        TcpStream::connect_timeout(&target, timeout).map_err(|e| format!("connect: {e}"))?;
+    stream
+        .set_read_timeout(Some(timeout))
+        .and_then(|()| stream.set_write_timeout(Some(timeout)))
+        .map_err(|e| e.to_string())?;
+    let Some(access) = access_of(addr) else {
+        return Ok((Box::new(stream), None));
+    };
+    let Some(config) = access.tls else {
+        return Ok((Box::new(stream), access.authorization));
+    };
+    let name = rustls::pki_types::ServerName::from(target.ip());
+    let connection = rustls::ClientConnection::new(config, name).map_err(|e| e.to_string())?;
+    Ok((
+        Box::new(rustls::StreamOwned::new(connection, stream)),
+        access.authorization,
+    ))
+}
+
 pub const START_DEADLINE: Duration = Duration::from_secs(60);
 pub const REQUEST_DEADLINE: Duration = Duration::from_secs(30);
 /// Pause between two checks of a condition that has no blocking wait.
@@ -23,6 +71,7 @@ const POLL_INTERVAL: Duration = Duration::from_millis(10);
 pub struct Node {
     pub data_dir: PathBuf,
     pub addr: String,
+    access: Option<Access>,
     extra: Vec<String>,
     child: Option<Child>,
     stderr_path: PathBuf,
@@ -34,6 +83,7 @@ impl Node {
         let mut node = Self {
             data_dir: data_dir.to_path_buf(),
             addr: String::new(),
+            access: None,
             extra: extra.iter().map(|s| s.to_string()).collect(),
             child: None,
             stderr_path: data_dir.with_extension("stderr.log"),
@@ -83,6 +133,18 @@ impl Node {
             .recv_timeout(START_DEADLINE)
             .unwrap_or_else(|_| panic!("node did not start: {}", self.stderr()));
         self.child = Some(child);
+        if let (Some(access), Ok(mut accesses)) = (&self.access, accesses().lock()) {
+            accesses.insert(self.addr.clone(), access.clone());
+        }
+    }
+
+    /// Every request helper reaches this node (and itself after a
+    /// restart) with `access`.
+    pub fn set_access(&mut self, access: Access) {
+        if let Ok(mut accesses) = accesses().lock() {
+            accesses.insert(self.addr.clone(), access.clone());
+        }
+        self.access = Some(access);
     }
 
     /// One shard unless the test chose a count.
@@ -281,17 +343,14 @@ pub fn try_raw_request(
     body: &[u8],
     timeout: Duration,
 ) -> Result<(u16, String, Vec<u8>), String> {
-    let target: std::net::SocketAddr = addr.parse().map_err(|e| format!("{addr}: {e}"))?;
-    let mut stream =
-        TcpStream::connect_timeout(&target, timeout).map_err(|e| format!("connect: {e}"))?;
-    stream
-        .set_read_timeout(Some(timeout))
-        .and_then(|()| stream.set_write_timeout(Some(timeout)))
-        .map_err(|e| e.to_string())?;
+    let (mut stream, authorization) = open(addr, timeout)?;
     let mut head = format!(
         "{method} {path} HTTP/1.1\r\nHost: test\r\nContent-Length: {}\r\nConnection: close\r\n",
         body.len()
     );
+    if let Some(authorization) = &authorization {
+        head.push_str(&format!("Authorization: {authorization}\r\n"));
+    }
     for (name, value) in headers {
         head.push_str(&format!("{name}: {value}\r\n"));
     }
@@ -299,11 +358,15 @@ pub fn try_raw_request(
     stream
         .write_all(head.as_bytes())
         .and_then(|()| stream.write_all(body))
+        .and_then(|()| stream.flush())
         .map_err(|e| format!("send: {e}"))?;
     let mut response = Vec::new();
-    stream
-        .read_to_end(&mut response)
-        .map_err(|e| format!("read: {e}"))?;
+    match stream.read_to_end(&mut response) {
+        Ok(_) => {}
+        // A TLS peer that closed without close_notify after its answer.
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !response.is_empty() => {}
+        Err(e) => return Err(format!("read: {e}")),
+    }
     let split = response
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
@@ -327,23 +390,22 @@ pub fn send_and_vanish(
     body: &[u8],
     timeout: Duration,
 ) -> Result<(), String> {
-    let target: std::net::SocketAddr = addr.parse().map_err(|e| format!("{addr}: {e}"))?;
-    let mut stream =
-        TcpStream::connect_timeout(&target, timeout).map_err(|e| format!("connect: {e}"))?;
-    stream
-        .set_write_timeout(Some(timeout))
-        .map_err(|e| e.to_string())?;
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: test\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+    let (mut stream, authorization) = open(addr, timeout)?;
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: test\r\nContent-Length: {}\r\nConnection: close\r\n",
         body.len()
     );
+    if let Some(authorization) = &authorization {
+        head.push_str(&format!("Authorization: {authorization}\r\n"));
+    }
+    head.push_str("\r\n");
     stream
         .write_all(head.as_bytes())
         .and_then(|()| stream.write_all(body))
+        .and_then(|()| stream.flush())
         .map_err(|e| format!("send: {e}"))?;
-    stream
-        .shutdown(std::net::Shutdown::Both)
-        .map_err(|e| format!("shutdown: {e}"))
+    // Dropped unread: the connection closes with the answer unread.
+    Ok(())
 }
 
 /// [`try_raw_request`] with the JSON body parsed (`null` if none).
