@@ -15,6 +15,8 @@ pub struct LoadConfig {
     pub body: Vec<u8>,
     /// Messages each request carries (for the messages/s figure).
     pub messages_per_request: usize,
+    /// An `Authorization` header value sent with every request.
+    pub authorization: Option<String>,
 }
 
 pub struct LoadResult {
@@ -33,8 +35,12 @@ fn one_connection(config: &LoadConfig, deadline: Instant) -> Result<ConnectionFi
     stream.set_nodelay(true).map_err(|e| e.to_string())?;
     let mut writer = stream.try_clone().map_err(|e| e.to_string())?;
     let mut reader = BufReader::new(stream);
+    let authorization = config
+        .authorization
+        .as_ref()
+        .map_or_else(String::new, |value| format!("Authorization: {value}\r\n"));
     let head = format!(
-        "POST {} HTTP/1.1\r\nHost: bench\r\nContent-Length: {}\r\n\r\n",
+        "POST {} HTTP/1.1\r\nHost: bench\r\nContent-Length: {}\r\n{authorization}\r\n",
         config.path,
         config.body.len()
     );

@@ -3,8 +3,10 @@
 //! disk's raw limits measured in the same run.
 //!
 //! `narad-bench produce --server URL --topic T [--connections 1,16,64,256]
-//! [--seconds S] [--message-bytes N] [--batch N]`: closed-loop produce load
-//! on a node over keep-alive connections.
+//! [--seconds S] [--message-bytes N] [--batch N] [--json]
+//! [--authorization HEADER]`: closed-loop produce load on a node over
+//! keep-alive connections (`--json`: messages are JSON orders, for a topic
+//! with a schema; `--authorization`: sent with every request).
 //!
 //! `narad-bench latency --server URL --topic T [--rate 100] [--messages 1000]`:
 //! produce → consumable latency at a light fixed rate.
@@ -253,6 +255,26 @@ fn flag(args: &[String], name: &str) -> Option<String> {
         .and_then(|i| args.get(i + 1).cloned())
 }
 
+/// A JSON order of about `bytes` bytes: an id, a customer, line items and
+/// a note that pads it (the shape bench/schemas/order.json describes).
+fn json_message(bytes: usize) -> String {
+    let items: Vec<String> = (0..5)
+        .map(|i| {
+            format!(
+                r#"{{"sku":"SKU-{i:05}","quantity":{},"price":{}.99}}"#,
+                i + 1,
+                10 + i
+            )
+        })
+        .collect();
+    let head = format!(
+        r#"{{"id":123456,"customer":"customer-42","currency":"EUR","items":[{}],"note":""#,
+        items.join(",")
+    );
+    let pad = bytes.saturating_sub(head.len() + 2);
+    format!("{head}{}\"}}", "n".repeat(pad))
+}
+
 fn produce_main(args: &[String]) -> Result<(), String> {
     let server = flag(args, "--server").unwrap_or_else(|| "http://127.0.0.1:8080".into());
     let addr = server
@@ -275,7 +297,14 @@ fn produce_main(args: &[String]) -> Result<(), String> {
         .split(',')
         .map(|c| c.trim().parse().map_err(|e| format!("--connections: {e}")))
         .collect::<Result<_, _>>()?;
-    let value = "x".repeat(message_bytes);
+    // `--json`: each message is a JSON order of about `--message-bytes`
+    // (for topics with a schema); else that many bytes of `x`.
+    let value = if args.iter().any(|a| a == "--json") {
+        json_message(message_bytes)
+    } else {
+        "x".repeat(message_bytes)
+    };
+    let authorization = flag(args, "--authorization");
     let (path, body, per_request) = if batch == 0 {
         (
             format!("/v1/topics/{topic}/messages"),
@@ -300,6 +329,7 @@ fn produce_main(args: &[String]) -> Result<(), String> {
             duration: Duration::from_secs(seconds),
             body: body.clone(),
             messages_per_request: per_request,
+            authorization: authorization.clone(),
         };
         let result = http_load::run(&config)?;
         let secs = result.elapsed.as_secs_f64();

@@ -170,10 +170,8 @@ fn secret_hash(secret: &str) -> String {
 pub fn token_user<'s>(state: &'s MetaState, token: &str) -> Option<&'s str> {
     let (id, secret) = token.strip_prefix(TOKEN_PREFIX)?.split_once('_')?;
     let record = state.tokens.get(id)?;
-    let matches: bool = constant_time_eq(
-        record.secret_hash.as_bytes(),
-        secret_hash(secret).as_bytes(),
-    );
+    let hash = blake3::hash(secret.as_bytes()).to_hex();
+    let matches = constant_time_eq(record.secret_hash.as_bytes(), hash.as_bytes());
     (matches && state.users.contains_key(&record.user)).then_some(record.user.as_str())
 }
 

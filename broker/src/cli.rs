@@ -34,6 +34,7 @@ pub struct ClientArgs {
     /// A user name, with `--password` (with auth on).
     #[arg(long = "user", id = "auth_user", env = "NARAD_USER", global = true)]
     pub user: Option<String>,
+    /// The password of `--user`.
     #[arg(long, env = "NARAD_PASSWORD", global = true, hide_env_values = true)]
     pub password: Option<String>,
     /// PEM file of the CA that signed the node's certificate (https://

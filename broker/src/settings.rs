@@ -138,17 +138,6 @@ pub struct HttpTls {
     pub client_ca_file: Option<String>,
 }
 
-impl HttpTls {
-    /// The files, when HTTPS is on.
-    pub fn files(&self) -> Option<narad_net::tls::TlsFiles> {
-        Some(narad_net::tls::TlsFiles {
-            cert_file: self.cert_file.clone()?,
-            key_file: self.key_file.clone()?,
-            client_ca_file: self.client_ca_file.clone(),
-        })
-    }
-}
-
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Testing {

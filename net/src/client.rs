@@ -44,6 +44,9 @@ pub enum ClientError {
     Api { status: u16, error: ApiError },
     /// No answer: connection refused, reset, timed out.
     Transport(String),
+    /// The TLS handshake failed (a certificate the other side does not
+    /// trust, a missing client certificate): trying again changes nothing.
+    Tls(String),
     /// An answer that is not what the API promises.
     BadResponse(String),
     /// The server URL is not `http://HOST:PORT`.
@@ -55,6 +58,7 @@ impl std::fmt::Display for ClientError {
         match self {
             Self::Api { error, .. } => write!(f, "{} ({})", error.message, error.code.as_str()),
             Self::Transport(detail) => write!(f, "no answer from the server: {detail}"),
+            Self::Tls(detail) => write!(f, "TLS with the server failed: {detail}"),
             Self::BadResponse(detail) => write!(f, "unexpected answer from the server: {detail}"),
             Self::BadUrl(url) => write!(
                 f,
@@ -71,6 +75,7 @@ impl ClientError {
         match self {
             Self::Api { error, .. } => error.code.retry(),
             Self::Transport(_) => true,
+            Self::Tls(_) => false,
             Self::BadResponse(_) | Self::BadUrl(_) => false,
         }
     }
@@ -229,7 +234,7 @@ impl Client {
     /// The CA to trust and the client certificate to show, for HTTPS.
     pub fn with_tls(mut self, files: &ClientTlsFiles) -> Result<Self, ClientError> {
         if self.tls.is_some() {
-            let config = client_config(files).map_err(ClientError::Transport)?;
+            let config = client_config(files).map_err(ClientError::Tls)?;
             self.tls = Some(Tls::Ready(config));
         }
         Ok(self)
@@ -261,7 +266,7 @@ impl Client {
             .map_err(transport)?;
         let config = match &self.tls {
             None => return Ok(Box::new(stream)),
-            Some(Tls::Unavailable(reason)) => return Err(ClientError::Transport(reason.clone())),
+            Some(Tls::Unavailable(reason)) => return Err(ClientError::Tls(reason.clone())),
             Some(Tls::Ready(config)) => config.clone(),
         };
         let host = self
@@ -319,7 +324,16 @@ impl Client {
         headers: &[(&str, &str)],
         body: &[u8],
     ) -> Result<Answer, ClientError> {
-        let transport = |e: std::io::Error| ClientError::Transport(e.to_string());
+        let transport = |e: std::io::Error| {
+            // rustls reports a failed handshake as an I/O error wrapping its own.
+            match e
+                .get_ref()
+                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+            {
+                Some(tls) => ClientError::Tls(tls.to_string()),
+                None => ClientError::Transport(e.to_string()),
+            }
+        };
         let mut stream = self.open_stream()?;
         let mut all: Vec<(&str, &str)> = headers.to_vec();
         if let Some(authorization) = &self.authorization {
@@ -525,8 +539,9 @@ mod tests {
     fn urls_are_checked() {
         assert!(Client::new("http://127.0.0.1:8080").is_ok());
         assert!(Client::new("http://127.0.0.1:8080/").is_ok());
+        assert!(Client::new("https://127.0.0.1:8443").is_ok());
         assert!(matches!(
-            Client::new("https://x:1"),
+            Client::new("ftp://x:1"),
             Err(ClientError::BadUrl(_))
         ));
         assert!(matches!(

@@ -41,8 +41,10 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 
 fn roots(path: &str) -> Result<Arc<rustls::RootCertStore>, String> {
     let mut roots = rustls::RootCertStore::empty();
-    for cert in certificates(path)? {
-        roots.add(cert).map_err(|e| format!("{path}: {e}"))?;
+    // A system bundle may hold a certificate rustls cannot use: skip it.
+    let (added, _skipped) = roots.add_parsable_certificates(certificates(path)?);
+    if added == 0 {
+        return Err(format!("{path}: no usable CA certificate in it"));
     }
     Ok(Arc::new(roots))
 }

@@ -17,7 +17,7 @@ use glommio::net::TcpListener;
 use glommio::{LocalExecutorBuilder, Placement};
 use narad_net::http_server::{serve, Handler, HttpRequest, NodeBudget, ServerLimits};
 use narad_net::peer::{PeerEndpoint, PeerHandler, PeerTls};
-use narad_net::tls::ServerTls;
+use narad_net::tls::{ServerTls, TlsFiles};
 use narad_raft::node::{BoxFuture, MetaNode, MetaNodeConfig, PeerCaller};
 use narad_storage::clock::{SharedClock, SystemClock};
 use narad_storage::io::blocking::BlockingFs;
@@ -73,7 +73,7 @@ fn handle_signals(
         libc::sigaddset(&mut set, libc::SIGINT);
         libc::sigaddset(&mut set, libc::SIGHUP);
         if libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
-            return Err("could not block SIGTERM".into());
+            return Err("could not block SIGTERM, SIGINT and SIGHUP".into());
         }
         set
     };
@@ -204,12 +204,16 @@ pub fn run(config: Config) -> Result<(), String> {
     let node_id = settings.node_id;
     // Signals are blocked before any thread starts, so every thread
     // inherits the mask and only the signal thread takes SIGTERM.
-    let tls = match settings.http.tls.files() {
-        Some(files) => Some(
-            ServerTls::load(files)
-                .map_err(|e| format!("http.tls (HTTPS on the client port): {e}"))?,
+    let tls = match (&settings.http.tls.cert_file, &settings.http.tls.key_file) {
+        (Some(cert_file), Some(key_file)) => Some(
+            ServerTls::load(TlsFiles {
+                cert_file: cert_file.clone(),
+                key_file: key_file.clone(),
+                client_ca_file: settings.http.tls.client_ca_file.clone(),
+            })
+            .map_err(|e| format!("http.tls (HTTPS on the client port): {e}"))?,
         ),
-        None => None,
+        _ => None,
     };
     let (stopping, stop_signalled) = mpsc::channel();
     let stop = handle_signals(stopping.clone(), tls.clone())?;
