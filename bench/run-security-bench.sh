@@ -48,10 +48,15 @@ token=$(curl -sf "${admin[@]}" -X POST "http://$secured/v1/users/producer/tokens
 
 echo "== auth: 1 KiB single produces, 64 connections, $seconds s a run, $rounds rounds in turns ($shards shards)"
 : >"$work/auth-off"; : >"$work/auth-on"
+run_off() { target/release/narad-bench produce --server "http://$open" --topic bench --seconds "$seconds" --connections 64 | msgs; }
+run_on() {
+  target/release/narad-bench produce --server "http://$secured" --topic bench --seconds "$seconds" --connections 64 \
+    --authorization "Bearer $token" | msgs
+}
+# Turns alternate which side goes first, so neither always runs on a
+# machine the other just warmed (or heated).
 for round in $(seq 1 "$rounds"); do
-  off=$(target/release/narad-bench produce --server "http://$open" --topic bench --seconds "$seconds" --connections 64 | msgs)
-  on=$(target/release/narad-bench produce --server "http://$secured" --topic bench --seconds "$seconds" --connections 64 \
-        --authorization "Bearer $token" | msgs)
+  if (( round % 2 )); then off=$(run_off); on=$(run_on); else on=$(run_on); off=$(run_off); fi
   echo "round $round: auth off $off msg/s, auth on $on msg/s"
   echo "$off" >>"$work/auth-off"; echo "$on" >>"$work/auth-on"
 done
@@ -63,9 +68,9 @@ curl -sf -X PUT "http://$open/v1/topics/typed" -d '{"partitions": 16, "schema": 
 curl -sf -X PUT "http://$open/v1/topics/untyped" -d '{"partitions": 16}' >/dev/null
 echo "== schema: 1 KiB JSON orders, single produces, 64 connections, $seconds s a run, $rounds rounds in turns"
 : >"$work/plain"; : >"$work/typed"
+run_json() { target/release/narad-bench produce --server "http://$open" --topic "$1" --seconds "$seconds" --connections 64 --json | msgs; }
 for round in $(seq 1 "$rounds"); do
-  plain=$(target/release/narad-bench produce --server "http://$open" --topic untyped --seconds "$seconds" --connections 64 --json | msgs)
-  typed=$(target/release/narad-bench produce --server "http://$open" --topic typed --seconds "$seconds" --connections 64 --json | msgs)
+  if (( round % 2 )); then plain=$(run_json untyped); typed=$(run_json typed); else typed=$(run_json typed); plain=$(run_json untyped); fi
   echo "round $round: without schema $plain msg/s, with schema $typed msg/s"
   echo "$plain" >>"$work/plain"; echo "$typed" >>"$work/typed"
 done

@@ -209,10 +209,11 @@ impl Route<'_> {
 }
 
 fn route(path: &str) -> Option<Route<'_>> {
-    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let path = path.trim_start_matches('/');
+    let count = path.split('/').count();
     ROUTES.iter().find_map(|spec| {
-        let pattern: Vec<&str> = spec.path.trim_start_matches('/').split('/').collect();
-        if pattern.len() != segments.len() {
+        let pattern = spec.path.trim_start_matches('/');
+        if pattern.split('/').count() != count {
             return None;
         }
         let mut route = Route {
@@ -222,13 +223,13 @@ fn route(path: &str) -> Option<Route<'_>> {
             user: None,
             token: None,
         };
-        for (want, got) in pattern.iter().zip(&segments) {
-            match *want {
-                "{topic}" => route.topic = Some(*got),
-                "{schema}" => route.schema = Some(*got),
-                "{user}" => route.user = Some(*got),
-                "{token}" => route.token = Some(*got),
-                literal if literal == *got => {}
+        for (want, got) in pattern.split('/').zip(path.split('/')) {
+            match want {
+                "{topic}" => route.topic = Some(got),
+                "{schema}" => route.schema = Some(got),
+                "{user}" => route.user = Some(got),
+                "{token}" => route.token = Some(got),
+                literal if literal == got => {}
                 _ => return None,
             }
         }
@@ -257,8 +258,9 @@ fn empty_response(status: StatusCode) -> HttpResponse {
 pub async fn handle(shard: Rc<Shard>, request: HttpRequest) -> HttpResponse {
     let started = std::time::Instant::now();
     let path = request.uri().path().to_string();
-    let label = route(&path).map_or("unknown", |r| r.spec.label);
-    let response = match dispatch(&shard, request, &path).await {
+    let matched = route(&path);
+    let label = matched.map_or("unknown", |r| r.spec.label);
+    let response = match dispatch(&shard, request, &path, matched).await {
         Ok(response) => response,
         Err(error) => error_response(&error),
     };
@@ -294,8 +296,8 @@ async fn dispatch(
     shard: &Rc<Shard>,
     request: HttpRequest,
     path: &str,
+    matched: Option<Route<'_>>,
 ) -> Result<HttpResponse, ApiError> {
-    let matched = route(path);
     // With auth on, credentials come first, before any other check: an
     // unknown path answers 401 too, and only health and metrics are open.
     let open = matched

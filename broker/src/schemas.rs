@@ -98,6 +98,11 @@ impl CompiledSchemas {
             };
             let instance: Value = serde_json::from_slice(value)
                 .map_err(|e| mismatch(format!("its value is not JSON ({e})")))?;
+            // The yes-or-no check is the fast one; where and why only for a
+            // message that fails it.
+            if validator.is_valid(&instance) {
+                continue;
+            }
             if let Err(error) = validator.validate(&instance) {
                 let pointer = error.instance_path().as_str().to_string();
                 let at = if pointer.is_empty() {
