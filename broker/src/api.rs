@@ -260,10 +260,17 @@ pub async fn handle(shard: Rc<Shard>, request: HttpRequest) -> HttpResponse {
     let path = request.uri().path().to_string();
     let matched = route(&path);
     let label = matched.map_or("unknown", |r| r.spec.label);
-    let response = match dispatch(&shard, request, &path, matched).await {
+    let mut response = match dispatch(&shard, request, &path, matched).await {
         Ok(response) => response,
         Err(error) => error_response(&error),
     };
+    if response.status() == StatusCode::UNAUTHORIZED {
+        // HTTP's way of saying which credentials the node takes.
+        response.headers_mut().insert(
+            hyper::header::WWW_AUTHENTICATE,
+            hyper::header::HeaderValue::from_static(r#"Basic realm="narad", Bearer realm="narad""#),
+        );
+    }
     let status = response.status().as_u16();
     record_request(label, status, started.elapsed());
     response
@@ -373,7 +380,7 @@ async fn dispatch(
             Ok(json_response(StatusCode::OK, &json!({ "topics": topics })))
         }
         ("topic", Some(name)) => match method {
-            Method::PUT => put_topic(shard, name, &body).await,
+            Method::PUT => put_topic(shard, name, &body, user.as_deref()).await,
             Method::DELETE => {
                 shard.delete_topic(name).await?;
                 Ok(empty_response(StatusCode::NO_CONTENT))
@@ -788,7 +795,15 @@ async fn get_topic(shard: &Shard, name: &str) -> Result<HttpResponse, ApiError> 
     ))
 }
 
-async fn put_topic(shard: &Shard, name: &str, body: &[u8]) -> Result<HttpResponse, ApiError> {
+/// `PUT /v1/topics/{topic}`; with auth on, naming a dead-letter topic
+/// also needs `produce` on it (dead letters are written there), so nobody
+/// learns of, or writes to, a topic through another's settings.
+async fn put_topic(
+    shard: &Shard,
+    name: &str,
+    body: &[u8],
+    user: Option<&str>,
+) -> Result<HttpResponse, ApiError> {
     let floor = shard.settings().topics.retention_floor_ms;
     let max_message = shard
         .settings()
@@ -796,6 +811,9 @@ async fn put_topic(shard: &Shard, name: &str, body: &[u8]) -> Result<HttpRespons
         .max_batch_bytes
         .max(MAX_MESSAGE_BYTES_DEFAULT);
     let patch = TopicPatch::parse(body, floor, max_message)?;
+    if let (Some(user), Some(Some(dlq))) = (user, &patch.dead_letter_topic) {
+        shard.authorize(user, Action::Produce, Some(dlq))?;
+    }
     let (created, topic) = shard.put_topic(name, patch).await?;
     let status = if created {
         StatusCode::CREATED

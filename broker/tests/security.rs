@@ -315,6 +315,22 @@ fn a_forbidden_user_learns_nothing_of_topics_and_lists_only_its_own() {
         .filter_map(|t| t["name"].as_str())
         .collect();
     assert_eq!(names, vec!["billing.eu"]);
+    // Naming a dead-letter topic needs `produce` on it: nothing is learnt
+    // of, or written to, another's topic through one's own settings.
+    let owner = user_with(
+        &node,
+        "owner",
+        json!([{"topic": "billing.*", "actions": ["admin"]}]),
+    );
+    let settings = json!({"partitions": 1, "max_deliveries": 3, "dead_letter_topic": "secret"});
+    let (status, answer) = call(
+        &node,
+        &bearer(&owner),
+        "PUT",
+        "/v1/topics/billing.jobs",
+        settings.to_string().as_bytes(),
+    );
+    assert_eq!(status, 403, "{answer}");
     // A prefix grant covers a topic made later; a missing one it covers is 404.
     let (status, _) = call(
         &node,
@@ -395,6 +411,13 @@ fn a_forbidden_user_learns_nothing_of_topics_and_lists_only_its_own() {
     assert_eq!(
         (status, answer["error"]["code"].as_str()),
         (404, Some("not_found"))
+    );
+    let (status, head, _) = support::raw_request(&node.addr, "GET", "/v1/users", &[], b"");
+    assert_eq!(status, 401);
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("www-authenticate: basic"),
+        "{head}"
     );
     let answer = node.stderr();
     assert!(
