@@ -307,9 +307,8 @@ async fn dispatch(
 ) -> Result<HttpResponse, ApiError> {
     // With auth on, credentials come first, before any other check: an
     // unknown path answers 401 too, and only health and metrics are open.
-    let open = matched
-        .and_then(|r| r.need(request.method()))
-        .is_some_and(|need| need == Need::Open);
+    // Open by path: a wrong method on an open path is 405, not 401.
+    let open = matched.is_some_and(|r| r.spec.methods.iter().all(|(_, n)| *n == Need::Open));
     let user = if shard.settings().auth.enabled && !open {
         let header = request
             .headers()
@@ -382,6 +381,9 @@ async fn dispatch(
         ("topic", Some(name)) => match method {
             Method::PUT => put_topic(shard, name, &body, user.as_deref()).await,
             Method::DELETE => {
+                if let Some(user) = &user {
+                    refuse_if_a_hidden_topic_dead_letters_here(shard, user, name)?;
+                }
                 shard.delete_topic(name).await?;
                 Ok(empty_response(StatusCode::NO_CONTENT))
             }
@@ -478,6 +480,27 @@ async fn dispatch(
             format!("route {label} has no handler"),
         )),
     }
+}
+
+/// A topic that is the dead-letter topic of another cannot be deleted
+/// (409); when the user cannot see that other topic, the answer does not
+/// name it.
+fn refuse_if_a_hidden_topic_dead_letters_here(
+    shard: &Shard,
+    user: &str,
+    name: &str,
+) -> Result<(), ApiError> {
+    let view = shard.state();
+    let hidden = view.state.topics.values().any(|t| {
+        t.config.dead_letter_topic.as_deref() == Some(name) && !shard.sees_topic(user, &t.name)
+    });
+    if hidden {
+        return Err(ApiError::new(
+            ErrorCode::Conflict,
+            format!("topic {name:?} is the dead-letter topic of another topic"),
+        ));
+    }
+    Ok(())
 }
 
 /// `{schema}` in a path: a topic name's characters.

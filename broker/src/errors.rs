@@ -43,10 +43,11 @@ pub fn from_meta(error: &MetaError) -> ApiError {
                 Refused::FewerPartitions { .. }
                 | Refused::DeadLetterTopicInUse { .. }
                 | Refused::SchemaInUse { .. }
-                | Refused::UndeletableUser(_) => ErrorCode::Conflict,
-                Refused::NoSuchUser(_) | Refused::NoSuchToken { .. } | Refused::NoSuchSchema(_) => {
-                    ErrorCode::NotFound
-                }
+                | Refused::UndeletableUser(_)
+                | Refused::TokenIdTaken(_) => ErrorCode::Conflict,
+                Refused::NoSuchUser(_) | Refused::NoSuchToken { .. } => ErrorCode::NotFound,
+                // A topic naming a schema that is gone (a delete raced it).
+                Refused::NoSuchSchema(_) => ErrorCode::InvalidRequest,
                 Refused::OwnersMismatch { .. } => ErrorCode::Internal,
             };
             ApiError::new(code, refused.to_string())

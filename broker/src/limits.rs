@@ -117,6 +117,9 @@ pub const STOP_BARRIER_TIMEOUT: Duration = Duration::from_secs(30);
 pub const USER_NAME_BYTES_MAX: usize = 128;
 /// Longest password a user may be given.
 pub const PASSWORD_BYTES_MAX: usize = 1024;
+/// Password hashes (argon2id, tens of ms each) a shard runs at once; a
+/// login beyond them answers `429 overloaded`.
+pub const PASSWORD_CHECKS_MAX: usize = 4;
 /// Passwords a shard remembers as verified before it forgets them all.
 pub const VERIFIED_PASSWORDS_MAX: usize = 4096;
 /// How often a node that bootstraps the user `admin` tries again while the

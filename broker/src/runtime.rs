@@ -42,7 +42,21 @@ impl Runtime for GlommioRuntime {
         glommio::spawn_local(task).detach();
     }
 
+    /// A thread of its own, not glommio's blocking pool: that pool also
+    /// runs the storage's renames and removes, which must not queue behind
+    /// password hashes.
     fn blocking(&self, work: BlockingWork) -> LocalFuture {
-        Box::pin(glommio::executor().spawn_blocking(work))
+        let (done, finished) = futures_channel::oneshot::channel::<()>();
+        let spawned = std::thread::Builder::new()
+            .name("narad-hash".into())
+            .spawn(move || {
+                work();
+                let _ = done.send(());
+            });
+        Box::pin(async move {
+            if spawned.is_ok() {
+                let _ = finished.await;
+            }
+        })
     }
 }

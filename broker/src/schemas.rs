@@ -43,7 +43,9 @@ pub fn check_document(body: &[u8]) -> Result<String, ApiError> {
 /// This shard's compiled schemas: each by name with its version.
 #[derive(Default)]
 pub struct CompiledSchemas {
-    compiled: RefCell<HashMap<String, (u32, Rc<Validator>)>>,
+    /// By name: the document compiled (a schema deleted and made again
+    /// starts its versions at 1 again) and its validator.
+    compiled: RefCell<HashMap<String, (String, Rc<Validator>)>>,
 }
 
 impl CompiledSchemas {
@@ -57,7 +59,7 @@ impl CompiledSchemas {
         };
         let (version, document) = schema.latest();
         if let Some((held, validator)) = self.compiled.borrow().get(name) {
-            if *held == version {
+            if held == document {
                 return Ok(validator.clone());
             }
         }
@@ -73,7 +75,7 @@ impl CompiledSchemas {
         let validator = Rc::new(compiled);
         self.compiled
             .borrow_mut()
-            .insert(name.to_string(), (version, validator.clone()));
+            .insert(name.to_string(), (document.to_string(), validator.clone()));
         Ok(validator)
     }
 
@@ -177,6 +179,18 @@ mod tests {
             .check(&state, "order", [missing].into_iter())
             .expect_err("required");
         assert!(error.message.contains("at the root"), "{}", error.message);
+    }
+
+    #[test]
+    fn a_schema_made_again_is_compiled_again_though_its_version_is_1_again() {
+        let schemas = CompiledSchemas::default();
+        let value: &[u8] = br#"{"id": "x"}"#;
+        assert!(schemas
+            .check(&state(&["{}"]), "order", [value].into_iter())
+            .is_ok());
+        assert!(schemas
+            .check(&state(&[ORDER]), "order", [value].into_iter())
+            .is_err());
     }
 
     #[test]

@@ -110,11 +110,12 @@ pub struct Answer {
     pub body: Value,
 }
 
-/// Percent-encodes a path segment (everything but `A-Za-z0-9-._~`).
+/// Percent-encodes a path segment (everything but `A-Za-z0-9-._~@`; `@`
+/// is allowed in a path segment, and user names may hold it).
 pub fn encode_segment(segment: &str) -> String {
     let mut out = String::with_capacity(segment.len());
     for byte in segment.bytes() {
-        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~' | b'@') {
             out.push(char::from(byte));
         } else {
             out.push_str(&format!("%{byte:02X}"));

@@ -24,7 +24,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use futures_lite::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use futures_lite::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use glommio::net::{TcpListener, TcpStream};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
@@ -43,6 +43,10 @@ pub type Handler = Rc<dyn Fn(HttpRequest) -> Pin<Box<dyn Future<Output = HttpRes
 
 /// Bytes read from the socket at a time.
 const READ_CHUNK_BYTES: usize = 16 * 1024;
+/// How long, and how much, a plain-HTTP request to a TLS port is read
+/// after its answer before the connection closes.
+const PLAIN_ON_TLS_DRAIN: Duration = Duration::from_secs(1);
+const PLAIN_ON_TLS_DRAIN_BYTES: usize = 64 * 1024;
 /// How often the watchdog looks at a connection whose handler is running.
 const WATCHDOG_IDLE_CHECK: Duration = Duration::from_millis(500);
 
@@ -488,6 +492,8 @@ async fn serve_tls(
     let peer = stream
         .peer_addr()
         .map_or_else(|_| "?".to_string(), |a| a.to_string());
+    // One deadline for the first byte and the whole handshake.
+    let deadline = Instant::now() + limits.header_timeout;
     let mut first = [0u8; 1];
     let peeked = glommio::timer::timeout(limits.header_timeout, async {
         Ok(stream.peek(&mut first).await)
@@ -504,10 +510,11 @@ async fn serve_tls(
         _ => return,
     }
     let acceptor = futures_rustls::TlsAcceptor::from(config);
-    let handshake = glommio::timer::timeout(limits.header_timeout, async {
-        Ok(acceptor.accept(stream).await)
-    })
-    .await;
+    let left = deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(1));
+    let handshake =
+        glommio::timer::timeout(left, async { Ok(acceptor.accept(stream).await) }).await;
     match handshake {
         Ok(Ok(tls)) => serve_connection(tls, limits, handler, budget).await,
         Ok(Err(error)) => tracing::warn!(%peer, %error, "TLS handshake with a client failed"),
@@ -531,6 +538,22 @@ async fn answer_plain_on_tls_port(mut stream: TcpStream) {
         body.len()
     );
     let _ = stream.write_all(response.as_bytes()).await;
+    // Closing with the request unread would reset the connection, and the
+    // client could lose the answer: stop writing, read what it still sends
+    // (a little, for a short while), then close.
+    let _ = stream.shutdown(std::net::Shutdown::Write).await;
+    let mut sink = vec![0u8; 4096];
+    let mut drained = 0;
+    let _ = glommio::timer::timeout(PLAIN_ON_TLS_DRAIN, async {
+        while drained < PLAIN_ON_TLS_DRAIN_BYTES {
+            match stream.read(&mut sink).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => drained += n,
+            }
+        }
+        Ok(())
+    })
+    .await;
     let _ = stream.close().await;
 }
 

@@ -235,6 +235,8 @@ pub enum Refused {
     NoSuchSchema(String),
     #[error("schema {schema:?} is the schema of topic {topic:?}")]
     SchemaInUse { schema: String, topic: String },
+    #[error("a token with id {0:?} exists")]
+    TokenIdTaken(String),
     #[error("the user {0:?} cannot be deleted")]
     UndeletableUser(String),
 }
@@ -350,6 +352,9 @@ impl MetaState {
             } => {
                 if !self.users.contains_key(user) {
                     return Err(Refused::NoSuchUser(user.clone()));
+                }
+                if self.tokens.contains_key(id) {
+                    return Err(Refused::TokenIdTaken(id.clone()));
                 }
                 self.tokens.insert(
                     id.clone(),

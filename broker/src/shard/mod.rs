@@ -198,6 +198,8 @@ pub struct Shard<F: FileSystem = NodeFs> {
     flow: Flow,
     /// Passwords checked here, and schemas compiled here.
     passwords: VerifiedPasswords,
+    /// Password hashes under way on this shard.
+    hashing: Cell<usize>,
     schemas: CompiledSchemas,
 }
 
@@ -319,6 +321,7 @@ impl<F: FileSystem> Shard<F> {
                 round_robin: Cell::new(0),
             },
             passwords: VerifiedPasswords::default(),
+            hashing: Cell::new(0),
             schemas: CompiledSchemas::default(),
         })
     }

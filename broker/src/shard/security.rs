@@ -5,18 +5,41 @@ use narad_raft::state::{Action, Grant, ADMIN_USER};
 
 use super::*;
 use crate::auth::{self, Credentials, NewToken};
-use crate::limits::ADMIN_BOOTSTRAP_RETRY;
+use crate::limits::{ADMIN_BOOTSTRAP_RETRY, PASSWORD_CHECKS_MAX};
 
 fn unauthenticated(message: &str) -> ApiError {
     ApiError::new(ErrorCode::Unauthenticated, message)
 }
 
+fn hashing_full() -> ApiError {
+    ApiError::new(
+        ErrorCode::Overloaded,
+        "too many password checks are under way on this node; retry with backoff, or use a bearer token",
+    )
+}
+
+/// Counts one hash under way until dropped (also when its request is).
+struct Counted<'a>(&'a Cell<usize>);
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.set(self.0.get().saturating_sub(1));
+    }
+}
+
 impl<F: FileSystem> Shard<F> {
-    /// Runs slow `work` off this shard's thread and returns what it gave.
+    /// Runs slow work (a password hash) off this shard's thread and returns
+    /// what it gave; `None` when [`PASSWORD_CHECKS_MAX`] are under way here
+    /// already (a flood of wrong passwords is refused, not queued).
     async fn off_thread<R: Send + 'static>(
         &self,
         work: impl FnOnce() -> R + Send + 'static,
     ) -> Option<R> {
+        if self.hashing.get() >= PASSWORD_CHECKS_MAX {
+            return None;
+        }
+        self.hashing.set(self.hashing.get() + 1);
+        let _counted = Counted(&self.hashing);
         let (sender, receiver) = futures_channel::oneshot::channel();
         self.env
             .runtime
@@ -56,7 +79,7 @@ impl<F: FileSystem> Shard<F> {
                         auth::verify_password(against, &candidate)
                     })
                     .await
-                    .unwrap_or(false);
+                    .ok_or_else(hashing_full)?;
                 match hash {
                     Some(hash) if matched => {
                         self.passwords.remember(&user, &password, &hash);
@@ -114,7 +137,7 @@ impl<F: FileSystem> Shard<F> {
         let hash = self
             .off_thread(move || auth::hash_password(&password))
             .await
-            .ok_or_else(|| ApiError::new(ErrorCode::Stopping, "the node is stopping"))?
+            .ok_or_else(hashing_full)?
             .map_err(|e| ApiError::new(ErrorCode::Internal, e))?;
         let expected = hash.clone();
         let applied = self
@@ -139,10 +162,8 @@ impl<F: FileSystem> Shard<F> {
     /// Creates the user `admin` with this password unless it exists;
     /// tries until the metastore takes it (or the shard stops).
     pub async fn bootstrap_admin(&self, password: String) {
-        let Some(Ok(hash)) = self
-            .off_thread(move || auth::hash_password(&password))
-            .await
-        else {
+        // Once, at start, before any client: on the shard's own thread.
+        let Ok(hash) = auth::hash_password(&password) else {
             tracing::error!("could not hash auth.admin_password; the user admin is not created");
             return;
         };

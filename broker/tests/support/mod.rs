@@ -93,6 +93,10 @@ impl Node {
     }
 
     fn spawn(&mut self) {
+        // The address of an earlier start is no longer this node's.
+        if let Ok(mut accesses) = accesses().lock() {
+            accesses.remove(&self.addr);
+        }
         std::fs::create_dir_all(&self.data_dir).expect("data dir");
         let stderr = std::fs::OpenOptions::new()
             .create(true)
@@ -299,6 +303,10 @@ impl Node {
 
 impl Drop for Node {
     fn drop(&mut self) {
+        // A later node may get this port: it is reached plainly unless told.
+        if let Ok(mut accesses) = accesses().lock() {
+            accesses.remove(&self.addr);
+        }
         if let Some(child) = &mut self.child {
             let _ = child.kill();
             let _ = child.wait();
