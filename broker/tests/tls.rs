@@ -148,6 +148,18 @@ fn mutual_tls_refuses_a_client_without_a_certificate_of_its_ca() {
     assert!(https_client(&node, &ca, Some(&stranger))
         .list_topics()
         .is_err());
+    // An expired certificate of the right CA fails too, and the node says why.
+    let expired = clients.issue_expired("expired", &["member"]);
+    assert!(https_client(&node, &ca, Some(&expired))
+        .list_topics()
+        .is_err());
+    assert!(
+        eventually(Duration::from_secs(5), || node
+            .stderr()
+            .contains("certificate expired")),
+        "{}",
+        node.stderr()
+    );
 }
 
 #[test]

@@ -42,9 +42,27 @@ impl TestCa {
     /// A certificate for `names` (DNS names or IP addresses) signed by
     /// this CA, written as `dir/file-cert.pem` and `dir/file-key.pem`.
     pub fn issue(&self, file: &str, names: &[&str]) -> Issued {
+        self.issue_with(file, names, |_| {})
+    }
+
+    /// A certificate that expired in 2020.
+    pub fn issue_expired(&self, file: &str, names: &[&str]) -> Issued {
+        self.issue_with(file, names, |params| {
+            params.not_before = rcgen::date_time_ymd(2019, 1, 1);
+            params.not_after = rcgen::date_time_ymd(2020, 1, 1);
+        })
+    }
+
+    fn issue_with(
+        &self,
+        file: &str,
+        names: &[&str],
+        adjust: impl FnOnce(&mut rcgen::CertificateParams),
+    ) -> Issued {
         let key = rcgen::KeyPair::generate().expect("key");
         let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
         let mut params = rcgen::CertificateParams::new(names).expect("params");
+        adjust(&mut params);
         params
             .distinguished_name
             .push(rcgen::DnType::CommonName, file);
