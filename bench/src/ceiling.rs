@@ -135,6 +135,7 @@ async fn shard(
         listener,
         limits,
         handler,
+        None,
         Rc::new(Cell::new(false)),
         narad_net::http_server::NodeBudget::unlimited(),
         None,

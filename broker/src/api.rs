@@ -21,7 +21,9 @@ use narad_net::{ApiError, ErrorCode};
 use narad_raft::state::{Action, Grant, Topic, ADMIN_USER};
 use serde_json::{json, Value};
 
-use crate::auth::{validate_grants, validate_password, validate_user_name};
+use crate::auth::{
+    credentials, token_user, validate_grants, validate_password, validate_user_name, Credentials,
+};
 use crate::metric_names::{
     CONNECTIONS_OPEN, CONSUMER_STATE_FAILED, DISPATCHER_PENDING_RECORDS, HTTP_BUFFERED_BODY_BYTES,
     HTTP_REQUESTS_TOTAL, HTTP_REQUEST_SECONDS, INGRESS_WAL_FAILED, NODE_ALIVE,
@@ -254,6 +256,48 @@ fn empty_response(status: StatusCode) -> HttpResponse {
     response
 }
 
+/// Looks at a request's head before its body is read: with auth on, a
+/// request to a route that is not open and whose credentials are missing,
+/// unreadable or an unknown token is answered 401 unread, so nobody
+/// without credentials makes the node hold a body. (A password is checked
+/// with the body read, in [`handle`]: a quick refusal would tell unknown
+/// users from wrong passwords by its speed.)
+pub fn screen(shard: &Shard, head: &hyper::http::request::Parts) -> Option<HttpResponse> {
+    if !shard.settings().auth.enabled {
+        return None;
+    }
+    let path = head.uri.path();
+    let matched = route(path);
+    if matched.is_some_and(|r| r.spec.methods.iter().all(|(_, n)| *n == Need::Open)) {
+        return None;
+    }
+    let header = head
+        .headers
+        .get(hyper::header::AUTHORIZATION)
+        .map(|v| v.as_bytes());
+    let refusal = match credentials(header) {
+        Err(error) => error,
+        Ok(Credentials::Bearer(token)) if token_user(&shard.state().state, &token).is_none() => {
+            ApiError::new(
+                ErrorCode::Unauthenticated,
+                "the bearer token is unknown or revoked",
+            )
+        }
+        Ok(_) => return None,
+    };
+    let mut response = error_response(&refusal);
+    response.headers_mut().insert(
+        hyper::header::WWW_AUTHENTICATE,
+        hyper::header::HeaderValue::from_static(WWW_AUTHENTICATE),
+    );
+    let label = matched.map_or("unknown", |r| r.spec.label);
+    record_request(label, response.status().as_u16(), std::time::Duration::ZERO);
+    Some(response)
+}
+
+/// What a 401 says a node takes.
+const WWW_AUTHENTICATE: &str = r#"Basic realm="narad", Bearer realm="narad""#;
+
 /// Answers one request.
 pub async fn handle(shard: Rc<Shard>, request: HttpRequest) -> HttpResponse {
     let started = std::time::Instant::now();
@@ -268,7 +312,7 @@ pub async fn handle(shard: Rc<Shard>, request: HttpRequest) -> HttpResponse {
         // HTTP's way of saying which credentials the node takes.
         response.headers_mut().insert(
             hyper::header::WWW_AUTHENTICATE,
-            hyper::header::HeaderValue::from_static(r#"Basic realm="narad", Bearer realm="narad""#),
+            hyper::header::HeaderValue::from_static(WWW_AUTHENTICATE),
         );
     }
     let status = response.status().as_u16();

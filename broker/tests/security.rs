@@ -724,3 +724,28 @@ fn grants_and_revocations_hold_on_every_node_within_a_second() {
         revoked.elapsed()
     );
 }
+
+#[test]
+fn a_request_without_credentials_is_refused_before_its_body_is_read() {
+    use std::io::{Read, Write};
+    let tmp = tempfile::tempdir().expect("tmp");
+    let node = start_secured(&tmp.path().join("n"));
+    admin(&node, "PUT", "/v1/topics/orders", json!({"partitions": 1}));
+    for authorization in ["", "Authorization: Bearer nrd_0_0\r\n"] {
+        let mut stream = std::net::TcpStream::connect(&node.addr).expect("connect");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        // A head that announces 10 MB, and no body at all: the answer must
+        // not wait for it.
+        let head = format!(
+            "POST /v1/topics/orders/messages HTTP/1.1\r\nHost: t\r\nContent-Length: 10000000\r\n{authorization}\r\n"
+        );
+        stream.write_all(head.as_bytes()).expect("send");
+        let mut answer = Vec::new();
+        let _ = stream.read_to_end(&mut answer);
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+        assert!(answer.contains("unauthenticated"), "{answer}");
+    }
+}

@@ -40,6 +40,10 @@ pub type HttpRequest = hyper::Request<Bytes>;
 pub type HttpResponse = hyper::Response<Full<Bytes>>;
 /// What the server calls for each request.
 pub type Handler = Rc<dyn Fn(HttpRequest) -> Pin<Box<dyn Future<Output = HttpResponse>>>>;
+/// Looks at a request's head before its body is read: an answer refuses
+/// the request unread (the connection then closes), as a node refuses a
+/// request without credentials before it holds its body.
+pub type Screen = Rc<dyn Fn(&hyper::http::request::Parts) -> Option<HttpResponse>>;
 
 /// Bytes read from the socket at a time.
 const READ_CHUNK_BYTES: usize = 16 * 1024;
@@ -359,6 +363,7 @@ pub async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin + 'static>(
     stream: S,
     limits: ServerLimits,
     handler: Handler,
+    screen: Option<Screen>,
     budget: Arc<NodeBudget>,
 ) {
     let stream = Rc::new(RefCell::new(stream));
@@ -378,10 +383,19 @@ pub async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin + 'static>(
     let service = service_fn(move |request: hyper::Request<Incoming>| {
         let clock = service_clock.clone();
         let handler = handler.clone();
+        let screen = screen.clone();
         let budget = budget.clone();
         async move {
             clock.enter(Phase::Handling);
             let (parts, body) = request.into_parts();
+            if let Some(mut refused) = screen.as_ref().and_then(|screen| screen(&parts)) {
+                refused.headers_mut().insert(
+                    hyper::header::CONNECTION,
+                    hyper::header::HeaderValue::from_static("close"),
+                );
+                clock.enter(Phase::Idle);
+                return Ok::<_, std::convert::Infallible>(refused);
+            }
             // The body counts against the node's budget from before it is
             // read until the answer: its declared length, or the most a
             // body may be when it declares none.
@@ -451,6 +465,7 @@ pub async fn serve(
     listener: TcpListener,
     limits: ServerLimits,
     handler: Handler,
+    screen: Option<Screen>,
     stop: Rc<Cell<bool>>,
     budget: Arc<NodeBudget>,
     tls: Option<Arc<ServerTls>>,
@@ -463,13 +478,15 @@ pub async fn serve(
                     glommio::spawn_local(refuse_connection(stream)).detach();
                     continue;
                 };
-                let (handler, budget) = (handler.clone(), budget.clone());
+                let (handler, screen, budget) = (handler.clone(), screen.clone(), budget.clone());
                 let tls = tls.as_ref().map(|tls| tls.current());
                 glommio::spawn_local(async move {
                     let _permit = permit;
                     match tls {
-                        Some(config) => serve_tls(stream, config, limits, handler, budget).await,
-                        None => serve_connection(stream, limits, handler, budget).await,
+                        Some(config) => {
+                            serve_tls(stream, config, limits, handler, screen, budget).await
+                        }
+                        None => serve_connection(stream, limits, handler, screen, budget).await,
                     }
                 })
                 .detach();
@@ -487,6 +504,7 @@ async fn serve_tls(
     config: Arc<rustls::ServerConfig>,
     limits: ServerLimits,
     handler: Handler,
+    screen: Option<Screen>,
     budget: Arc<NodeBudget>,
 ) {
     let peer = stream
@@ -516,7 +534,7 @@ async fn serve_tls(
     let handshake =
         glommio::timer::timeout(left, async { Ok(acceptor.accept(stream).await) }).await;
     match handshake {
-        Ok(Ok(tls)) => serve_connection(tls, limits, handler, budget).await,
+        Ok(Ok(tls)) => serve_connection(tls, limits, handler, screen, budget).await,
         Ok(Err(error)) => tracing::warn!(%peer, %error, "TLS handshake with a client failed"),
         Err(_) => tracing::warn!(
             %peer,

@@ -43,6 +43,7 @@ fn start_server() -> SocketAddr {
                 listener,
                 LIMITS,
                 handler,
+                None,
                 Rc::new(std::cell::Cell::new(false)),
                 narad_net::http_server::NodeBudget::unlimited(),
                 None,

@@ -15,7 +15,7 @@ use std::time::Duration;
 use futures_channel::mpsc::UnboundedReceiver;
 use glommio::net::TcpListener;
 use glommio::{LocalExecutorBuilder, Placement};
-use narad_net::http_server::{serve, Handler, HttpRequest, NodeBudget, ServerLimits};
+use narad_net::http_server::{serve, Handler, HttpRequest, NodeBudget, Screen, ServerLimits};
 use narad_net::peer::{PeerEndpoint, PeerHandler, PeerTls};
 use narad_net::tls::{ServerTls, TlsFiles};
 use narad_raft::node::{BoxFuture, MetaNode, MetaNodeConfig, PeerCaller};

@@ -130,11 +130,14 @@ pub(super) async fn run_shard(start: ShardStart) -> Result<(), String> {
         let shard = handler_shard.clone();
         Box::pin(async move { crate::api::handle(shard, request).await })
     });
+    let screen_shard = shard.clone();
+    let screen: Screen = Rc::new(move |head| crate::api::screen(&screen_shard, head));
     let accepting = Rc::new(std::cell::Cell::new(false));
     let server = glommio::spawn_local(serve(
         listener,
         limits,
         handler,
+        Some(screen),
         accepting,
         node.http_budget.clone(),
         tls,
