@@ -462,6 +462,16 @@ fn call(
     client.call(method, path, &[], &bytes).map_err(failed)
 }
 
+/// A `DELETE`: `{}` with `--output json` (as `topic delete`), else `said`.
+fn delete(client: &Client, args: &ClientArgs, path: &str, said: &str) -> Result<(), String> {
+    call(client, "DELETE", path, &Value::Null)?;
+    match args.output {
+        Output::Json => print_json(&json!({})),
+        Output::Human => println!("{said}"),
+    }
+    Ok(())
+}
+
 fn grants_cell(grants: &Value) -> String {
     grants
         .as_array()
@@ -528,17 +538,12 @@ pub fn user(args: &ClientArgs, action: &UserAction) -> Result<(), String> {
                 Output::Human => println!("changed the password of user {name}"),
             }
         }
-        UserAction::Delete { name } => {
-            call(
-                &client,
-                "DELETE",
-                &format!("/v1/users/{}", encode_segment(name)),
-                &Value::Null,
-            )?;
-            if args.output == Output::Human {
-                println!("deleted user {name}");
-            }
-        }
+        UserAction::Delete { name } => delete(
+            &client,
+            args,
+            &format!("/v1/users/{}", encode_segment(name)),
+            &format!("deleted user {name}"),
+        )?,
         UserAction::List => {
             let listing = call(&client, "GET", "/v1/users", &Value::Null)?.body;
             match args.output {
@@ -587,21 +592,16 @@ pub fn token(args: &ClientArgs, action: &TokenAction) -> Result<(), String> {
                 }
             }
         }
-        TokenAction::Revoke { user, id } => {
-            call(
-                &client,
-                "DELETE",
-                &format!(
-                    "/v1/users/{}/tokens/{}",
-                    encode_segment(user),
-                    encode_segment(id)
-                ),
-                &Value::Null,
-            )?;
-            if args.output == Output::Human {
-                println!("revoked token {id} of user {user}");
-            }
-        }
+        TokenAction::Revoke { user, id } => delete(
+            &client,
+            args,
+            &format!(
+                "/v1/users/{}/tokens/{}",
+                encode_segment(user),
+                encode_segment(id)
+            ),
+            &format!("revoked token {id} of user {user}"),
+        )?,
     }
     Ok(())
 }
@@ -693,17 +693,12 @@ pub fn schema(args: &ClientArgs, action: &SchemaAction) -> Result<(), String> {
                 }
             }
         }
-        SchemaAction::Delete { name } => {
-            call(
-                &client,
-                "DELETE",
-                &format!("/v1/schemas/{}", encode_segment(name)),
-                &Value::Null,
-            )?;
-            if args.output == Output::Human {
-                println!("deleted schema {name}");
-            }
-        }
+        SchemaAction::Delete { name } => delete(
+            &client,
+            args,
+            &format!("/v1/schemas/{}", encode_segment(name)),
+            &format!("deleted schema {name}"),
+        )?,
         SchemaAction::List => {
             let listing = call(&client, "GET", "/v1/schemas", &Value::Null)?.body;
             match args.output {
