@@ -884,3 +884,29 @@ fn consumes_of_one_message_take_turns_over_every_partition() {
         .collect();
     assert_eq!(partitions, (0..8).collect::<BTreeSet<u64>>());
 }
+
+/// A topic deleted while its partitions commit (and roll small segments)
+/// must not take the node down: its folders go while a last commit may be
+/// opening a new segment file in them.
+#[test]
+fn deleting_a_topic_while_its_partitions_roll_segments_keeps_the_node_up() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let node = Node::start(
+        &tmp.path().join("n"),
+        &["--set", "storage.segment_bytes=8192"],
+    );
+    // Each round is a fraction of a second; the race needs a few.
+    for round in 0..20 {
+        let topic = format!("doomed{round}");
+        node.create_topic(&topic, json!({"partitions": 8}));
+        let producers = support::Producers::start(&node.addr, &topic, 4);
+        assert!(eventually(Duration::from_secs(20), || producers
+            .accepted_count()
+            >= 100));
+        let (status, answer) = node.request("DELETE", &format!("/v1/topics/{topic}"), b"");
+        assert_eq!(status, 204, "{answer}");
+        producers.finish();
+        let (status, _) = node.request("GET", "/healthz", b"");
+        assert_eq!(status, 200, "round {round}: the node is up");
+    }
+}

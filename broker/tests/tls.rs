@@ -110,6 +110,14 @@ fn https_with_the_right_ca_passes_another_ca_fails_and_plain_http_is_told() {
         .expect("produce");
     let messages = client.consume("orders", 1, 1000).expect("consume");
     assert_eq!(messages[0]["value"], "over tls");
+    // A keep-alive connection of the client speaks HTTPS too.
+    let mut kept = client.connect().expect("keep-alive over HTTPS");
+    for _ in 0..3 {
+        let answer = kept
+            .call("POST", "/v1/topics/orders/messages", &[], b"kept")
+            .expect("produce on the kept connection");
+        assert_eq!(answer.status, 202);
+    }
     let error = https_client(&node, &other, None)
         .list_topics()
         .expect_err("a server certificate of another CA is refused");

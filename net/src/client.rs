@@ -99,9 +99,10 @@ enum Tls {
     Unavailable(String),
 }
 
-/// A stream the client reads and writes: TCP, or TLS over TCP.
-trait Stream: Read + Write {}
-impl<T: Read + Write> Stream for T {}
+/// A stream the client reads and writes: TCP, or TLS over TCP (both may
+/// move between threads, as a benchmark's connections do).
+trait Stream: Read + Write + Send {}
+impl<T: Read + Write + Send> Stream for T {}
 
 /// A successful answer: its status and JSON body (`null` when empty).
 #[derive(Debug, Clone, PartialEq)]
@@ -259,6 +260,7 @@ impl Client {
     fn open_stream(&self) -> Result<Box<dyn Stream>, ClientError> {
         let transport = |e: std::io::Error| ClientError::Transport(e.to_string());
         let stream = TcpStream::connect(&self.addr).map_err(transport)?;
+        stream.set_nodelay(true).map_err(transport)?;
         stream
             .set_read_timeout(Some(REQUEST_TIMEOUT))
             .map_err(transport)?;
@@ -368,9 +370,14 @@ impl Client {
         answer_from(status, body)
     }
 
-    /// A keep-alive connection to this client's node.
+    /// A keep-alive connection to this client's node, with its TLS and
+    /// credentials.
     pub fn connect(&self) -> Result<Connection, ClientError> {
-        Connection::open(&self.addr)
+        Ok(Connection {
+            stream: BufReader::new(self.open_stream()?),
+            host: self.addr.clone(),
+            authorization: self.authorization.clone(),
+        })
     }
 
     pub fn put_topic(&self, topic: &str, config: &Value) -> Result<Answer, ClientError> {
@@ -462,28 +469,28 @@ impl Client {
 /// One keep-alive HTTP/1.1 connection to a node, for clients that send
 /// many requests one after another (benchmarks). It neither retries nor
 /// reconnects: a caller that gets a transport error opens a new one.
-#[derive(Debug)]
 pub struct Connection {
-    writer: TcpStream,
-    reader: BufReader<TcpStream>,
+    /// Read through the buffer; written through `get_mut` (a request is
+    /// written only once the previous answer was read whole).
+    stream: BufReader<Box<dyn Stream>>,
     host: String,
+    /// The `Authorization` header of the client that opened it.
+    authorization: Option<String>,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("host", &self.host)
+            .finish()
+    }
 }
 
 impl Connection {
-    /// Connects to `addr` (`HOST:PORT`).
+    /// Connects to `addr` (`HOST:PORT`) over plain HTTP, without
+    /// credentials ([`Client::connect`] for HTTPS or credentials).
     pub fn open(addr: &str) -> Result<Self, ClientError> {
-        let transport = |e: std::io::Error| ClientError::Transport(format!("{addr}: {e}"));
-        let stream = TcpStream::connect(addr).map_err(transport)?;
-        stream.set_nodelay(true).map_err(transport)?;
-        stream
-            .set_read_timeout(Some(REQUEST_TIMEOUT))
-            .map_err(transport)?;
-        let writer = stream.try_clone().map_err(transport)?;
-        Ok(Self {
-            writer,
-            reader: BufReader::new(stream),
-            host: addr.to_string(),
-        })
+        Client::new(&format!("http://{addr}"))?.connect()
     }
 
     /// One request; the answer as [`Client::call`] gives it.
@@ -495,12 +502,18 @@ impl Connection {
         body: &[u8],
     ) -> Result<Answer, ClientError> {
         let transport = |e: std::io::Error| ClientError::Transport(e.to_string());
+        let mut all: Vec<(&str, &str)> = headers.to_vec();
+        if let Some(authorization) = &self.authorization {
+            all.push(("Authorization", authorization));
+        }
         let mut bytes =
-            request_head(method, path, &self.host, body.len(), headers, false).into_bytes();
+            request_head(method, path, &self.host, body.len(), &all, false).into_bytes();
         bytes.extend_from_slice(body);
-        self.writer.write_all(&bytes).map_err(transport)?;
+        let writer = self.stream.get_mut();
+        writer.write_all(&bytes).map_err(transport)?;
+        writer.flush().map_err(transport)?;
         let mut line = String::new();
-        self.reader.read_line(&mut line).map_err(transport)?;
+        self.stream.read_line(&mut line).map_err(transport)?;
         let status: u16 = line
             .split(' ')
             .nth(1)
@@ -509,7 +522,7 @@ impl Connection {
         let mut length = 0usize;
         loop {
             line.clear();
-            self.reader.read_line(&mut line).map_err(transport)?;
+            self.stream.read_line(&mut line).map_err(transport)?;
             if line == "\r\n" || line.is_empty() {
                 break;
             }
@@ -521,7 +534,7 @@ impl Connection {
             }
         }
         let mut answer = vec![0u8; length];
-        self.reader.read_exact(&mut answer).map_err(transport)?;
+        self.stream.read_exact(&mut answer).map_err(transport)?;
         answer_from(status, &answer)
     }
 }

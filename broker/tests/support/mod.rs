@@ -303,6 +303,18 @@ impl Node {
 
 impl Drop for Node {
     fn drop(&mut self) {
+        // A failing test shows the end of the node's log (its folder goes
+        // with the test's temporary directory).
+        if std::thread::panicking() {
+            let log = self.stderr();
+            let tail: Vec<&str> = log.lines().rev().take(80).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            eprintln!(
+                "--- last lines of node {} ---\n{}",
+                self.addr,
+                tail.join("\n")
+            );
+        }
         // A later node may get this port: it is reached plainly unless told.
         if let Ok(mut accesses) = accesses().lock() {
             accesses.remove(&self.addr);
