@@ -472,24 +472,29 @@ fn delete(client: &Client, args: &ClientArgs, path: &str, said: &str) -> Result<
     Ok(())
 }
 
+/// One table row per element of a JSON array (none if it is not one).
+fn rows_of(list: &Value, row: impl Fn(&Value) -> Vec<String>) -> Vec<Vec<String>> {
+    list.as_array()
+        .map(|items| items.iter().map(row).collect())
+        .unwrap_or_default()
+}
+
+/// A grant's actions as `produce,consume`.
+fn actions_cell(grant: &Value) -> String {
+    rows_of(&grant["actions"], |a| vec![cell(a)])
+        .concat()
+        .join(",")
+}
+
+/// A user's grants as `orders=produce,consume billing.*=admin`, or `-`.
 fn grants_cell(grants: &Value) -> String {
-    grants
-        .as_array()
-        .map(|grants| {
-            grants
-                .iter()
-                .map(|g| {
-                    let actions: Vec<String> = g["actions"]
-                        .as_array()
-                        .map(|a| a.iter().map(cell).collect())
-                        .unwrap_or_default();
-                    format!("{}={}", cell(&g["topic"]), actions.join(","))
-                })
-                .collect::<Vec<_>>()
-                .join(" ")
-        })
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "-".into())
+    let grants = rows_of(grants, |g| {
+        vec![format!("{}={}", cell(&g["topic"]), actions_cell(g))]
+    });
+    if grants.is_empty() {
+        return "-".into();
+    }
+    grants.concat().join(" ")
 }
 
 /// `TOPIC=ACTION[,ACTION]` as a grant.
@@ -549,22 +554,14 @@ pub fn user(args: &ClientArgs, action: &UserAction) -> Result<(), String> {
             match args.output {
                 Output::Json => print_json(&listing),
                 Output::Human => {
-                    let rows: Vec<Vec<String>> = listing["users"]
-                        .as_array()
-                        .map(|users| {
-                            users
-                                .iter()
-                                .map(|u| {
-                                    let tokens = u["tokens"].as_array().map_or(0, Vec::len);
-                                    vec![
-                                        cell(&u["name"]),
-                                        grants_cell(&u["grants"]),
-                                        tokens.to_string(),
-                                    ]
-                                })
-                                .collect()
-                        })
-                        .unwrap_or_default();
+                    let rows = rows_of(&listing["users"], |u| {
+                        let tokens = u["tokens"].as_array().map_or(0, Vec::len);
+                        vec![
+                            cell(&u["name"]),
+                            grants_cell(&u["grants"]),
+                            tokens.to_string(),
+                        ]
+                    });
                     print_table(&["NAME", "GRANTS", "TOKENS"], &rows);
                 }
             }
@@ -628,21 +625,9 @@ pub fn grant(args: &ClientArgs, action: &GrantAction) -> Result<(), String> {
     match args.output {
         Output::Json => print_json(&answer.body),
         Output::Human => {
-            let rows: Vec<Vec<String>> = answer.body["grants"]
-                .as_array()
-                .map(|grants| {
-                    grants
-                        .iter()
-                        .map(|g| {
-                            let actions: Vec<String> = g["actions"]
-                                .as_array()
-                                .map(|a| a.iter().map(cell).collect())
-                                .unwrap_or_default();
-                            vec![cell(&g["topic"]), actions.join(",")]
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
+            let rows = rows_of(&answer.body["grants"], |g| {
+                vec![cell(&g["topic"]), actions_cell(g)]
+            });
             println!("grants of {user}:");
             print_table(&["TOPIC", "ACTIONS"], &rows);
         }
@@ -704,15 +689,9 @@ pub fn schema(args: &ClientArgs, action: &SchemaAction) -> Result<(), String> {
             match args.output {
                 Output::Json => print_json(&listing),
                 Output::Human => {
-                    let rows: Vec<Vec<String>> = listing["schemas"]
-                        .as_array()
-                        .map(|schemas| {
-                            schemas
-                                .iter()
-                                .map(|s| vec![cell(&s["name"]), cell(&s["version"])])
-                                .collect()
-                        })
-                        .unwrap_or_default();
+                    let rows = rows_of(&listing["schemas"], |s| {
+                        vec![cell(&s["name"]), cell(&s["version"])]
+                    });
                     print_table(&["NAME", "VERSION"], &rows);
                 }
             }

@@ -122,12 +122,7 @@ impl<F: FileSystem> Shard<F> {
         command: Command,
         applied_here: impl Fn(&MetaState) -> bool,
     ) -> Result<Applied, ApiError> {
-        let applied = self
-            .env
-            .meta
-            .propose(command)
-            .await
-            .map_err(|e| from_meta(&e))?;
+        let applied = self.propose(command).await?;
         self.applied_here_when(applied_here).await;
         Ok(applied)
     }

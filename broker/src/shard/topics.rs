@@ -107,13 +107,7 @@ impl<F: FileSystem> Shard<F> {
             new_owners,
             now_ms: self.now(),
         };
-        let applied = self
-            .env
-            .meta
-            .propose(command)
-            .await
-            .map_err(|e| from_meta(&e))?;
-        let (created, topic) = match applied {
+        let (created, topic) = match self.propose(command).await? {
             Applied::TopicCreated(topic) => (true, topic),
             Applied::TopicUpdated(topic) | Applied::TopicUnchanged(topic) => (false, topic),
             _ => {
@@ -140,6 +134,15 @@ impl<F: FileSystem> Shard<F> {
                 .is_some_and(|t| t.incarnation > topic.incarnation || t == topic)
         })
         .await;
+    }
+
+    /// Proposes a change to the metastore; its refusal as an API error.
+    pub(super) async fn propose(&self, command: Command) -> Result<Applied, ApiError> {
+        self.env
+            .meta
+            .propose(command)
+            .await
+            .map_err(|e| from_meta(&e))
     }
 
     /// Waits until this node's metadata satisfies `holds`, at most
@@ -170,13 +173,10 @@ impl<F: FileSystem> Shard<F> {
 
     pub async fn delete_topic(&self, name: &str) -> Result<(), ApiError> {
         self.topic(name)?;
-        self.env
-            .meta
-            .propose(Command::DeleteTopic {
-                name: name.to_string(),
-            })
-            .await
-            .map_err(|e| from_meta(&e))?;
+        self.propose(Command::DeleteTopic {
+            name: name.to_string(),
+        })
+        .await?;
         // Every node (this one included) closes its partitions and removes
         // their folders when it applies the delete (`watch_topics`).
         self.reconcile_owners();
