@@ -14,26 +14,27 @@ use narad_net::batch::parse_batch;
 use narad_net::http_server::{error_response, HttpRequest, HttpResponse};
 use narad_net::names::validate_topic_name;
 use narad_net::types::{
-    ConsumeRequest, ConsumeResponse, ExtendResponse, SettleAction, SettleBatchResponse, SettleKind,
-    SettleRequest, SettleResult, TopicPatch,
+    ChildRequest, ConsumeRequest, ConsumeResponse, ExtendResponse, SettleAction,
+    SettleBatchResponse, SettleKind, SettleRequest, SettleResult, TopicPatch,
 };
 use narad_net::{ApiError, ErrorCode};
-use narad_raft::state::{Action, Grant, Topic, ADMIN_USER};
+use narad_raft::state::{Action, ChildKind, Grant, Topic, ADMIN_USER};
 use serde_json::{json, Value};
 
 use crate::auth::{
     credentials, token_user, validate_grants, validate_password, validate_user_name, Credentials,
 };
 use crate::metric_names::{
-    CONNECTIONS_OPEN, CONSUMER_STATE_FAILED, DISPATCHER_PENDING_RECORDS, HTTP_BUFFERED_BODY_BYTES,
-    HTTP_REQUESTS_TOTAL, HTTP_REQUEST_SECONDS, INGRESS_WAL_FAILED, NODE_ALIVE,
-    PARTITION_AVAILABLE_MESSAGES, PARTITION_FRONTIER, PARTITION_HIGH_WATERMARK,
+    CONNECTIONS_OPEN, CONSUMER_STATE_FAILED, DISPATCHER_PENDING_RECORDS,
+    FANOUT_CHILD_DROPPED_MESSAGES, FANOUT_CHILD_LAG_MESSAGES, FANOUT_CHILD_LAG_SECONDS,
+    HTTP_BUFFERED_BODY_BYTES, HTTP_REQUESTS_TOTAL, HTTP_REQUEST_SECONDS, INGRESS_WAL_FAILED,
+    NODE_ALIVE, PARTITION_AVAILABLE_MESSAGES, PARTITION_FRONTIER, PARTITION_HIGH_WATERMARK,
     PARTITION_IN_FLIGHT, PARTITION_OLDEST_UNACKED_AGE_SECONDS, RAFT_IS_LEADER, RAFT_TERM,
     WAL_USED_BYTES,
 };
 use crate::rpc::ShardGauges;
 use crate::schemas::check_document;
-use crate::shard::{Shard, MAX_MESSAGE_BYTES_DEFAULT};
+use crate::shard::{child_statuses, ChildStatus, Shard, MAX_MESSAGE_BYTES_DEFAULT};
 
 /// What a route needs of its caller when `auth.enabled` is on
 /// (docs/security.md).
@@ -134,6 +135,19 @@ pub const ROUTES: &[RouteSpec] = &[
         "/v1/topics/{topic}/extend/batch",
         &[(Method::POST, Need::Topic(Action::Consume))],
     ),
+    spec(
+        "children",
+        "/v1/topics/{topic}/children",
+        &[(Method::GET, Need::Topic(Action::Admin))],
+    ),
+    spec(
+        "child",
+        "/v1/topics/{topic}/children/{child}",
+        &[
+            (Method::PUT, Need::Topic(Action::Admin)),
+            (Method::DELETE, Need::Topic(Action::Admin)),
+        ],
+    ),
     spec("schemas", "/v1/schemas", &[(Method::GET, Need::Anyone)]),
     spec(
         "schema",
@@ -175,6 +189,7 @@ pub const ROUTES: &[RouteSpec] = &[
 struct Route<'a> {
     spec: &'static RouteSpec,
     topic: Option<&'a str>,
+    child: Option<&'a str>,
     schema: Option<&'a str>,
     user: Option<&'a str>,
     token: Option<&'a str>,
@@ -221,6 +236,7 @@ fn route(path: &str) -> Option<Route<'_>> {
         let mut route = Route {
             spec,
             topic: None,
+            child: None,
             schema: None,
             user: None,
             token: None,
@@ -228,6 +244,7 @@ fn route(path: &str) -> Option<Route<'_>> {
         for (want, got) in pattern.split('/').zip(path.split('/')) {
             match want {
                 "{topic}" => route.topic = Some(got),
+                "{child}" => route.child = Some(got),
                 "{schema}" => route.schema = Some(got),
                 "{user}" => route.user = Some(got),
                 "{token}" => route.token = Some(got),
@@ -382,6 +399,9 @@ async fn dispatch(
     if let Some(topic) = route.topic {
         validate_topic_name(topic)?;
     }
+    if let Some(child) = route.child {
+        validate_topic_name(child)?;
+    }
     if let Some(schema) = route.schema {
         validate_schema_name(schema)?;
     }
@@ -392,7 +412,13 @@ async fn dispatch(
     if let Some(user) = &user {
         match need {
             Need::Open | Need::Anyone => {}
-            Need::Topic(action) => shard.authorize(user, action, route.topic)?,
+            Need::Topic(action) => {
+                shard.authorize(user, action, route.topic)?;
+                // A child is a topic of its own: changing it needs admin on it too.
+                if route.child.is_some() {
+                    shard.authorize(user, action, route.child)?;
+                }
+            }
             Need::Cluster => shard.authorize(user, Action::Cluster, None)?,
             Need::SelfOrCluster if route.user == Some(user.as_str()) => {}
             Need::SelfOrCluster => shard.authorize(user, Action::Cluster, None)?,
@@ -479,6 +505,22 @@ async fn dispatch(
             } else {
                 settle_one(shard, &topic, settle).await
             }
+        }
+        ("children", Some(name)) => {
+            let parent = shard.topic(name)?;
+            let children = shard.child_statuses(&parent).await?;
+            Ok(json_response(
+                StatusCode::OK,
+                &json!({ "children": children_json(&children) }),
+            ))
+        }
+        ("child", Some(parent)) => {
+            let child = route.child.unwrap_or_default();
+            if method == Method::DELETE {
+                shard.delete_child(parent, child).await?;
+                return Ok(empty_response(StatusCode::NO_CONTENT));
+            }
+            put_child(shard, parent, child, &body, user.as_deref()).await
         }
         ("schemas", _) => Ok(json_response(StatusCode::OK, &schemas_json(shard))),
         ("schema", _) => {
@@ -819,7 +861,7 @@ fn cluster_json(shard: &Shard) -> Value {
 }
 
 fn topic_json(topic: &Topic) -> Value {
-    json!({
+    let mut value = json!({
         "name": topic.name,
         "partitions": topic.config.partitions,
         "visibility_timeout_ms": topic.config.visibility_timeout_ms,
@@ -828,11 +870,15 @@ fn topic_json(topic: &Topic) -> Value {
         "dead_letter_topic": topic.config.dead_letter_topic,
         "schema": topic.config.schema,
         "max_message_bytes": topic.config.max_message_bytes,
-    })
+    });
+    if let Some(parent) = &topic.parent {
+        value["parent"] = json!(parent);
+    }
+    value
 }
 
 async fn topic_json_with_stats(shard: &Shard, topic: &Topic) -> Result<Value, ApiError> {
-    let stats = shard.partition_stats(topic).await?;
+    let (stats, copies) = shard.partition_stats(topic).await?;
     let mut value = topic_json(topic);
     let partition_stats: Vec<Value> = stats
         .iter()
@@ -850,8 +896,30 @@ async fn topic_json_with_stats(shard: &Shard, topic: &Topic) -> Result<Value, Ap
         })
         .collect();
     value["partition_stats"] = json!(partition_stats);
-    value["children"] = json!([]);
+    value["children"] = json!(children_json(&child_statuses(topic, &copies)));
     Ok(value)
+}
+
+/// Children as `GET /v1/topics/{parent}/children` lists them.
+fn children_json(children: &[ChildStatus]) -> Vec<Value> {
+    children
+        .iter()
+        .map(|c| {
+            let mut value = json!({
+                "name": c.name,
+                "kind": c.kind.name(),
+                "lag_messages": c.lag_messages,
+                "lag_seconds": c.lag_seconds,
+                "dropped_messages": c.dropped_messages,
+                "state": c.state,
+                "last_error": c.last_error,
+            });
+            if let ChildKind::Delay { delay_ms } = c.kind {
+                value["delay_ms"] = json!(delay_ms);
+            }
+            value
+        })
+        .collect()
 }
 
 async fn get_topic(shard: &Shard, name: &str) -> Result<HttpResponse, ApiError> {
@@ -860,6 +928,38 @@ async fn get_topic(shard: &Shard, name: &str) -> Result<HttpResponse, ApiError> 
         StatusCode::OK,
         &topic_json_with_stats(shard, &topic).await?,
     ))
+}
+
+/// The retention floor and the largest `max_message_bytes` a topic takes.
+fn topic_bounds(shard: &Shard) -> (u64, u64) {
+    let settings = shard.settings();
+    (
+        settings.topics.retention_floor_ms,
+        settings.http.max_batch_bytes.max(MAX_MESSAGE_BYTES_DEFAULT),
+    )
+}
+
+/// `PUT /v1/topics/{parent}/children/{child}`; a dead-letter topic of the
+/// child needs `produce` on it, as for any topic.
+async fn put_child(
+    shard: &Shard,
+    parent: &str,
+    child: &str,
+    body: &[u8],
+    user: Option<&str>,
+) -> Result<HttpResponse, ApiError> {
+    let (floor, max_message) = topic_bounds(shard);
+    let request = ChildRequest::parse(body, floor, max_message)?;
+    if let (Some(user), Some(Some(dlq))) = (user, &request.topic.dead_letter_topic) {
+        shard.authorize(user, Action::Produce, Some(dlq))?;
+    }
+    let (created, topic) = shard.put_child(parent, child, request).await?;
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok(json_response(status, &topic_json(&topic)))
 }
 
 /// `PUT /v1/topics/{topic}`; with auth on, naming a dead-letter topic
@@ -871,12 +971,7 @@ async fn put_topic(
     body: &[u8],
     user: Option<&str>,
 ) -> Result<HttpResponse, ApiError> {
-    let floor = shard.settings().topics.retention_floor_ms;
-    let max_message = shard
-        .settings()
-        .http
-        .max_batch_bytes
-        .max(MAX_MESSAGE_BYTES_DEFAULT);
+    let (floor, max_message) = topic_bounds(shard);
     let patch = TopicPatch::parse(body, floor, max_message)?;
     if let (Some(user), Some(Some(dlq))) = (user, &patch.dead_letter_topic) {
         shard.authorize(user, Action::Produce, Some(dlq))?;
@@ -1006,6 +1101,46 @@ async fn metrics(shard: &Shard) -> HttpResponse {
         "age of the oldest unacked message",
         series(&|s| s.oldest_unacked_age_ms as f64 / 1000.0),
     );
+    // Each child's copies of this node's parent partitions, summed.
+    let mut copies: std::collections::BTreeMap<(&str, &str), (u64, u64, u64)> =
+        std::collections::BTreeMap::new();
+    for copy in shards.iter().flat_map(|g| &g.copies) {
+        let entry = copies
+            .entry((copy.parent.as_str(), copy.child.as_str()))
+            .or_default();
+        entry.0 += copy.lag_messages;
+        entry.1 = entry.1.max(copy.lag_ms);
+        entry.2 += copy.dropped;
+    }
+    let per_child = |f: &dyn Fn(&(u64, u64, u64)) -> f64| -> Vec<(String, f64)> {
+        copies
+            .iter()
+            .map(|((parent, child), v)| {
+                (format!("{{parent=\"{parent}\",child=\"{child}\"}}"), f(v))
+            })
+            .collect()
+    };
+    let lag_messages = per_child(&|v| v.0 as f64);
+    let lag_seconds = per_child(&|v| v.1 as f64 / 1000.0);
+    let dropped = per_child(&|v| v.2 as f64);
+    gauge(
+        FANOUT_CHILD_LAG_MESSAGES,
+        "messages of this node's parent partitions not yet copied to the child",
+        lag_messages,
+    );
+    gauge(
+        FANOUT_CHILD_LAG_SECONDS,
+        "age of the oldest message not yet copied to the child (a delay child: how far past its due time)",
+        lag_seconds,
+    );
+    out.push_str(&format!(
+        "# HELP {FANOUT_CHILD_DROPPED_MESSAGES} messages the child skipped because the parent's retention removed them first (since this node started)\n# TYPE {FANOUT_CHILD_DROPPED_MESSAGES} counter\n"
+    ));
+    for (labels, value) in dropped {
+        out.push_str(&format!(
+            "{FANOUT_CHILD_DROPPED_MESSAGES}{labels} {value}\n"
+        ));
+    }
     let mut response = hyper::Response::new(Full::new(Bytes::from(out)));
     response.headers_mut().insert(
         hyper::header::CONTENT_TYPE,
@@ -1035,10 +1170,10 @@ mod tests {
         let extend = route("/v1/topics/orders/extend/batch").expect("extend");
         assert_eq!(extend.settle(), Some((SettleKind::Extend, true)));
         assert_eq!(route("/v1/topics/orders").and_then(|r| r.settle()), None);
+        let child = route("/v1/topics/orders/children/audit").expect("child");
         assert_eq!(
-            label("/v1/topics/orders/children"),
-            None,
-            "children arrive later: 404"
+            (child.spec.label, child.topic, child.child),
+            ("child", Some("orders"), Some("audit"))
         );
         assert_eq!(label("/v1/nothing"), None);
         assert_eq!(label("/healthz"), Some("healthz"));

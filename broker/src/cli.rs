@@ -72,6 +72,42 @@ pub enum TopicAction {
     Describe { name: String },
     /// Delete a topic.
     Delete { name: String },
+    /// A topic's children: kind, lag, dropped messages and state.
+    Children { name: String },
+}
+
+/// What `narad child` does.
+#[derive(Subcommand, Debug)]
+pub enum ChildAction {
+    /// Create a child of PARENT that gets a copy of every message written
+    /// to PARENT from now on (or change its settings).
+    Create {
+        parent: String,
+        child: String,
+        /// fanout (copy at once), delay (copy after --delay-ms) or replica
+        /// (each partition on another node than its parent partition).
+        #[arg(long, value_parser = ["fanout", "delay", "replica"])]
+        kind: String,
+        /// For a delay child: how long after the parent accepted a message
+        /// its copy becomes consumable.
+        #[arg(long)]
+        delay_ms: Option<u64>,
+        /// The child topic's settings (as `topic create`).
+        #[arg(long)]
+        partitions: Option<u32>,
+        #[arg(long)]
+        retention_ms: Option<u64>,
+        #[arg(long)]
+        visibility_timeout_ms: Option<u64>,
+        #[arg(long)]
+        max_deliveries: Option<u32>,
+        #[arg(long)]
+        dead_letter_topic: Option<String>,
+    },
+    /// PARENT's children (as `topic children`).
+    List { parent: String },
+    /// Stop copying to CHILD; the child topic stays until deleted.
+    Delete { parent: String, child: String },
 }
 
 fn client(args: &ClientArgs) -> Result<Client, String> {
@@ -310,6 +346,7 @@ pub fn topic(args: &ClientArgs, action: &TopicAction) -> Result<(), String> {
                 }
             }
         }
+        TopicAction::Children { name } => list_children(&client, args, name)?,
         TopicAction::Delete { name } => {
             client.delete_topic(name).map_err(failed)?;
             match args.output {
@@ -696,6 +733,109 @@ pub fn schema(args: &ClientArgs, action: &SchemaAction) -> Result<(), String> {
                 }
             }
         }
+    }
+    Ok(())
+}
+
+fn children_path(parent: &str) -> String {
+    format!("/v1/topics/{}/children", encode_segment(parent))
+}
+
+fn list_children(client: &Client, args: &ClientArgs, parent: &str) -> Result<(), String> {
+    let listing = call(client, "GET", &children_path(parent), &Value::Null)?.body;
+    match args.output {
+        Output::Json => print_json(&listing),
+        Output::Human => {
+            let rows = rows_of(&listing["children"], |c| {
+                [
+                    "name",
+                    "kind",
+                    "lag_messages",
+                    "lag_seconds",
+                    "dropped_messages",
+                    "state",
+                    "last_error",
+                ]
+                .iter()
+                .map(|k| cell(&c[*k]))
+                .collect()
+            });
+            print_table(
+                &[
+                    "NAME",
+                    "KIND",
+                    "LAG_MESSAGES",
+                    "LAG_SECONDS",
+                    "DROPPED",
+                    "STATE",
+                    "LAST_ERROR",
+                ],
+                &rows,
+            );
+        }
+    }
+    Ok(())
+}
+
+pub fn child(args: &ClientArgs, action: &ChildAction) -> Result<(), String> {
+    let client = client(args)?;
+    match action {
+        ChildAction::Create {
+            parent,
+            child,
+            kind,
+            delay_ms,
+            partitions,
+            retention_ms,
+            visibility_timeout_ms,
+            max_deliveries,
+            dead_letter_topic,
+        } => {
+            let mut topic = Map::new();
+            let mut put = |key: &str, value: Option<Value>| {
+                if let Some(value) = value {
+                    topic.insert(key.to_string(), value);
+                }
+            };
+            put("partitions", partitions.map(Value::from));
+            put("retention_ms", retention_ms.map(Value::from));
+            put(
+                "visibility_timeout_ms",
+                visibility_timeout_ms.map(Value::from),
+            );
+            put("max_deliveries", max_deliveries.map(Value::from));
+            put(
+                "dead_letter_topic",
+                dead_letter_topic.clone().map(Value::from),
+            );
+            let mut body = json!({ "kind": kind, "topic": topic });
+            if let Some(delay_ms) = delay_ms {
+                body["delay_ms"] = json!(delay_ms);
+            }
+            let path = format!("{}/{}", children_path(parent), encode_segment(child));
+            let answer = call(&client, "PUT", &path, &body)?;
+            match args.output {
+                Output::Json => print_json(&answer.body),
+                Output::Human => {
+                    let verb = if answer.status == 201 {
+                        "created"
+                    } else {
+                        "updated"
+                    };
+                    println!(
+                        "{verb} {kind} child {child} of {parent} ({} partitions)",
+                        cell(&answer.body["partitions"])
+                    );
+                }
+            }
+        }
+        ChildAction::List { parent } => list_children(&client, args, parent)?,
+        ChildAction::Delete { parent, child } => delete(
+            &client,
+            args,
+            &format!("{}/{}", children_path(parent), encode_segment(child)),
+            &format!("{child} is no longer a child of {parent} (the topic {child} stays)"),
+        )?,
     }
     Ok(())
 }

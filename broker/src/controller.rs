@@ -20,9 +20,39 @@ pub fn place(name: &str, existing: u32, added: u32, live: &[NodeId]) -> Vec<Node
         .collect()
 }
 
+/// Owners for a replica child's partitions: partition `i` on a live node
+/// other than `parent_owners[i]`, going round those nodes so the copies
+/// spread. `None` when some parent partition's owner is the only live node.
+pub fn place_replica(name: &str, parent_owners: &[NodeId], live: &[NodeId]) -> Option<Vec<NodeId>> {
+    let start = shard_for(name, 0, live.len().max(1));
+    parent_owners
+        .iter()
+        .enumerate()
+        .map(|(i, owner)| {
+            let others: Vec<NodeId> = live.iter().copied().filter(|n| n != owner).collect();
+            (!others.is_empty()).then(|| others[(start + i) % others.len()])
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn replica_partitions_go_elsewhere_or_nowhere() {
+        let parents = [1, 2, 3, 1, 2, 3];
+        let replicas = place_replica("orders-dr", &parents, &[1, 2, 3]).expect("placed");
+        assert!(
+            parents.iter().zip(&replicas).all(|(p, r)| p != r),
+            "{replicas:?}"
+        );
+        for node in [1, 2, 3] {
+            assert!(replicas.contains(&node), "{replicas:?}");
+        }
+        assert_eq!(place_replica("x", &[1, 1], &[1]), None);
+        assert_eq!(place_replica("x", &[1, 2], &[1, 2]), Some(vec![2, 1]));
+    }
 
     #[test]
     fn new_partitions_go_round_the_live_nodes() {

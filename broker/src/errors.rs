@@ -39,13 +39,25 @@ pub fn from_meta(error: &MetaError) -> ApiError {
                 Refused::NoSuchTopic(_) => ErrorCode::TopicNotFound,
                 Refused::NoSuchDeadLetterTopic(_)
                 | Refused::OwnDeadLetterTopic
-                | Refused::MaxDeliveriesWithoutDeadLetterTopic => ErrorCode::InvalidRequest,
+                | Refused::MaxDeliveriesWithoutDeadLetterTopic
+                | Refused::OwnChild
+                | Refused::ChildOfChild { .. }
+                | Refused::RetentionBelowDelay { .. }
+                | Refused::ReplicaPartitions { .. }
+                | Refused::ReplicaPlacement { .. } => ErrorCode::InvalidRequest,
                 Refused::FewerPartitions { .. }
                 | Refused::DeadLetterTopicInUse { .. }
                 | Refused::SchemaInUse { .. }
                 | Refused::UndeletableUser(_)
-                | Refused::TokenIdTaken(_) => ErrorCode::Conflict,
-                Refused::NoSuchUser(_) | Refused::NoSuchToken { .. } => ErrorCode::NotFound,
+                | Refused::TokenIdTaken(_)
+                | Refused::ChildTopicExists(_)
+                | Refused::ChildKindChange { .. }
+                | Refused::HasChildren { .. }
+                | Refused::RetentionBreaksDelayChild { .. }
+                | Refused::ReplicaPartitionsFixed { .. } => ErrorCode::Conflict,
+                Refused::NoSuchUser(_)
+                | Refused::NoSuchToken { .. }
+                | Refused::NoSuchChild { .. } => ErrorCode::NotFound,
                 // A topic naming a schema that is gone (a delete raced it).
                 Refused::NoSuchSchema(_) => ErrorCode::InvalidRequest,
                 Refused::OwnersMismatch { .. } => ErrorCode::Internal,

@@ -127,6 +127,26 @@ pub const VERIFIED_PASSWORDS_MAX: usize = 4096;
 pub const ADMIN_BOOTSTRAP_RETRY: Duration = Duration::from_millis(500);
 /// Largest JSON Schema document a schema version may hold.
 pub const SCHEMA_DOCUMENT_BYTES_MAX: usize = 1024 * 1024;
+/// Records a child copies per commit to its partitions (a repeat of a
+/// whole copy is still recognised by the child's owner).
+pub const CHILD_COPY_RECORDS_MAX: usize = 1024;
+/// Bytes of values a child copies per commit, about.
+pub const CHILD_COPY_BYTES_MAX: usize = 4 * 1024 * 1024;
+/// How often an idle copy looks again without being woken (a deleted link,
+/// retention, a delay coming due).
+pub const CHILD_IDLE_RECHECK: Duration = Duration::from_secs(1);
+/// Backoff of a copy whose commit to the child failed.
+pub const CHILD_RETRY_BACKOFF_MIN: Duration = Duration::from_millis(50);
+pub const CHILD_RETRY_BACKOFF_MAX: Duration = Duration::from_secs(2);
+/// A new child's cursor starts at the first message accepted at most this
+/// long before the child was created (clocks of nodes differ a little), so
+/// no message accepted after it is missed by an owner that learned of the
+/// child late.
+pub const CHILD_START_CLOCK_SLACK_MS: u64 = 1000;
+/// A copy whose oldest uncopied message is older than this is `behind`.
+pub const CHILD_BEHIND_AFTER_MS: u64 = 10_000;
+/// A delay copy notes when commits became visible at most this often.
+pub const CHILD_OBSERVED_COALESCE_MS: u64 = 50;
 
 // ------------------------------------------------------------ relations
 
@@ -148,3 +168,8 @@ const _: () = assert!(STOP_DRAIN_TIMEOUT.as_millis() < STOP_BARRIER_TIMEOUT.as_m
 // Idle partitions are opened soon after the start, then periodically.
 const _: () =
     assert!(IDLE_PARTITION_FIRST_OPEN.as_millis() < IDLE_PARTITION_OPEN_INTERVAL.as_millis());
+// A whole child copy sent again is recognised as a repeat by the child's owner.
+const _: () = assert!(RECENT_IDS_MAX > CHILD_COPY_RECORDS_MAX);
+const _: () = assert!(CHILD_COPY_RECORDS_MAX as u64 <= BATCH_RECORDS_MAX as u64);
+const _: () = assert!((CHILD_COPY_BYTES_MAX as u64) < BATCH_BYTES_MAX);
+const _: () = assert!(CHILD_RETRY_BACKOFF_MIN.as_millis() <= CHILD_RETRY_BACKOFF_MAX.as_millis());

@@ -4,8 +4,8 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 use narad_broker::cli::{
-    self, ClientArgs, ClusterAction, GrantAction, SchemaAction, TokenAction, TopicAction,
-    UserAction,
+    self, ChildAction, ClientArgs, ClusterAction, GrantAction, SchemaAction, TokenAction,
+    TopicAction, UserAction,
 };
 use narad_broker::config::Config;
 
@@ -33,6 +33,13 @@ enum Command {
     Topic {
         #[command(subcommand)]
         action: TopicAction,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Create, list or delete a topic's children (fanout, delay, replica).
+    Child {
+        #[command(subcommand)]
+        action: ChildAction,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -197,6 +204,7 @@ fn main() -> ExitCode {
             serve(args)
         }
         Command::Topic { action, client } => cli::topic(client, action),
+        Command::Child { action, client } => cli::child(client, action),
         Command::Cluster { action, client } => cli::cluster(client, action),
         Command::User { action, client } => cli::user(client, action),
         Command::Token { action, client } => cli::token(client, action),

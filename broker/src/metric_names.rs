@@ -16,6 +16,12 @@ pub const CONSUME_LONG_POLLS_WAITING: &str = "narad_consume_long_polls_waiting";
 pub const DEAD_LETTERED_TOTAL: &str = "narad_dead_lettered_total";
 /// Records per dispatcher commit (histogram).
 pub const DISPATCHER_COMMIT_RECORDS: &str = "narad_dispatcher_commit_records";
+/// Messages a child skipped because its parent's retention removed them first.
+pub const FANOUT_CHILD_DROPPED_MESSAGES: &str = "narad_fanout_child_dropped_messages";
+/// Messages of a parent not yet copied to a child (this node's partitions).
+pub const FANOUT_CHILD_LAG_MESSAGES: &str = "narad_fanout_child_lag_messages";
+/// Age of the oldest message not yet copied to a child.
+pub const FANOUT_CHILD_LAG_SECONDS: &str = "narad_fanout_child_lag_seconds";
 /// Accepted records not yet committed.
 pub const DISPATCHER_PENDING_RECORDS: &str = "narad_dispatcher_pending_records";
 /// Records rerouted around an unavailable owner.
@@ -61,6 +67,9 @@ pub const ALL: &[&str] = &[
     DEAD_LETTERED_TOTAL,
     DISPATCHER_COMMIT_RECORDS,
     DISPATCHER_PENDING_RECORDS,
+    FANOUT_CHILD_DROPPED_MESSAGES,
+    FANOUT_CHILD_LAG_MESSAGES,
+    FANOUT_CHILD_LAG_SECONDS,
     DISPATCHER_REROUTES_TOTAL,
     HTTP_BUFFERED_BODY_BYTES,
     HTTP_REQUESTS_TOTAL,

@@ -257,6 +257,40 @@ impl<F: FileSystem> PartitionOwner<F> {
         self.acks.frontier()
     }
 
+    /// The oldest offset retention kept.
+    pub fn log_start_offset(&self) -> u64 {
+        self.log.log_start_offset()
+    }
+
+    /// Up to `max` committed messages from `from` on (about `max_bytes` of
+    /// values), from the cache of recent messages when it holds them, else
+    /// from the log. Leases nothing: this is how children copy.
+    pub async fn read(
+        &self,
+        from: u64,
+        max: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<StoredMessage>, OwnerError> {
+        {
+            let cache = self.cache.borrow();
+            if cache.get(from).is_some() {
+                let mut out = Vec::new();
+                let mut bytes = 0;
+                let mut offset = from;
+                while let Some(stored) = cache.get(offset) {
+                    if out.len() >= max || (bytes >= max_bytes && !out.is_empty()) {
+                        break;
+                    }
+                    bytes += stored.message.value.len();
+                    out.push(stored.clone());
+                    offset += 1;
+                }
+                return Ok(out);
+            }
+        }
+        Ok(self.log.read(from, max, max_bytes).await?)
+    }
+
     /// Appends a batch and makes it visible; returns its first offset.
     /// Commits from several shards take turns: the log takes one append at
     /// a time.

@@ -99,7 +99,7 @@ fn documented_need(label: &str, method: &Method) -> Need {
     match (label, method.as_str()) {
         ("healthz" | "readyz" | "metrics", _) => Need::Open,
         ("cluster" | "topics" | "schemas", _) | ("schema", "GET") => Need::Anyone,
-        ("topic", _) => Need::Topic(Action::Admin),
+        ("topic" | "children" | "child", _) => Need::Topic(Action::Admin),
         ("produce" | "produce_batch", _) => Need::Topic(Action::Produce),
         (
             "consume" | "ack" | "nack" | "extend" | "ack_batch" | "nack_batch" | "extend_batch",
@@ -120,15 +120,17 @@ fn fixture(
 ) -> (String, Vec<u8>) {
     let path = path
         .replace("{topic}", "orders")
+        .replace("{child}", "orders.audit")
         .replace("{schema}", "order")
         .replace("{user}", caller)
         .replace("{token}", token_id);
     let body = match (label, method.as_str()) {
         ("healthz" | "readyz" | "metrics" | "cluster" | "topics" | "schemas" | "users", _)
-        | ("topic" | "schema" | "user_grants", "GET" | "DELETE")
+        | ("topic" | "schema" | "user_grants" | "children" | "child", "GET" | "DELETE")
         | ("user", "DELETE")
         | ("user_tokens" | "user_token", _) => json!({}),
         ("topic", "PUT") => json!({"partitions": 2}),
+        ("child", "PUT") => json!({"kind": "fanout"}),
         ("produce", _) => return (path, b"hello".to_vec()),
         ("produce_batch", _) => json!({"messages": [{"value": "a"}, {"value": "b"}]}),
         ("consume", _) => json!({"max_messages": 1}),
@@ -192,9 +194,10 @@ fn every_route_answers_401_401_401_403_then_succeeds() {
                     "operator".to_string(),
                     json!([{"topic": "*", "actions": ["cluster"]}]),
                 ),
+                // `orders` and its child `orders.audit`.
                 Need::Topic(action) => (
                     format!("can-{}", action.as_str()),
-                    json!([{"topic": "orders", "actions": [action.as_str()]}]),
+                    json!([{"topic": "orders*", "actions": [action.as_str()]}]),
                 ),
             };
             let right_user = right_user.as_str();
@@ -203,6 +206,15 @@ fn every_route_answers_401_401_401_403_then_succeeds() {
             admin(&node, "PUT", "/v1/topics/orders", json!({"partitions": 2}));
             admin(&node, "PUT", "/v1/schemas/order", json!({"type": "object"}));
             user_with(&node, "victim", json!([]));
+            if spec.label == "child" {
+                // A child to change or delete (PUT again answers 200).
+                admin(
+                    &node,
+                    "PUT",
+                    "/v1/topics/orders/children/orders.audit",
+                    json!({"kind": "fanout"}),
+                );
+            }
             let token_of = |name: &str| -> String {
                 let (_, users) = admin(&node, "GET", "/v1/users", json!({}));
                 users["users"]

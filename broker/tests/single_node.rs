@@ -366,7 +366,7 @@ fn bad_input_gets_the_right_code_and_the_node_keeps_serving() {
         "method_not_allowed",
     );
     expect(
-        code(node.request("GET", "/v1/topics/a/children", b"")),
+        code(node.request("GET", "/v1/cluster/moves", b"")),
         404,
         "not_found",
     );

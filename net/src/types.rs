@@ -257,6 +257,98 @@ impl TopicPatch {
     }
 }
 
+/// The kinds of child `PUT /v1/topics/{parent}/children/{child}` names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChildKindName {
+    Fanout,
+    Delay { delay_ms: u64 },
+    Replica,
+}
+
+/// `PUT /v1/topics/{parent}/children/{child}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChildRequest {
+    pub kind: ChildKindName,
+    /// The child topic's settings, as `PUT /v1/topics` takes them.
+    pub topic: TopicPatch,
+}
+
+/// The longest delay a delay child takes (a year).
+pub const CHILD_DELAY_MS_MAX: u64 = 365 * 24 * 3_600_000;
+
+impl ChildRequest {
+    pub fn parse(
+        body: &[u8],
+        retention_floor_ms: u64,
+        max_message_bytes_max: u64,
+    ) -> Result<Self, ApiError> {
+        let mut fields = Fields::parse(body)?;
+        let kind = fields.required_string("kind")?;
+        let delay_ms = fields.u64_in("delay_ms", 1, CHILD_DELAY_MS_MAX)?;
+        let remote = fields.take("remote");
+        let topic = match fields.take("topic") {
+            None | Some(Value::Null) => TopicPatch::default(),
+            Some(value @ Value::Object(_)) => {
+                let bytes =
+                    serde_json::to_vec(&value).map_err(|e| invalid(format!("topic: {e}")))?;
+                TopicPatch::parse(&bytes, retention_floor_ms, max_message_bytes_max)
+                    .map_err(|e| ApiError::new(e.code, format!("topic: {}", e.message)))?
+            }
+            Some(other) => return Err(invalid(format!("topic must be an object, got {other}"))),
+        };
+        fields.finish()?;
+        let kind = match (kind.as_str(), delay_ms) {
+            ("fanout", None) => ChildKindName::Fanout,
+            ("replica", None) => ChildKindName::Replica,
+            ("delay", Some(delay_ms)) => ChildKindName::Delay { delay_ms },
+            ("delay", None) => return Err(invalid("a delay child needs delay_ms")),
+            ("fanout" | "replica", Some(_)) => {
+                return Err(invalid(format!("delay_ms is only for a delay child, not {kind}")))
+            }
+            ("remote", _) => {
+                return Err(invalid(
+                    "kind \"remote\" (a copy on another cluster) is not available in this version; use fanout, delay or replica",
+                ))
+            }
+            (other, _) => {
+                return Err(invalid(format!(
+                    "kind must be fanout, delay or replica, got {other:?}"
+                )))
+            }
+        };
+        if remote.is_some() {
+            return Err(invalid("remote is only for a remote child"));
+        }
+        Ok(Self { kind, topic })
+    }
+}
+
+/// `POST /v1/topics/{dlq}/redrive`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedriveRequest {
+    pub to: String,
+    pub rate_per_s: Option<u64>,
+    pub max_messages: Option<u64>,
+}
+
+/// The fastest rate a redrive takes, in messages per second.
+pub const REDRIVE_RATE_PER_S_MAX: u64 = 1_000_000;
+
+impl RedriveRequest {
+    pub fn parse(body: &[u8]) -> Result<Self, ApiError> {
+        let mut fields = Fields::parse(body)?;
+        let to = fields.required_string("to")?;
+        let rate_per_s = fields.u64_in("rate_per_s", 1, REDRIVE_RATE_PER_S_MAX)?;
+        let max_messages = fields.u64_in("max_messages", 1, u64::MAX)?;
+        fields.finish()?;
+        Ok(Self {
+            to,
+            rate_per_s,
+            max_messages,
+        })
+    }
+}
+
 /// `202` of a single produce.
 #[derive(Debug, Clone, Serialize)]
 pub struct ProduceResponse {
@@ -418,6 +510,56 @@ mod tests {
                 false
             )),
             ErrorCode::UnknownField
+        );
+    }
+
+    #[test]
+    fn child_requests_name_their_kind_and_refuse_the_rest() {
+        let parse = |b: &[u8]| ChildRequest::parse(b, RETENTION_MS_MIN, 1 << 24);
+        let child =
+            parse(br#"{"kind":"delay","delay_ms":5000,"topic":{"partitions":2}}"#).expect("delay");
+        assert_eq!(child.kind, ChildKindName::Delay { delay_ms: 5000 });
+        assert_eq!(child.topic.partitions, Some(2));
+        assert_eq!(
+            parse(br#"{"kind":"fanout"}"#).expect("fanout").kind,
+            ChildKindName::Fanout
+        );
+        for bad in [
+            &b""[..],
+            br#"{"kind":"delay"}"#,
+            br#"{"kind":"fanout","delay_ms":5}"#,
+            br#"{"kind":"mirror"}"#,
+            br#"{"kind":"fanout","topic":{"partitions":0}}"#,
+            br#"{"kind":"fanout","topic":7}"#,
+        ] {
+            assert_eq!(code(parse(bad)), ErrorCode::InvalidRequest, "{bad:?}");
+        }
+        let remote =
+            parse(br#"{"kind":"remote","remote":{"url":"https://x:1"}}"#).expect_err("remote");
+        assert!(remote.message.contains("remote"), "{}", remote.message);
+        assert_eq!(
+            code(parse(br#"{"kind":"fanout","colour":1}"#)),
+            ErrorCode::UnknownField
+        );
+        assert_eq!(
+            code(parse(br#"{"kind":"fanout","topic":{"partitons":1}}"#)),
+            ErrorCode::UnknownField
+        );
+    }
+
+    #[test]
+    fn redrive_requests_need_a_target() {
+        let request = RedriveRequest::parse(br#"{"to":"orders","rate_per_s":10}"#).expect("ok");
+        assert_eq!(request.to, "orders");
+        assert_eq!(request.rate_per_s, Some(10));
+        assert_eq!(request.max_messages, None);
+        assert_eq!(
+            code(RedriveRequest::parse(b"{}")),
+            ErrorCode::InvalidRequest
+        );
+        assert_eq!(
+            code(RedriveRequest::parse(br#"{"to":"a","rate_per_s":0}"#)),
+            ErrorCode::InvalidRequest
         );
     }
 

@@ -32,6 +32,55 @@ pub struct Topic {
     /// created again starts empty, in new partition directories.
     pub incarnation: u64,
     pub created_at_ms: u64,
+    /// Its children by name: topics that get a copy of every message
+    /// written here after they were created.
+    #[serde(default)]
+    pub children: BTreeMap<String, Child>,
+    /// The topic this one is a child of.
+    #[serde(default)]
+    pub parent: Option<String>,
+}
+
+/// How a child copies its parent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum ChildKind {
+    /// As fast as the child's owners take commits.
+    Fanout,
+    /// Each copy no earlier than `delay_ms` after the parent accepted it.
+    Delay { delay_ms: u64 },
+    /// Each partition on another node than the parent partition it copies.
+    Replica,
+}
+
+impl ChildKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            ChildKind::Fanout => "fanout",
+            ChildKind::Delay { .. } => "delay",
+            ChildKind::Replica => "replica",
+        }
+    }
+}
+
+/// A parent's record of one child.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Child {
+    pub kind: ChildKind,
+    /// The child topic's incarnation: a child created again under the same
+    /// name starts its cursors afresh.
+    pub incarnation: u64,
+    pub created_at_ms: u64,
+}
+
+/// A delay child's parent keeps messages at least this much longer than
+/// the delay.
+pub const DELAY_RETENTION_MARGIN_MS: u64 = 3_600_000;
+
+/// Whether `retention_ms` (0 = forever) keeps messages long enough for a
+/// delay of `delay_ms`.
+pub fn retention_covers_delay(retention_ms: u64, delay_ms: u64) -> bool {
+    retention_ms == 0 || retention_ms >= delay_ms.saturating_add(DELAY_RETENTION_MARGIN_MS)
 }
 
 /// What a grant allows.
@@ -177,6 +226,21 @@ pub enum Command {
     DeleteSchema {
         name: String,
     },
+    /// Creates a child topic of `parent` (or changes one), starting the
+    /// copy; `new_owners` places the partitions a create or an increase adds.
+    PutChild {
+        parent: String,
+        child: String,
+        kind: ChildKind,
+        config: TopicConfig,
+        new_owners: Vec<NodeId>,
+        now_ms: u64,
+    },
+    /// Stops copying to `child`; the child topic stays.
+    DeleteChild {
+        parent: String,
+        child: String,
+    },
 }
 
 /// What the controller knows about a node.
@@ -206,6 +270,12 @@ pub enum Applied {
         created: bool,
     },
     SchemaDeleted,
+    /// The child topic, as PUT left it, and whether this created it.
+    ChildPut {
+        topic: Topic,
+        created: bool,
+    },
+    ChildDeleted,
     /// A Raft entry with no command (a leader's blank entry, a membership change).
     Nothing,
 }
@@ -239,6 +309,46 @@ pub enum Refused {
     TokenIdTaken(String),
     #[error("the user {0:?} cannot be deleted")]
     UndeletableUser(String),
+    #[error("topic {parent:?} has no child {child:?}")]
+    NoSuchChild { parent: String, child: String },
+    #[error("a topic cannot be its own child")]
+    OwnChild,
+    #[error(
+        "{parent:?} is itself a child of {grandparent:?}; children of children are not supported"
+    )]
+    ChildOfChild { parent: String, grandparent: String },
+    #[error("a topic named {0:?} exists and is not a child of this parent; pick another name or delete it")]
+    ChildTopicExists(String),
+    #[error("child {child:?} is a {from} child; its kind cannot change to {to} (delete the child and create it again)")]
+    ChildKindChange {
+        child: String,
+        from: String,
+        to: String,
+    },
+    #[error("topic {topic:?} has children {children:?}; delete them first")]
+    HasChildren {
+        topic: String,
+        children: Vec<String>,
+    },
+    #[error("a delay of {delay_ms} ms needs the parent {parent:?} to keep messages at least {needed_ms} ms (retention_ms is {retention_ms})")]
+    RetentionBelowDelay {
+        parent: String,
+        delay_ms: u64,
+        retention_ms: u64,
+        needed_ms: u64,
+    },
+    #[error("retention_ms {retention_ms} is shorter than the delay child {child:?} needs ({needed_ms} ms: its delay plus one hour)")]
+    RetentionBreaksDelayChild {
+        child: String,
+        retention_ms: u64,
+        needed_ms: u64,
+    },
+    #[error("a replica child has its parent's partition count ({parent}), not {given}")]
+    ReplicaPartitions { parent: u32, given: u32 },
+    #[error("partition {partition} of a replica child must be on another node than its parent partition's owner {owner}")]
+    ReplicaPlacement { partition: u32, owner: NodeId },
+    #[error("{topic:?} is in a replica pair with {other:?}; its partition count cannot change")]
+    ReplicaPartitionsFixed { topic: String, other: String },
 }
 
 /// The user that holds every grant, bootstrapped from `auth.admin_password`.
@@ -407,7 +517,123 @@ impl MetaState {
                 self.schemas.remove(name);
                 Ok(Applied::SchemaDeleted)
             }
+            Command::PutChild {
+                parent,
+                child,
+                kind,
+                config,
+                new_owners,
+                now_ms,
+            } => self.put_child(parent, child, *kind, config, new_owners, *now_ms),
+            Command::DeleteChild { parent, child } => {
+                let removed = self
+                    .topics
+                    .get_mut(parent)
+                    .and_then(|p| p.children.remove(child));
+                if removed.is_none() {
+                    return Err(Refused::NoSuchChild {
+                        parent: parent.clone(),
+                        child: child.clone(),
+                    });
+                }
+                if let Some(topic) = self.topics.get_mut(child) {
+                    topic.parent = None;
+                }
+                Ok(Applied::ChildDeleted)
+            }
         }
+    }
+
+    fn put_child(
+        &mut self,
+        parent: &str,
+        child: &str,
+        kind: ChildKind,
+        config: &TopicConfig,
+        new_owners: &[NodeId],
+        now_ms: u64,
+    ) -> Result<Applied, Refused> {
+        if parent == child {
+            return Err(Refused::OwnChild);
+        }
+        let Some(parent_topic) = self.topics.get(parent) else {
+            return Err(Refused::NoSuchTopic(parent.to_string()));
+        };
+        if let Some(grandparent) = &parent_topic.parent {
+            return Err(Refused::ChildOfChild {
+                parent: parent.to_string(),
+                grandparent: grandparent.clone(),
+            });
+        }
+        let existing = self.topics.get(child);
+        let created = match (existing, parent_topic.children.get(child)) {
+            (Some(topic), Some(link)) if topic.parent.as_deref() == Some(parent) => {
+                if std::mem::discriminant(&link.kind) != std::mem::discriminant(&kind) {
+                    return Err(Refused::ChildKindChange {
+                        child: child.to_string(),
+                        from: link.kind.name().to_string(),
+                        to: kind.name().to_string(),
+                    });
+                }
+                false
+            }
+            (Some(_), _) => return Err(Refused::ChildTopicExists(child.to_string())),
+            (None, _) => true,
+        };
+        if let ChildKind::Delay { delay_ms } = kind {
+            let retention_ms = parent_topic.config.retention_ms;
+            if !retention_covers_delay(retention_ms, delay_ms) {
+                return Err(Refused::RetentionBelowDelay {
+                    parent: parent.to_string(),
+                    delay_ms,
+                    retention_ms,
+                    needed_ms: delay_ms.saturating_add(DELAY_RETENTION_MARGIN_MS),
+                });
+            }
+        }
+        if kind == ChildKind::Replica {
+            if config.partitions != parent_topic.config.partitions {
+                return Err(Refused::ReplicaPartitions {
+                    parent: parent_topic.config.partitions,
+                    given: config.partitions,
+                });
+            }
+            if created {
+                for (partition, (owner, replica)) in
+                    (0u32..).zip(parent_topic.owners.iter().zip(new_owners))
+                {
+                    if owner == replica {
+                        return Err(Refused::ReplicaPlacement {
+                            partition,
+                            owner: *owner,
+                        });
+                    }
+                }
+            }
+        }
+        let topic = match self.put_topic(child, config, new_owners, now_ms)? {
+            Applied::TopicCreated(topic)
+            | Applied::TopicUpdated(topic)
+            | Applied::TopicUnchanged(topic) => topic,
+            _ => return Err(Refused::NoSuchTopic(child.to_string())),
+        };
+        let incarnation = topic.incarnation;
+        if let Some(record) = self.topics.get_mut(child) {
+            record.parent = Some(parent.to_string());
+        }
+        if let Some(parent_topic) = self.topics.get_mut(parent) {
+            let link = parent_topic
+                .children
+                .entry(child.to_string())
+                .or_insert(Child {
+                    kind,
+                    incarnation,
+                    created_at_ms: now_ms,
+                });
+            link.kind = kind;
+        }
+        let topic = self.topics.get(child).cloned().unwrap_or(topic);
+        Ok(Applied::ChildPut { topic, created })
     }
 
     fn put_topic(
@@ -431,6 +657,9 @@ impl MetaState {
             if !self.schemas.contains_key(schema) {
                 return Err(Refused::NoSuchSchema(schema.clone()));
             }
+        }
+        if let Some(existing) = self.topics.get(name) {
+            self.check_family(existing, config)?;
         }
         let existing_partitions = self.topics.get(name).map_or(0, |t| t.config.partitions);
         if config.partitions < existing_partitions {
@@ -460,6 +689,8 @@ impl MetaState {
                     owners: new_owners.to_vec(),
                     incarnation: self.next_incarnation,
                     created_at_ms: now_ms,
+                    children: BTreeMap::new(),
+                    parent: None,
                 };
                 self.next_incarnation += 1;
                 self.topics.insert(name.to_string(), topic.clone());
@@ -468,9 +699,62 @@ impl MetaState {
         }
     }
 
+    /// What a change of `topic`'s config must keep for its children and
+    /// its parent: the retention its delay children need, and a replica
+    /// pair's equal partition counts.
+    fn check_family(&self, topic: &Topic, config: &TopicConfig) -> Result<(), Refused> {
+        for (name, child) in &topic.children {
+            match child.kind {
+                ChildKind::Delay { delay_ms }
+                    if !retention_covers_delay(config.retention_ms, delay_ms) =>
+                {
+                    return Err(Refused::RetentionBreaksDelayChild {
+                        child: name.clone(),
+                        retention_ms: config.retention_ms,
+                        needed_ms: delay_ms.saturating_add(DELAY_RETENTION_MARGIN_MS),
+                    });
+                }
+                ChildKind::Replica if config.partitions != topic.config.partitions => {
+                    return Err(Refused::ReplicaPartitionsFixed {
+                        topic: topic.name.clone(),
+                        other: name.clone(),
+                    });
+                }
+                _ => {}
+            }
+        }
+        let replica_of = topic.parent.as_ref().filter(|parent| {
+            self.topics
+                .get(*parent)
+                .and_then(|p| p.children.get(&topic.name))
+                .is_some_and(|c| c.kind == ChildKind::Replica)
+        });
+        if let Some(parent) = replica_of {
+            if config.partitions != topic.config.partitions {
+                return Err(Refused::ReplicaPartitionsFixed {
+                    topic: topic.name.clone(),
+                    other: parent.clone(),
+                });
+            }
+        }
+        Ok(())
+    }
+
     fn delete_topic(&mut self, name: &str) -> Result<Applied, Refused> {
-        if !self.topics.contains_key(name) {
+        let Some(topic) = self.topics.get(name) else {
             return Err(Refused::NoSuchTopic(name.to_string()));
+        };
+        if !topic.children.is_empty() {
+            return Err(Refused::HasChildren {
+                topic: name.to_string(),
+                children: topic.children.keys().cloned().collect(),
+            });
+        }
+        // Deleting a child stops its copy.
+        if let Some(parent) = topic.parent.clone() {
+            if let Some(parent) = self.topics.get_mut(&parent) {
+                parent.children.remove(name);
+            }
         }
         if let Some(user) = self
             .topics
@@ -543,6 +827,241 @@ mod tests {
                 given: 1
             })
         );
+    }
+
+    fn put_child(
+        state: &mut MetaState,
+        parent: &str,
+        child: &str,
+        kind: ChildKind,
+        config: TopicConfig,
+        owners: Vec<NodeId>,
+    ) -> Result<Applied, Refused> {
+        state.apply(&Command::PutChild {
+            parent: parent.into(),
+            child: child.into(),
+            kind,
+            config,
+            new_owners: owners,
+            now_ms: 9,
+        })
+    }
+
+    #[test]
+    fn children_are_created_linked_guarded_and_unlinked() {
+        let mut state = MetaState::default();
+        put(&mut state, "orders", config(2), vec![1, 2]).expect("parent");
+        let Ok(Applied::ChildPut {
+            topic,
+            created: true,
+        }) = put_child(
+            &mut state,
+            "orders",
+            "audit",
+            ChildKind::Fanout,
+            config(3),
+            vec![1, 2, 3],
+        )
+        else {
+            panic!("child created")
+        };
+        assert_eq!(topic.parent.as_deref(), Some("orders"));
+        let link = &state.topics["orders"].children["audit"];
+        assert_eq!(
+            (link.kind, link.incarnation, link.created_at_ms),
+            (ChildKind::Fanout, topic.incarnation, 9)
+        );
+        // Again: updated, not created; the kind cannot change.
+        assert!(matches!(
+            put_child(
+                &mut state,
+                "orders",
+                "audit",
+                ChildKind::Fanout,
+                config(3),
+                vec![]
+            ),
+            Ok(Applied::ChildPut { created: false, .. })
+        ));
+        assert!(matches!(
+            put_child(
+                &mut state,
+                "orders",
+                "audit",
+                ChildKind::Replica,
+                config(2),
+                vec![]
+            ),
+            Err(Refused::ChildKindChange { .. })
+        ));
+        // Children of children, own child, a name taken by a plain topic.
+        assert!(matches!(
+            put_child(
+                &mut state,
+                "audit",
+                "deeper",
+                ChildKind::Fanout,
+                config(1),
+                vec![1]
+            ),
+            Err(Refused::ChildOfChild { .. })
+        ));
+        assert_eq!(
+            put_child(
+                &mut state,
+                "orders",
+                "orders",
+                ChildKind::Fanout,
+                config(1),
+                vec![1]
+            ),
+            Err(Refused::OwnChild)
+        );
+        put(&mut state, "plain", config(1), vec![1]).expect("plain");
+        assert_eq!(
+            put_child(
+                &mut state,
+                "orders",
+                "plain",
+                ChildKind::Fanout,
+                config(1),
+                vec![]
+            ),
+            Err(Refused::ChildTopicExists("plain".into()))
+        );
+        // A parent with children is not deleted; the list names them.
+        assert_eq!(
+            state.apply(&Command::DeleteTopic {
+                name: "orders".into()
+            }),
+            Err(Refused::HasChildren {
+                topic: "orders".into(),
+                children: vec!["audit".into()]
+            })
+        );
+        // Deleting the link keeps the child topic.
+        assert_eq!(
+            state.apply(&Command::DeleteChild {
+                parent: "orders".into(),
+                child: "audit".into()
+            }),
+            Ok(Applied::ChildDeleted)
+        );
+        assert!(state.topics["audit"].parent.is_none());
+        assert!(state.topics["orders"].children.is_empty());
+        assert!(matches!(
+            state.apply(&Command::DeleteChild {
+                parent: "orders".into(),
+                child: "audit".into()
+            }),
+            Err(Refused::NoSuchChild { .. })
+        ));
+        // Deleting a child topic unlinks it.
+        put_child(
+            &mut state,
+            "orders",
+            "copy",
+            ChildKind::Fanout,
+            config(1),
+            vec![1],
+        )
+        .expect("child");
+        state
+            .apply(&Command::DeleteTopic {
+                name: "copy".into(),
+            })
+            .expect("child deleted");
+        assert!(state.topics["orders"].children.is_empty());
+    }
+
+    #[test]
+    fn delay_children_keep_their_retention_and_replicas_their_placement() {
+        let mut state = MetaState::default();
+        let retention = |ms: u64| TopicConfig {
+            retention_ms: ms,
+            ..config(2)
+        };
+        put(&mut state, "orders", retention(2 * 3_600_000), vec![1, 2]).expect("parent");
+        let delay = |ms| ChildKind::Delay { delay_ms: ms };
+        assert!(matches!(
+            put_child(
+                &mut state,
+                "orders",
+                "later",
+                delay(3_600_001),
+                config(2),
+                vec![1, 2]
+            ),
+            Err(Refused::RetentionBelowDelay { .. })
+        ));
+        put_child(
+            &mut state,
+            "orders",
+            "later",
+            delay(3_600_000),
+            config(2),
+            vec![1, 2],
+        )
+        .expect("delay child");
+        assert!(matches!(
+            put(&mut state, "orders", retention(2 * 3_600_000 - 1), vec![]),
+            Err(Refused::RetentionBreaksDelayChild { .. })
+        ));
+        put(&mut state, "orders", retention(0), vec![]).expect("forever covers any delay");
+        // A replica: same partition count, each partition away from its parent's owner.
+        assert!(matches!(
+            put_child(
+                &mut state,
+                "orders",
+                "dr",
+                ChildKind::Replica,
+                config(3),
+                vec![2, 1, 1]
+            ),
+            Err(Refused::ReplicaPartitions {
+                parent: 2,
+                given: 3
+            })
+        ));
+        assert_eq!(
+            put_child(
+                &mut state,
+                "orders",
+                "dr",
+                ChildKind::Replica,
+                config(2),
+                vec![2, 2]
+            ),
+            Err(Refused::ReplicaPlacement {
+                partition: 1,
+                owner: 2
+            })
+        );
+        put_child(
+            &mut state,
+            "orders",
+            "dr",
+            ChildKind::Replica,
+            config(2),
+            vec![2, 1],
+        )
+        .expect("replica");
+        assert!(matches!(
+            put(
+                &mut state,
+                "orders",
+                TopicConfig {
+                    retention_ms: 0,
+                    ..config(3)
+                },
+                vec![1]
+            ),
+            Err(Refused::ReplicaPartitionsFixed { .. })
+        ));
+        assert!(matches!(
+            put(&mut state, "dr", config(3), vec![1]),
+            Err(Refused::ReplicaPartitionsFixed { .. })
+        ));
     }
 
     #[test]

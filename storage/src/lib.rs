@@ -30,6 +30,7 @@
 pub mod clock;
 pub mod codec;
 pub mod consumer;
+pub mod cursor;
 pub mod error;
 pub mod frame;
 pub mod io;

@@ -84,13 +84,18 @@ fn a_request_reaches_the_shard_that_owns_its_first_partition_and_its_reply_comes
             high_watermark: 9,
             ..Default::default()
         };
-        reply.send(Ok(vec![(5, figures)])).expect("reply");
+        let figures = crate::rpc::TopicFigures {
+            partitions: vec![(5, figures)],
+            copies: Vec::new(),
+        };
+        reply.send(Ok(figures)).expect("reply");
     }
     let std::task::Poll::Ready(Ok(bytes)) = answer.as_mut().poll(&mut cx) else {
         panic!("the reply did not come back");
     };
     let reply = decode_answer::<crate::rpc::Figures>(&bytes).expect("decode");
-    assert_eq!(reply.expect("answered").expect("ok")[0].1.high_watermark, 9);
+    let figures = reply.expect("answered").expect("ok");
+    assert_eq!(figures.partitions[0].1.high_watermark, 9);
     // A kind nobody knows is refused, not guessed at.
     let mut unknown = inbox.handle(99, vec![1, 2, 3]);
     assert!(matches!(

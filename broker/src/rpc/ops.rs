@@ -142,7 +142,41 @@ pub struct Stats {
     pub topic: TopicRef,
     pub partitions: Vec<u32>,
 }
-pub type Figures = Result<Vec<(u32, PartitionStats)>, ApiError>;
+pub type Figures = Result<TopicFigures, ApiError>;
+
+/// Figures of some partitions of a topic: each partition's own, and how
+/// each of its copies to the topic's children stands.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Archive, Serialize, Deserialize)]
+pub struct TopicFigures {
+    pub partitions: Vec<(u32, PartitionStats)>,
+    pub copies: Vec<CopyFigures>,
+}
+
+impl TopicFigures {
+    pub fn merge(&mut self, other: TopicFigures) {
+        self.partitions.extend(other.partitions);
+        self.copies.extend(other.copies);
+    }
+}
+
+/// How the copy of one parent partition to one child stands, at the
+/// parent partition's owner.
+#[derive(Debug, Clone, PartialEq, Eq, Archive, Serialize, Deserialize)]
+pub struct CopyFigures {
+    pub parent: String,
+    pub child: String,
+    pub partition: u32,
+    /// Messages of the parent partition not copied yet.
+    pub lag_messages: u64,
+    /// Age of the oldest message not copied yet (for a delay child: how
+    /// far past its due time).
+    pub lag_ms: u64,
+    /// Messages retention removed before they were copied, since the
+    /// owner started.
+    pub dropped: u64,
+    /// Why the last attempt failed, while it keeps failing.
+    pub last_error: Option<String>,
+}
 
 /// One shard's own figures, for `/metrics` and `/readyz`.
 #[derive(Debug, Clone, PartialEq, Eq, Archive, Serialize, Deserialize)]
@@ -159,6 +193,8 @@ pub struct ShardGauges {
     pub dispatcher_pending: u64,
     /// (topic, partition, figures) of every open partition.
     pub partitions: Vec<(String, u32, PartitionStats)>,
+    /// Every copy to a child this shard runs.
+    pub copies: Vec<CopyFigures>,
 }
 
 /// Messages became available at the sender: wake long polls.

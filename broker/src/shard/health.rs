@@ -62,6 +62,7 @@ impl<F: FileSystem> Shard<F> {
                 .find_map(|owner| owner.ack_state_failure()),
             dispatcher_pending: self.dispatcher_pending() as u64,
             partitions,
+            copies: self.copy_figures(None),
         }
     }
 

@@ -56,15 +56,16 @@ use crate::route::{
     consume_order, group_by, reroute_target, rotated, InOrder, Location, Placement,
 };
 use crate::rpc::{
-    Address, Available, CallError, Collect, Collected, Commit, Committed, Delivery, Envelope,
-    Figures, Gauges, Links, Operation, Reach, Record, Settle, SettleOutcome, Settled, ShardGauges,
-    Stats, TopicRef, Transport,
+    Address, Available, CallError, Collect, Collected, Commit, Committed, CopyFigures, Delivery,
+    Envelope, Figures, Gauges, Links, Operation, Reach, Record, Settle, SettleOutcome, Settled,
+    ShardGauges, Stats, TopicFigures, TopicRef, Transport,
 };
 use crate::runtime::SharedRuntime;
 use crate::schemas::CompiledSchemas;
 use crate::settings::Settings;
 use crate::signal::Signal;
 
+mod children;
 mod consume;
 mod dispatch;
 mod health;
@@ -79,6 +80,7 @@ mod tasks;
 mod topics;
 
 pub use crate::limits::MAX_MESSAGE_BYTES_DEFAULT;
+pub use children::{child_statuses, ChildStatus};
 
 type OwnerKey = (String, u64, u32);
 /// The metadata version the cached topics come from, and the topics.
@@ -201,6 +203,8 @@ pub struct Shard<F: FileSystem = NodeFs> {
     /// Password hashes under way on this shard.
     hashing: Cell<usize>,
     schemas: CompiledSchemas,
+    /// The copies to children of this shard's partitions.
+    copies: children::Copies,
 }
 
 /// What the node gives each of its shards.
@@ -323,6 +327,7 @@ impl<F: FileSystem> Shard<F> {
             passwords: VerifiedPasswords::default(),
             hashing: Cell::new(0),
             schemas: CompiledSchemas::default(),
+            copies: RefCell::default(),
         })
     }
 

@@ -17,15 +17,10 @@ impl<F: FileSystem> Shard<F> {
         if let Some(topic) = metadata.topic(name) {
             return Ok(topic);
         }
-        let Some(topic) = metadata
-            .snapshot
-            .current()
-            .0
-            .state
-            .topics
-            .get(name)
-            .cloned()
-        else {
+        // Through `view`, which empties the cache if the metastore applied
+        // something since: a change that lands between the two reads must
+        // not leave other topics cached at the older version.
+        let Some(topic) = metadata.view().state.topics.get(name).cloned() else {
             // A node still learning the cluster's metadata cannot say a
             // topic is missing: 404 is final for a client, 503 is retried.
             if !self.env.meta.caught_up() {
@@ -58,8 +53,40 @@ impl<F: FileSystem> Shard<F> {
         patch: TopicPatch,
     ) -> Result<(bool, Topic), ApiError> {
         let existing = self.view().state.topics.get(name).cloned();
+        let (config, added) = self.resolve_config(existing.as_ref(), patch)?;
+        let existing_partitions = existing.as_ref().map_or(0, |t| t.config.partitions);
+        // The controller's placement (`controller::place`).
+        let new_owners = place(name, existing_partitions, added, &self.live_nodes());
+        let command = Command::PutTopic {
+            name: name.to_string(),
+            config,
+            new_owners,
+            now_ms: self.now(),
+        };
+        let (created, topic) = match self.propose(command).await? {
+            Applied::TopicCreated(topic) => (true, topic),
+            Applied::TopicUpdated(topic) | Applied::TopicUnchanged(topic) => (false, topic),
+            _ => {
+                return Err(ApiError::new(
+                    ErrorCode::Internal,
+                    "the metastore answered a topic change oddly",
+                ))
+            }
+        };
+        self.applied_here(&topic).await;
+        self.reconcile_owners();
+        Ok((created, topic))
+    }
+
+    /// A topic's config after `patch` (on the existing topic's, or on the
+    /// defaults), checked as far as this node can, and how many partitions
+    /// it adds.
+    pub(super) fn resolve_config(
+        &self,
+        existing: Option<&Topic>,
+        patch: TopicPatch,
+    ) -> Result<(TopicConfig, u32), ApiError> {
         let base = existing
-            .as_ref()
             .map(|t| t.config.clone())
             .unwrap_or_else(|| TopicConfig {
                 partitions: 8,
@@ -97,29 +124,10 @@ impl<F: FileSystem> Shard<F> {
                 ));
             }
         }
-        let existing_partitions = existing.as_ref().map_or(0, |t| t.config.partitions);
-        let added = config.partitions.saturating_sub(existing_partitions);
-        // The controller's placement (`controller::place`).
-        let new_owners = place(name, existing_partitions, added, &self.live_nodes());
-        let command = Command::PutTopic {
-            name: name.to_string(),
-            config,
-            new_owners,
-            now_ms: self.now(),
-        };
-        let (created, topic) = match self.propose(command).await? {
-            Applied::TopicCreated(topic) => (true, topic),
-            Applied::TopicUpdated(topic) | Applied::TopicUnchanged(topic) => (false, topic),
-            _ => {
-                return Err(ApiError::new(
-                    ErrorCode::Internal,
-                    "the metastore answered a topic change oddly",
-                ))
-            }
-        };
-        self.applied_here(&topic).await;
-        self.reconcile_owners();
-        Ok((created, topic))
+        let added = config
+            .partitions
+            .saturating_sub(existing.map_or(0, |t| t.config.partitions));
+        Ok((config, added))
     }
 
     /// Waits until this node's metadata holds `topic` as the change left it
@@ -205,9 +213,11 @@ impl<F: FileSystem> Shard<F> {
     /// Reconciles on every metadata change, whichever shard or node made it.
     pub async fn watch_topics(self: Rc<Self>) {
         let mut changes = self.env.meta.subscribe();
+        self.reconcile_children();
         self.reap_deleted_topics().await;
         while changes.changed().await.is_ok() {
             self.reconcile_owners();
+            self.reconcile_children();
             self.reap_deleted_topics().await;
         }
     }
@@ -263,18 +273,22 @@ impl<F: FileSystem> Shard<F> {
     /// Per-partition figures of a topic (opening its partitions if needed),
     /// from the shard and node that own each. A node that does not answer
     /// leaves its partitions' figures at zero.
-    pub async fn partition_stats(&self, topic: &Topic) -> Result<Vec<PartitionStats>, ApiError> {
+    pub async fn partition_stats(
+        &self,
+        topic: &Topic,
+    ) -> Result<(Vec<PartitionStats>, Vec<CopyFigures>), ApiError> {
         let op = Stats {
             topic: TopicRef::of(topic),
             partitions: (0..topic.config.partitions).collect(),
         };
         let mut stats = vec![PartitionStats::default(); topic.config.partitions as usize];
-        for (partition, figures) in self.stats(topic, op, Reach::Cluster).await? {
+        let figures = self.stats(topic, op, Reach::Cluster).await?;
+        for (partition, figures) in figures.partitions {
             if let Some(slot) = stats.get_mut(partition as usize) {
                 *slot = figures;
             }
         }
-        Ok(stats)
+        Ok((stats, figures.copies))
     }
 
     /// Figures of the partitions of `op` within `reach`, from the shards
@@ -285,17 +299,17 @@ impl<F: FileSystem> Shard<F> {
         let count = topic.config.partitions;
         let (mine, others) =
             placement.split_by_node(op.partitions.iter().copied().filter(|p| *p < count));
-        let mut figures = Vec::with_capacity(op.partitions.len());
+        let mut figures = TopicFigures::default();
         for (shard, partitions) in placement.group_by_shard(mine) {
             if shard == self.shard_index() {
-                figures.extend(self.stats_here(topic, &partitions).await?);
+                figures.merge(self.stats_here(topic, &partitions).await?);
             } else if reach.crosses_shards() {
                 let to = Address::Shard(shard);
                 let part = Stats {
                     topic: op.topic.clone(),
                     partitions,
                 };
-                figures.extend(
+                figures.merge(
                     self.call(to, part, None)
                         .await
                         .map_err(|e| e.to_api(to))??,
@@ -322,7 +336,7 @@ impl<F: FileSystem> Shard<F> {
                 .call(Address::Node(node), part, Some(STATS_CALL_TIMEOUT))
                 .await
             {
-                Ok(Ok(list)) => figures.extend(list),
+                Ok(Ok(list)) => figures.merge(list),
                 Ok(Err(error)) | Err(CallError::Refused(error)) => {
                     tracing::debug!(node, %error, "partition figures: a node refused")
                 }
@@ -338,11 +352,14 @@ impl<F: FileSystem> Shard<F> {
     }
 
     async fn stats_here(&self, topic: &Topic, partitions: &[u32]) -> Figures {
-        let mut stats = Vec::with_capacity(partitions.len());
+        let mut figures = TopicFigures::default();
         for &partition in partitions {
             let owner = self.owner(topic, partition).await?;
-            stats.push((partition, owner.stats(self.now())));
+            figures
+                .partitions
+                .push((partition, owner.stats(self.now())));
         }
-        Ok(stats)
+        figures.copies = self.copy_figures(Some((topic, partitions)));
+        Ok(figures)
     }
 }

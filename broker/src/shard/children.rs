@@ -1,0 +1,673 @@
+//! Children: creating and deleting them through the metastore, and the
+//! copies. Each partition of a parent with children copies, on the shard
+//! that owns it, every message to each child from a durable cursor kept in
+//! the partition's folder (`children/{child}-{incarnation}.cursor`): read
+//! from the cursor on, commit to the child's partitions (their owners
+//! fsync and read back, as for any commit), then store the cursor. A crash
+//! between the two copies those messages again (at least once); nothing
+//! is skipped but what the parent's retention removed first, which is
+//! counted.
+
+use narad_net::types::{ChildKindName, ChildRequest};
+use narad_raft::state::{Child, ChildKind};
+use narad_storage::cursor::Cursor;
+use narad_storage::log::StoredMessage;
+
+use super::*;
+use crate::controller::place_replica;
+use crate::limits::{
+    CHILD_BEHIND_AFTER_MS, CHILD_COPY_BYTES_MAX, CHILD_COPY_RECORDS_MAX, CHILD_IDLE_RECHECK,
+    CHILD_OBSERVED_COALESCE_MS, CHILD_RETRY_BACKOFF_MAX, CHILD_RETRY_BACKOFF_MIN,
+    CHILD_START_CLOCK_SLACK_MS,
+};
+
+/// One copy: a parent partition of this shard to one child.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(super) struct CopyKey {
+    parent: String,
+    parent_incarnation: u64,
+    partition: u32,
+    child: String,
+    child_incarnation: u64,
+}
+
+/// How a running copy stands, and its stop switch.
+#[derive(Default)]
+pub(super) struct CopyState {
+    lag_messages: Cell<u64>,
+    lag_ms: Cell<u64>,
+    dropped: Cell<u64>,
+    last_error: RefCell<Option<String>>,
+    stop: Cell<bool>,
+    /// Raised to stop the copy.
+    wake: Signal,
+}
+
+/// The copies this shard runs.
+pub(super) type Copies = RefCell<HashMap<CopyKey, Rc<CopyState>>>;
+
+/// A child as `GET /v1/topics/{parent}/children` shows it: its figures
+/// summed over the parent's partitions.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChildStatus {
+    pub name: String,
+    pub kind: ChildKind,
+    pub lag_messages: u64,
+    pub lag_seconds: f64,
+    pub dropped_messages: u64,
+    pub state: &'static str,
+    pub last_error: Option<String>,
+}
+
+/// When the owner saw the high watermark pass offsets: a delay copy makes
+/// no copy earlier than `delay_ms` after the owner's own clock first saw
+/// the message (nor after its produce time), so a node whose clock runs
+/// behind another's never makes one early.
+#[derive(Default)]
+struct Observed {
+    /// (high watermark, when first seen), oldest first.
+    marks: VecDeque<(u64, u64)>,
+}
+
+impl Observed {
+    fn note(&mut self, high_watermark: u64, now_ms: u64) {
+        match self.marks.back_mut() {
+            Some((hw, _)) if *hw >= high_watermark => {}
+            // Close together: one later mark covers both (later, never earlier).
+            Some((hw, at)) if now_ms.saturating_sub(*at) < CHILD_OBSERVED_COALESCE_MS => {
+                *hw = high_watermark;
+                *at = now_ms;
+            }
+            _ => self.marks.push_back((high_watermark, now_ms)),
+        }
+    }
+
+    /// When the owner first saw `offset` (`None`: before this copy started).
+    fn seen_at(&self, offset: u64) -> Option<u64> {
+        self.marks
+            .iter()
+            .find(|(hw, _)| offset < *hw)
+            .map(|(_, at)| *at)
+    }
+
+    /// Forgets marks wholly below `offset`.
+    fn forget_below(&mut self, offset: u64) {
+        while self.marks.front().is_some_and(|(hw, _)| *hw <= offset) {
+            self.marks.pop_front();
+        }
+    }
+}
+
+/// When a message may be copied to a delay child.
+fn due_at(message: &StoredMessage, observed: &Observed, delay_ms: u64) -> u64 {
+    let accepted = observed
+        .seen_at(message.offset)
+        .map_or(message.message.produced_at_ms, |seen| {
+            seen.max(message.message.produced_at_ms)
+        });
+    accepted.saturating_add(delay_ms)
+}
+
+/// The child partition a parent partition's message goes to: the same
+/// partition when the counts match (a replica always), else by key, else
+/// spread by parent partition.
+fn child_partition(
+    parent_partitions: u32,
+    child: &Topic,
+    partition: u32,
+    key: Option<&[u8]>,
+) -> u32 {
+    let count = child.config.partitions.max(1);
+    if count == parent_partitions {
+        return partition;
+    }
+    match key {
+        Some(key) => partition_for_key(key, count),
+        None => partition % count,
+    }
+}
+
+impl<F: FileSystem> Shard<F> {
+    /// Creates or changes a child through the metastore. Returns whether it
+    /// was created, and the child topic.
+    pub async fn put_child(
+        &self,
+        parent: &str,
+        child: &str,
+        request: ChildRequest,
+    ) -> Result<(bool, Topic), ApiError> {
+        let parent_topic = self.topic(parent)?;
+        let kind = match request.kind {
+            ChildKindName::Fanout => ChildKind::Fanout,
+            ChildKindName::Delay { delay_ms } => ChildKind::Delay { delay_ms },
+            ChildKindName::Replica => ChildKind::Replica,
+        };
+        let existing = self.view().state.topics.get(child).cloned();
+        let mut patch = request.topic;
+        if existing.is_none() && patch.partitions.is_none() {
+            // A new child has its parent's partition count unless told.
+            patch.partitions = Some(parent_topic.config.partitions);
+        }
+        let (config, added) = self.resolve_config(existing.as_ref(), patch)?;
+        let new_owners = match (kind, &existing) {
+            (ChildKind::Replica, None) => {
+                if config.partitions != parent_topic.config.partitions {
+                    return Err(ApiError::new(
+                        ErrorCode::InvalidRequest,
+                        format!(
+                            "a replica child has its parent's partition count ({}), not {}",
+                            parent_topic.config.partitions, config.partitions
+                        ),
+                    ));
+                }
+                place_replica(child, &parent_topic.owners, &self.live_nodes()).ok_or_else(|| {
+                    ApiError::new(
+                        ErrorCode::InvalidRequest,
+                        "a replica child needs a live node other than the owner of each parent partition; this cluster has none (a single node cannot hold a replica)",
+                    )
+                })?
+            }
+            _ => {
+                let existing_partitions = existing.as_ref().map_or(0, |t| t.config.partitions);
+                place(child, existing_partitions, added, &self.live_nodes())
+            }
+        };
+        let command = Command::PutChild {
+            parent: parent.to_string(),
+            child: child.to_string(),
+            kind,
+            config,
+            new_owners,
+            now_ms: self.now(),
+        };
+        let (created, topic) = match self.propose(command).await? {
+            Applied::ChildPut { topic, created } => (created, topic),
+            _ => {
+                return Err(ApiError::new(
+                    ErrorCode::Internal,
+                    "the metastore answered a child change oddly",
+                ))
+            }
+        };
+        let (parent_name, child_name) = (parent.to_string(), child.to_string());
+        self.applied_here_when(|state| {
+            state
+                .topics
+                .get(&parent_name)
+                .is_some_and(|p| p.children.get(&child_name).is_some_and(|c| c.kind == kind))
+        })
+        .await;
+        self.reconcile_owners();
+        Ok((created, topic))
+    }
+
+    /// Stops copying to `child` (the child topic stays).
+    pub async fn delete_child(&self, parent: &str, child: &str) -> Result<(), ApiError> {
+        self.topic(parent)?;
+        self.propose(Command::DeleteChild {
+            parent: parent.to_string(),
+            child: child.to_string(),
+        })
+        .await?;
+        let (parent, child) = (parent.to_string(), child.to_string());
+        self.applied_here_when(|state| {
+            state
+                .topics
+                .get(&parent)
+                .is_none_or(|p| !p.children.contains_key(&child))
+        })
+        .await;
+        Ok(())
+    }
+
+    /// Every child of `parent` with its figures summed over the parent's
+    /// partitions (from the shards and nodes that own them).
+    pub async fn child_statuses(&self, parent: &Topic) -> Result<Vec<ChildStatus>, ApiError> {
+        if parent.children.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (_, copies) = self.partition_stats(parent).await?;
+        Ok(child_statuses(parent, &copies))
+    }
+
+    /// Starts the copies this shard should run and stops the others: one
+    /// per partition of this shard and child of its topic.
+    pub(super) fn reconcile_children(self: &Rc<Self>) {
+        let view = self.view();
+        let mut wanted = HashMap::new();
+        for parent in view
+            .state
+            .topics
+            .values()
+            .filter(|t| !t.children.is_empty())
+        {
+            let placement = self.placement(parent);
+            for partition in 0..parent.config.partitions {
+                if placement.locate(partition) != Location::Here {
+                    continue;
+                }
+                for (name, link) in &parent.children {
+                    let child_exists = view
+                        .state
+                        .topics
+                        .get(name)
+                        .is_some_and(|c| c.incarnation == link.incarnation);
+                    if child_exists {
+                        let key = CopyKey {
+                            parent: parent.name.clone(),
+                            parent_incarnation: parent.incarnation,
+                            partition,
+                            child: name.clone(),
+                            child_incarnation: link.incarnation,
+                        };
+                        wanted.insert(key, ());
+                    }
+                }
+            }
+        }
+        let mut copies = self.copies.borrow_mut();
+        copies.retain(|key, state| {
+            let keep = wanted.contains_key(key);
+            if !keep {
+                tracing::debug!(?key, "stopping a copy");
+                state.stop.set(true);
+                state.wake.notify();
+            }
+            keep
+        });
+        for key in wanted.into_keys() {
+            if copies.contains_key(&key) {
+                continue;
+            }
+            let state = Rc::new(CopyState::default());
+            copies.insert(key.clone(), state.clone());
+            let shard = self.clone();
+            self.env
+                .runtime
+                .spawn(Box::pin(async move { shard.run_copy(key, state).await }));
+        }
+    }
+
+    /// The figures of this shard's copies (of `only` these partitions of a
+    /// topic, or all).
+    pub(super) fn copy_figures(&self, only: Option<(&Topic, &[u32])>) -> Vec<CopyFigures> {
+        self.copies
+            .borrow()
+            .iter()
+            .filter(|(key, _)| {
+                only.is_none_or(|(topic, partitions)| {
+                    key.parent == topic.name
+                        && key.parent_incarnation == topic.incarnation
+                        && partitions.contains(&key.partition)
+                })
+            })
+            .map(|(key, state)| CopyFigures {
+                parent: key.parent.clone(),
+                child: key.child.clone(),
+                partition: key.partition,
+                lag_messages: state.lag_messages.get(),
+                lag_ms: state.lag_ms.get(),
+                dropped: state.dropped.get(),
+                last_error: state.last_error.borrow().clone(),
+            })
+            .collect()
+    }
+
+    /// Runs one copy until it is stopped, trying again after failures.
+    async fn run_copy(self: Rc<Self>, key: CopyKey, state: Rc<CopyState>) {
+        let mut backoff = CHILD_RETRY_BACKOFF_MIN;
+        while !state.stop.get() && !self.is_stopping() {
+            let seen = state.wake.version();
+            match self.copy(&key, &state).await {
+                Ok(()) => break,
+                Err(error) => {
+                    let first = state.last_error.borrow().as_deref() != Some(&error.message);
+                    if first {
+                        tracing::warn!(parent = %key.parent, partition = key.partition, child = %key.child, %error, "copying to a child failed; trying again");
+                    }
+                    *state.last_error.borrow_mut() = Some(error.message);
+                    futures_lite::future::or(
+                        state.wake.changed(seen),
+                        self.env.runtime.sleep(backoff),
+                    )
+                    .await;
+                    backoff = (backoff * 2).min(CHILD_RETRY_BACKOFF_MAX);
+                }
+            }
+        }
+        tracing::debug!(parent = %key.parent, partition = key.partition, child = %key.child, "a copy ended");
+        self.forget_cursor_if_unlinked(&key).await;
+    }
+
+    /// The parent, the child and their link, while the copy should run.
+    fn copy_topics(&self, key: &CopyKey) -> Option<(Rc<Topic>, Rc<Topic>, Child)> {
+        let parent = self
+            .topic(&key.parent)
+            .ok()
+            .filter(|t| t.incarnation == key.parent_incarnation)?;
+        let link = parent
+            .children
+            .get(&key.child)
+            .filter(|c| c.incarnation == key.child_incarnation)?
+            .clone();
+        let child = self
+            .topic(&key.child)
+            .ok()
+            .filter(|t| t.incarnation == key.child_incarnation)?;
+        Some((parent, child, link))
+    }
+
+    fn cursor_place(&self, key: &CopyKey) -> (PathBuf, String) {
+        let dir = self
+            .topic_dir(&key.parent, key.parent_incarnation)
+            .join(key.partition.to_string())
+            .join("children");
+        (
+            dir,
+            format!("{}-{}.cursor", key.child, key.child_incarnation),
+        )
+    }
+
+    /// Copies from the cursor on until stopped; an error ends the attempt
+    /// (the cursor stays where the last confirmed copy left it).
+    async fn copy(&self, key: &CopyKey, state: &CopyState) -> Result<(), ApiError> {
+        let Some((parent, _, link)) = self.copy_topics(key) else {
+            return Ok(());
+        };
+        let owner = self.owner(&parent, key.partition).await?;
+        let (dir, name) = self.cursor_place(key);
+        let fs = &self.env.fs;
+        let cursor = match Cursor::open(fs, &dir, &name)
+            .await
+            .map_err(|e| from_storage(&e))?
+        {
+            Some(cursor) => cursor,
+            None => {
+                let start = self.first_to_copy(&owner, link.created_at_ms).await?;
+                Cursor::create(fs, &dir, &name, start)
+                    .await
+                    .map_err(|e| from_storage(&e))?
+            }
+        };
+        let mut observed = Observed::default();
+        loop {
+            let seen = owner.version();
+            let woken = state.wake.version();
+            if state.stop.get() || self.is_stopping() {
+                return Ok(());
+            }
+            let Some((parent, child, link)) = self.copy_topics(key) else {
+                return Ok(());
+            };
+            let now = self.now();
+            let high_watermark = owner.high_watermark();
+            observed.note(high_watermark, now);
+            let mut position = cursor.position();
+            let start = owner.log_start_offset();
+            if position < start {
+                let lost = start - position;
+                state.dropped.set(state.dropped.get() + lost);
+                tracing::warn!(parent = %key.parent, partition = key.partition, child = %key.child, skipped = lost, oldest_retained = start, "a child fell behind its parent's retention; skipped the messages retention removed");
+                cursor.store(start).await.map_err(|e| from_storage(&e))?;
+                position = start;
+            }
+            observed.forget_below(position);
+            if position >= high_watermark {
+                state.lag_messages.set(0);
+                state.lag_ms.set(0);
+                *state.last_error.borrow_mut() = None;
+                self.idle(&owner, seen, state, woken, CHILD_IDLE_RECHECK)
+                    .await;
+                continue;
+            }
+            let batch = owner
+                .read(position, CHILD_COPY_RECORDS_MAX, CHILD_COPY_BYTES_MAX)
+                .await
+                .map_err(|e| from_owner(&e))?;
+            let Some(first) = batch.first() else {
+                // The log could not return the message at the cursor
+                // (damaged, and already logged as such): go past it.
+                state.dropped.set(state.dropped.get() + 1);
+                cursor
+                    .store(position + 1)
+                    .await
+                    .map_err(|e| from_storage(&e))?;
+                continue;
+            };
+            state.lag_messages.set(high_watermark - position);
+            let delay_ms = match link.kind {
+                ChildKind::Delay { delay_ms } => Some(delay_ms),
+                ChildKind::Fanout | ChildKind::Replica => None,
+            };
+            let oldest_due = delay_ms.map_or(first.message.produced_at_ms, |delay| {
+                due_at(first, &observed, delay)
+            });
+            state.lag_ms.set(now.saturating_sub(oldest_due));
+            let due = match delay_ms {
+                Some(delay) => batch
+                    .iter()
+                    .take_while(|m| due_at(m, &observed, delay) <= now)
+                    .count(),
+                None => batch.len(),
+            };
+            if due == 0 {
+                let wait = Duration::from_millis(oldest_due.saturating_sub(now).max(1));
+                self.idle(&owner, seen, state, woken, wait.min(CHILD_IDLE_RECHECK))
+                    .await;
+                continue;
+            }
+            let copied = batch.get(..due).unwrap_or_default();
+            self.copy_to_child(&parent, &child, key.partition, copied)
+                .await?;
+            let next = copied.last().map_or(position, |m| m.offset + 1);
+            cursor.store(next).await.map_err(|e| from_storage(&e))?;
+            *state.last_error.borrow_mut() = None;
+        }
+    }
+
+    /// Waits for a commit to the parent partition, a stop, or `at_most`.
+    async fn idle(
+        &self,
+        owner: &Owner<F>,
+        seen: u64,
+        state: &CopyState,
+        woken: u64,
+        at_most: Duration,
+    ) {
+        futures_lite::future::or(
+            futures_lite::future::or(owner.changed(seen), state.wake.changed(woken)),
+            self.env.runtime.sleep(at_most),
+        )
+        .await;
+    }
+
+    /// Commits messages of one parent partition to the child's partitions,
+    /// each at its owner (fsynced and read back there); Ok once all are.
+    async fn copy_to_child(
+        &self,
+        parent: &Topic,
+        child: &Topic,
+        partition: u32,
+        messages: &[StoredMessage],
+    ) -> Result<(), ApiError> {
+        let mut groups: BTreeMap<u32, Vec<Record>> = BTreeMap::new();
+        for stored in messages {
+            let message = &stored.message;
+            let to = child_partition(
+                parent.config.partitions,
+                child,
+                partition,
+                message.key.as_deref(),
+            );
+            groups.entry(to).or_default().push(Record {
+                id: message.id,
+                produced_at_ms: message.produced_at_ms,
+                key: message.key.clone(),
+                value: message.value.clone(),
+            });
+        }
+        for (to, records) in groups {
+            let op = Commit {
+                topic: TopicRef::of(child),
+                partition: to,
+                messages: records,
+            };
+            self.commit(child, op, Reach::Cluster).await?;
+        }
+        Ok(())
+    }
+
+    /// Where a new child's copy of this partition starts: the first message
+    /// accepted after the child was created (less the clock slack), found
+    /// going back from the end; at most the end of the partition now.
+    async fn first_to_copy(&self, owner: &Owner<F>, created_at_ms: u64) -> Result<u64, ApiError> {
+        let since = created_at_ms.saturating_sub(CHILD_START_CLOCK_SLACK_MS);
+        let start = owner.log_start_offset();
+        let mut first = owner.high_watermark();
+        while first > start {
+            let from = first
+                .saturating_sub(CHILD_COPY_RECORDS_MAX as u64)
+                .max(start);
+            let read = owner
+                .read(from, CHILD_COPY_RECORDS_MAX, usize::MAX)
+                .await
+                .map_err(|e| from_owner(&e))?;
+            let older = read
+                .iter()
+                .filter(|m| m.offset < first)
+                .rev()
+                .find(|m| m.message.produced_at_ms < since);
+            if let Some(older) = older {
+                return Ok(older.offset + 1);
+            }
+            first = from;
+        }
+        Ok(first)
+    }
+
+    /// Removes the cursor of a copy whose child link is gone (its parent
+    /// stays), so a child created again starts afresh.
+    async fn forget_cursor_if_unlinked(&self, key: &CopyKey) {
+        let parent_stays = self
+            .topic(&key.parent)
+            .ok()
+            .is_some_and(|t| t.incarnation == key.parent_incarnation);
+        let linked = self.copy_topics(key).is_some();
+        if !parent_stays || linked || !self.env.meta.caught_up() {
+            return;
+        }
+        let (dir, name) = self.cursor_place(key);
+        let path = dir.join(&name);
+        if let Err(error) = self.env.fs.remove_file(&path).await {
+            tracing::debug!(path = %path.display(), %error, "a child's cursor was not removed");
+        }
+    }
+}
+
+/// Sums each child's copies over the parent's partitions.
+pub fn child_statuses(parent: &Topic, copies: &[CopyFigures]) -> Vec<ChildStatus> {
+    parent
+        .children
+        .iter()
+        .map(|(name, link)| {
+            let mine: Vec<&CopyFigures> = copies
+                .iter()
+                .filter(|c| c.parent == parent.name && c.child == *name)
+                .collect();
+            let lag_messages = mine.iter().map(|c| c.lag_messages).sum();
+            let lag_ms = mine.iter().map(|c| c.lag_ms).max().unwrap_or(0);
+            let last_error = mine.iter().find_map(|c| c.last_error.clone());
+            let reported: HashSet<u32> = mine.iter().map(|c| c.partition).collect();
+            let state = if last_error.is_some() {
+                "failing"
+            } else if lag_ms > CHILD_BEHIND_AFTER_MS
+                || (reported.len() as u32) < parent.config.partitions
+            {
+                "behind"
+            } else {
+                "copying"
+            };
+            let last_error = last_error.or_else(|| {
+                ((reported.len() as u32) < parent.config.partitions).then(|| {
+                    format!(
+                        "{} of {} parent partitions did not report (their owner is unreachable or still starting the copy)",
+                        parent.config.partitions as usize - reported.len(),
+                        parent.config.partitions
+                    )
+                })
+            });
+            ChildStatus {
+                name: name.clone(),
+                kind: link.kind,
+                lag_messages,
+                lag_seconds: lag_ms as f64 / 1000.0,
+                dropped_messages: mine.iter().map(|c| c.dropped).sum(),
+                state,
+                last_error,
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use narad_storage::log::Message;
+
+    fn stored(offset: u64, produced_at_ms: u64) -> StoredMessage {
+        StoredMessage {
+            offset,
+            message: Message {
+                id: u128::from(offset),
+                produced_at_ms,
+                key: None,
+                value: bytes::Bytes::new(),
+            },
+        }
+    }
+
+    #[test]
+    fn a_delay_counts_from_the_later_of_produce_time_and_the_owners_first_sight() {
+        let mut observed = Observed::default();
+        observed.note(10, 1_000);
+        // Close marks merge into the later one.
+        observed.note(12, 1_020);
+        observed.note(20, 2_000);
+        assert_eq!(observed.seen_at(5), Some(1_020));
+        assert_eq!(observed.seen_at(15), Some(2_000));
+        assert_eq!(observed.seen_at(25), None);
+        // A producer's clock ahead of the owner's: its time counts.
+        assert_eq!(due_at(&stored(15, 2_500), &observed, 100), 2_600);
+        // Behind: the owner's first sight counts, never earlier.
+        assert_eq!(due_at(&stored(15, 1_500), &observed, 100), 2_100);
+        observed.forget_below(12);
+        assert_eq!(observed.seen_at(15), Some(2_000));
+    }
+
+    #[test]
+    fn children_with_the_parents_count_keep_partitions_others_go_by_key() {
+        let topic = |partitions| Topic {
+            name: "c".into(),
+            config: TopicConfig {
+                partitions,
+                visibility_timeout_ms: 1,
+                retention_ms: 0,
+                max_deliveries: 0,
+                dead_letter_topic: None,
+                schema: None,
+                max_message_bytes: 1,
+            },
+            owners: vec![1; partitions as usize],
+            incarnation: 1,
+            created_at_ms: 0,
+            children: BTreeMap::new(),
+            parent: None,
+        };
+        assert_eq!(child_partition(4, &topic(4), 3, Some(b"k")), 3);
+        assert_eq!(
+            child_partition(4, &topic(3), 3, Some(b"k")),
+            partition_for_key(b"k", 3)
+        );
+        assert_eq!(child_partition(4, &topic(3), 3, None), 0);
+    }
+}
