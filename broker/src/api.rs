@@ -14,11 +14,11 @@ use narad_net::batch::parse_batch;
 use narad_net::http_server::{error_response, HttpRequest, HttpResponse};
 use narad_net::names::validate_topic_name;
 use narad_net::types::{
-    ChildRequest, ConsumeRequest, ConsumeResponse, ExtendResponse, SettleAction,
+    ChildRequest, ConsumeRequest, ConsumeResponse, ExtendResponse, RedriveRequest, SettleAction,
     SettleBatchResponse, SettleKind, SettleRequest, SettleResult, TopicPatch,
 };
 use narad_net::{ApiError, ErrorCode};
-use narad_raft::state::{Action, ChildKind, Grant, Topic, ADMIN_USER};
+use narad_raft::state::{Action, ChildKind, Grant, RedriveState, Topic, ADMIN_USER};
 use serde_json::{json, Value};
 
 use crate::auth::{
@@ -34,7 +34,7 @@ use crate::metric_names::{
 };
 use crate::rpc::ShardGauges;
 use crate::schemas::check_document;
-use crate::shard::{child_statuses, ChildStatus, Shard, MAX_MESSAGE_BYTES_DEFAULT};
+use crate::shard::{child_statuses, ChildStatus, RedriveStatus, Shard, MAX_MESSAGE_BYTES_DEFAULT};
 
 /// What a route needs of its caller when `auth.enabled` is on
 /// (docs/security.md).
@@ -148,6 +148,19 @@ pub const ROUTES: &[RouteSpec] = &[
             (Method::DELETE, Need::Topic(Action::Admin)),
         ],
     ),
+    spec(
+        "redrive",
+        "/v1/topics/{topic}/redrive",
+        &[
+            (Method::POST, Need::Topic(Action::Admin)),
+            (Method::GET, Need::Topic(Action::Admin)),
+        ],
+    ),
+    spec(
+        "redrive_task",
+        "/v1/topics/{topic}/redrive/{task}",
+        &[(Method::DELETE, Need::Topic(Action::Admin))],
+    ),
     spec("schemas", "/v1/schemas", &[(Method::GET, Need::Anyone)]),
     spec(
         "schema",
@@ -190,6 +203,7 @@ struct Route<'a> {
     spec: &'static RouteSpec,
     topic: Option<&'a str>,
     child: Option<&'a str>,
+    task: Option<&'a str>,
     schema: Option<&'a str>,
     user: Option<&'a str>,
     token: Option<&'a str>,
@@ -237,6 +251,7 @@ fn route(path: &str) -> Option<Route<'_>> {
             spec,
             topic: None,
             child: None,
+            task: None,
             schema: None,
             user: None,
             token: None,
@@ -245,6 +260,7 @@ fn route(path: &str) -> Option<Route<'_>> {
             match want {
                 "{topic}" => route.topic = Some(got),
                 "{child}" => route.child = Some(got),
+                "{task}" => route.task = Some(got),
                 "{schema}" => route.schema = Some(got),
                 "{user}" => route.user = Some(got),
                 "{token}" => route.token = Some(got),
@@ -521,6 +537,39 @@ async fn dispatch(
                 return Ok(empty_response(StatusCode::NO_CONTENT));
             }
             put_child(shard, parent, child, &body, user.as_deref()).await
+        }
+        ("redrive", Some(dlq)) if method == Method::POST => {
+            let request = RedriveRequest::parse(&body)?;
+            validate_topic_name(&request.to).map_err(|e| {
+                ApiError::new(ErrorCode::InvalidRequest, format!("to: {}", e.message))
+            })?;
+            // Messages are written to `to`: that needs `produce` on it.
+            if let Some(user) = &user {
+                shard.authorize(user, Action::Produce, Some(&request.to))?;
+            }
+            let (id, redrive) = shard.start_redrive(dlq, request).await?;
+            let listed = RedriveStatus {
+                id,
+                redrive,
+                remaining: 0,
+            };
+            Ok(json_response(StatusCode::ACCEPTED, &redrive_json(&listed)))
+        }
+        ("redrive", Some(dlq)) => {
+            let topic = shard.topic(dlq)?;
+            let tasks: Vec<Value> = shard
+                .redrives(&topic)
+                .await?
+                .iter()
+                .map(redrive_json)
+                .collect();
+            Ok(json_response(StatusCode::OK, &json!({ "tasks": tasks })))
+        }
+        ("redrive_task", Some(dlq)) => {
+            shard
+                .cancel_redrive(dlq, route.task.unwrap_or_default())
+                .await?;
+            Ok(empty_response(StatusCode::NO_CONTENT))
         }
         ("schemas", _) => Ok(json_response(StatusCode::OK, &schemas_json(shard))),
         ("schema", _) => {
@@ -898,6 +947,26 @@ async fn topic_json_with_stats(shard: &Shard, topic: &Topic) -> Result<Value, Ap
     value["partition_stats"] = json!(partition_stats);
     value["children"] = json!(children_json(&child_statuses(topic, &copies)));
     Ok(value)
+}
+
+/// A redrive as `GET /v1/topics/{dlq}/redrive` lists it.
+fn redrive_json(listed: &RedriveStatus) -> Value {
+    let redrive = &listed.redrive;
+    let mut value = json!({
+        "id": listed.id,
+        "to": redrive.to,
+        "moved": redrive.moved,
+        "remaining": listed.remaining,
+        "state": redrive.state.name(),
+        "rate_per_s": redrive.rate_per_s,
+        "max_messages": redrive.max_messages,
+        "node": redrive.node,
+        "created_at_ms": redrive.created_at_ms,
+    });
+    if let RedriveState::Failed(why) = &redrive.state {
+        value["error"] = json!(why);
+    }
+    value
 }
 
 /// Children as `GET /v1/topics/{parent}/children` lists them.

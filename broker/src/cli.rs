@@ -76,6 +76,28 @@ pub enum TopicAction {
     Children { name: String },
 }
 
+/// What `narad dlq` does.
+#[derive(Subcommand, Debug)]
+pub enum DlqAction {
+    /// Move the messages of dead-letter topic DLQ to --to, each written
+    /// durably there before it is acked in DLQ.
+    Redrive {
+        dlq: String,
+        #[arg(long)]
+        to: String,
+        /// At most this many messages a second.
+        #[arg(long)]
+        rate_per_s: Option<u64>,
+        /// Stop after this many.
+        #[arg(long)]
+        max_messages: Option<u64>,
+    },
+    /// DLQ's redrives: moved, remaining, state.
+    Tasks { dlq: String },
+    /// Cancel a running redrive.
+    Cancel { dlq: String, id: String },
+}
+
 /// What `narad child` does.
 #[derive(Subcommand, Debug)]
 pub enum ChildAction {
@@ -835,6 +857,63 @@ pub fn child(args: &ClientArgs, action: &ChildAction) -> Result<(), String> {
             args,
             &format!("{}/{}", children_path(parent), encode_segment(child)),
             &format!("{child} is no longer a child of {parent} (the topic {child} stays)"),
+        )?,
+    }
+    Ok(())
+}
+
+fn redrive_path(dlq: &str) -> String {
+    format!("/v1/topics/{}/redrive", encode_segment(dlq))
+}
+
+pub fn dlq(args: &ClientArgs, action: &DlqAction) -> Result<(), String> {
+    let client = client(args)?;
+    match action {
+        DlqAction::Redrive {
+            dlq,
+            to,
+            rate_per_s,
+            max_messages,
+        } => {
+            let mut body = json!({ "to": to });
+            if let Some(rate) = rate_per_s {
+                body["rate_per_s"] = json!(rate);
+            }
+            if let Some(max) = max_messages {
+                body["max_messages"] = json!(max);
+            }
+            let answer = call(&client, "POST", &redrive_path(dlq), &body)?;
+            match args.output {
+                Output::Json => print_json(&answer.body),
+                Output::Human => println!(
+                    "redrive {} started: {dlq} -> {to} (see `narad dlq tasks {dlq}`)",
+                    cell(&answer.body["id"])
+                ),
+            }
+        }
+        DlqAction::Tasks { dlq } => {
+            let listing = call(&client, "GET", &redrive_path(dlq), &Value::Null)?.body;
+            match args.output {
+                Output::Json => print_json(&listing),
+                Output::Human => {
+                    let rows = rows_of(&listing["tasks"], |t| {
+                        ["id", "to", "moved", "remaining", "state", "rate_per_s"]
+                            .iter()
+                            .map(|k| cell(&t[*k]))
+                            .collect()
+                    });
+                    print_table(
+                        &["ID", "TO", "MOVED", "REMAINING", "STATE", "RATE_PER_S"],
+                        &rows,
+                    );
+                }
+            }
+        }
+        DlqAction::Cancel { dlq, id } => delete(
+            &client,
+            args,
+            &format!("{}/{}", redrive_path(dlq), encode_segment(id)),
+            &format!("redrive {id} cancelled"),
         )?,
     }
     Ok(())

@@ -44,7 +44,8 @@ pub fn from_meta(error: &MetaError) -> ApiError {
                 | Refused::ChildOfChild { .. }
                 | Refused::RetentionBelowDelay { .. }
                 | Refused::ReplicaPartitions { .. }
-                | Refused::ReplicaPlacement { .. } => ErrorCode::InvalidRequest,
+                | Refused::ReplicaPlacement { .. }
+                | Refused::RedriveToItself(_) => ErrorCode::InvalidRequest,
                 Refused::FewerPartitions { .. }
                 | Refused::DeadLetterTopicInUse { .. }
                 | Refused::SchemaInUse { .. }
@@ -54,10 +55,12 @@ pub fn from_meta(error: &MetaError) -> ApiError {
                 | Refused::ChildKindChange { .. }
                 | Refused::HasChildren { .. }
                 | Refused::RetentionBreaksDelayChild { .. }
-                | Refused::ReplicaPartitionsFixed { .. } => ErrorCode::Conflict,
+                | Refused::ReplicaPartitionsFixed { .. }
+                | Refused::RedriveIdTaken(_) => ErrorCode::Conflict,
                 Refused::NoSuchUser(_)
                 | Refused::NoSuchToken { .. }
-                | Refused::NoSuchChild { .. } => ErrorCode::NotFound,
+                | Refused::NoSuchChild { .. }
+                | Refused::NoSuchRedrive { .. } => ErrorCode::NotFound,
                 // A topic naming a schema that is gone (a delete raced it).
                 Refused::NoSuchSchema(_) => ErrorCode::InvalidRequest,
                 Refused::OwnersMismatch { .. } => ErrorCode::Internal,

@@ -147,6 +147,17 @@ pub const CHILD_START_CLOCK_SLACK_MS: u64 = 1000;
 pub const CHILD_BEHIND_AFTER_MS: u64 = 10_000;
 /// A delay copy notes when commits became visible at most this often.
 pub const CHILD_OBSERVED_COALESCE_MS: u64 = 50;
+/// Messages a redrive moves per batch (leased, written, acked together).
+pub const REDRIVE_BATCH_MAX: usize = 100;
+/// How long a redrive's lease on a dead-letter message lasts: past it, a
+/// message whose move was cut short is delivered again.
+pub const REDRIVE_VISIBILITY_MS: u64 = 30_000;
+/// A redrive that finds only leased messages looks again after this.
+pub const REDRIVE_WAIT_MS: u64 = 200;
+/// How often a running redrive records its progress in the metastore.
+pub const REDRIVE_PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
+/// A redrive batch that failed is tried again after this.
+pub const REDRIVE_RETRY: Duration = Duration::from_millis(500);
 
 // ------------------------------------------------------------ relations
 

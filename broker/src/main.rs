@@ -4,8 +4,8 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 use narad_broker::cli::{
-    self, ChildAction, ClientArgs, ClusterAction, GrantAction, SchemaAction, TokenAction,
-    TopicAction, UserAction,
+    self, ChildAction, ClientArgs, ClusterAction, DlqAction, GrantAction, SchemaAction,
+    TokenAction, TopicAction, UserAction,
 };
 use narad_broker::config::Config;
 
@@ -40,6 +40,14 @@ enum Command {
     Child {
         #[command(subcommand)]
         action: ChildAction,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Move a dead-letter topic's messages back to a topic (redrive), list
+    /// or cancel redrives.
+    Dlq {
+        #[command(subcommand)]
+        action: DlqAction,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -205,6 +213,7 @@ fn main() -> ExitCode {
         }
         Command::Topic { action, client } => cli::topic(client, action),
         Command::Child { action, client } => cli::child(client, action),
+        Command::Dlq { action, client } => cli::dlq(client, action),
         Command::Cluster { action, client } => cli::cluster(client, action),
         Command::User { action, client } => cli::user(client, action),
         Command::Token { action, client } => cli::token(client, action),

@@ -99,7 +99,9 @@ fn documented_need(label: &str, method: &Method) -> Need {
     match (label, method.as_str()) {
         ("healthz" | "readyz" | "metrics", _) => Need::Open,
         ("cluster" | "topics" | "schemas", _) | ("schema", "GET") => Need::Anyone,
-        ("topic" | "children" | "child", _) => Need::Topic(Action::Admin),
+        ("topic" | "children" | "child" | "redrive" | "redrive_task", _) => {
+            Need::Topic(Action::Admin)
+        }
         ("produce" | "produce_batch", _) => Need::Topic(Action::Produce),
         (
             "consume" | "ack" | "nack" | "extend" | "ack_batch" | "nack_batch" | "extend_batch",
@@ -121,6 +123,7 @@ fn fixture(
     let path = path
         .replace("{topic}", "orders")
         .replace("{child}", "orders.audit")
+        .replace("{task}", token_id)
         .replace("{schema}", "order")
         .replace("{user}", caller)
         .replace("{token}", token_id);
@@ -131,6 +134,8 @@ fn fixture(
         | ("user_tokens" | "user_token", _) => json!({}),
         ("topic", "PUT") => json!({"partitions": 2}),
         ("child", "PUT") => json!({"kind": "fanout"}),
+        ("redrive", "POST") => json!({"to": "orders.retry"}),
+        ("redrive", "GET") | ("redrive_task", _) => json!({}),
         ("produce", _) => return (path, b"hello".to_vec()),
         ("produce_batch", _) => json!({"messages": [{"value": "a"}, {"value": "b"}]}),
         ("consume", _) => json!({"max_messages": 1}),
@@ -195,6 +200,14 @@ fn every_route_answers_401_401_401_403_then_succeeds() {
                     json!([{"topic": "*", "actions": ["cluster"]}]),
                 ),
                 // `orders` and its child `orders.audit`.
+                // A redrive also writes to its target: `produce` there.
+                Need::Topic(action) if spec.label == "redrive" => (
+                    format!("can-{}-redrive", action.as_str()),
+                    json!([
+                        {"topic": "orders*", "actions": [action.as_str()]},
+                        {"topic": "orders.retry", "actions": ["produce"]}
+                    ]),
+                ),
                 Need::Topic(action) => (
                     format!("can-{}", action.as_str()),
                     json!([{"topic": "orders*", "actions": [action.as_str()]}]),
@@ -206,6 +219,24 @@ fn every_route_answers_401_401_401_403_then_succeeds() {
             admin(&node, "PUT", "/v1/topics/orders", json!({"partitions": 2}));
             admin(&node, "PUT", "/v1/schemas/order", json!({"type": "object"}));
             user_with(&node, "victim", json!([]));
+            // A redrive's target, and a running redrive to cancel.
+            let mut redrive_id = String::new();
+            if spec.label.starts_with("redrive") {
+                admin(
+                    &node,
+                    "PUT",
+                    "/v1/topics/orders.retry",
+                    json!({"partitions": 1}),
+                );
+                let (status, answer) = admin(
+                    &node,
+                    "POST",
+                    "/v1/topics/orders/redrive",
+                    json!({"to": "orders.retry", "rate_per_s": 1}),
+                );
+                assert_eq!(status, 202, "{answer}");
+                redrive_id = answer["id"].as_str().unwrap_or_default().to_string();
+            }
             if spec.label == "child" {
                 // A child to change or delete (PUT again answers 200).
                 admin(
@@ -230,13 +261,12 @@ fn every_route_answers_401_401_401_403_then_succeeds() {
             } else {
                 "victim"
             };
-            let (path, body) = fixture(
-                spec.label,
-                spec.path,
-                method,
-                path_user,
-                &token_of(path_user),
-            );
+            let in_path = if spec.label == "redrive_task" {
+                redrive_id.clone()
+            } else {
+                token_of(path_user)
+            };
+            let (path, body) = fixture(spec.label, spec.path, method, path_user, &in_path);
             let m = method.as_str();
             let what = format!("{m} {path}");
             if *need == Need::Open {
@@ -771,4 +801,58 @@ fn a_request_without_credentials_is_refused_before_its_body_is_read() {
         assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
         assert!(answer.contains("unauthenticated"), "{answer}");
     }
+}
+
+/// A child is a topic of its own and a redrive writes to its target: admin
+/// on the parent or the dead-letter topic alone is not enough.
+#[test]
+fn children_need_admin_on_their_own_name_and_redrives_produce_on_their_target() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let node = start_secured(&tmp.path().join("n"));
+    for name in ["orders", "orders-dlq", "elsewhere"] {
+        let (status, answer) = admin(&node, "PUT", &format!("/v1/topics/{name}"), json!({}));
+        assert_eq!(status, 201, "{answer}");
+    }
+    let token = user_with(
+        &node,
+        "ops",
+        json!([{"topic": "orders*", "actions": ["admin", "produce"]}]),
+    );
+    let auth = bearer(&token);
+    let body = |v: Value| v.to_string().into_bytes();
+    let (status, answer) = call(
+        &node,
+        &auth,
+        "PUT",
+        "/v1/topics/orders/children/secret-copy",
+        &body(json!({"kind": "fanout"})),
+    );
+    assert_eq!(status, 403, "a child outside the grants: {answer}");
+    let (status, answer) = call(
+        &node,
+        &auth,
+        "PUT",
+        "/v1/topics/orders/children/orders.audit",
+        &body(json!({"kind": "fanout"})),
+    );
+    assert_eq!(status, 201, "{answer}");
+    let (status, answer) = call(
+        &node,
+        &auth,
+        "POST",
+        "/v1/topics/orders-dlq/redrive",
+        &body(json!({"to": "elsewhere"})),
+    );
+    assert_eq!(
+        status, 403,
+        "a redrive into a topic without produce: {answer}"
+    );
+    let (status, answer) = call(
+        &node,
+        &auth,
+        "POST",
+        "/v1/topics/orders-dlq/redrive",
+        &body(json!({"to": "orders"})),
+    );
+    assert_eq!(status, 202, "{answer}");
 }

@@ -73,6 +73,47 @@ pub struct Child {
     pub created_at_ms: u64,
 }
 
+/// A dead-letter redrive: messages of `dlq` written durably to `to`, each
+/// acked in `dlq` after, run by one node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Redrive {
+    pub dlq: String,
+    pub to: String,
+    /// At most this many messages a second (none: as fast as it goes).
+    pub rate_per_s: Option<u64>,
+    /// Stop after this many (none: until the dead-letter topic is empty).
+    pub max_messages: Option<u64>,
+    /// The node that runs it.
+    pub node: NodeId,
+    /// Moved so far, as last reported by its node.
+    pub moved: u64,
+    pub state: RedriveState,
+    pub created_at_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RedriveState {
+    Running,
+    Done,
+    Cancelled,
+    Failed(String),
+}
+
+impl RedriveState {
+    pub fn name(&self) -> &'static str {
+        match self {
+            RedriveState::Running => "running",
+            RedriveState::Done => "done",
+            RedriveState::Cancelled => "cancelled",
+            RedriveState::Failed(_) => "failed",
+        }
+    }
+}
+
+/// Finished redrives a dead-letter topic keeps listed.
+pub const REDRIVES_KEPT: usize = 20;
+
 /// A delay child's parent keeps messages at least this much longer than
 /// the delay.
 pub const DELAY_RETENTION_MARGIN_MS: u64 = 3_600_000;
@@ -241,6 +282,26 @@ pub enum Command {
         parent: String,
         child: String,
     },
+    /// Starts moving the messages of a dead-letter topic to `to`, run by `node`.
+    StartRedrive {
+        id: String,
+        dlq: String,
+        to: String,
+        rate_per_s: Option<u64>,
+        max_messages: Option<u64>,
+        node: NodeId,
+        now_ms: u64,
+    },
+    /// A running redrive's progress, and its end when `state` is given.
+    RedriveProgress {
+        id: String,
+        moved: u64,
+        state: Option<RedriveState>,
+    },
+    CancelRedrive {
+        dlq: String,
+        id: String,
+    },
 }
 
 /// What the controller knows about a node.
@@ -276,6 +337,7 @@ pub enum Applied {
         created: bool,
     },
     ChildDeleted,
+    RedriveChanged(Redrive),
     /// A Raft entry with no command (a leader's blank entry, a membership change).
     Nothing,
 }
@@ -347,6 +409,12 @@ pub enum Refused {
     ReplicaPartitions { parent: u32, given: u32 },
     #[error("partition {partition} of a replica child must be on another node than its parent partition's owner {owner}")]
     ReplicaPlacement { partition: u32, owner: NodeId },
+    #[error("topic {dlq:?} has no redrive {id:?}")]
+    NoSuchRedrive { dlq: String, id: String },
+    #[error("a redrive moves messages to another topic, not back into {0:?}")]
+    RedriveToItself(String),
+    #[error("a redrive with id {0:?} exists")]
+    RedriveIdTaken(String),
     #[error("{topic:?} is in a replica pair with {other:?}; its partition count cannot change")]
     ReplicaPartitionsFixed { topic: String, other: String },
 }
@@ -375,6 +443,9 @@ pub struct MetaState {
     /// Schemas by name.
     #[serde(default)]
     pub schemas: BTreeMap<String, Schema>,
+    /// Dead-letter redrives by id.
+    #[serde(default)]
+    pub redrives: BTreeMap<String, Redrive>,
 }
 
 impl MetaState {
@@ -525,6 +596,74 @@ impl MetaState {
                 new_owners,
                 now_ms,
             } => self.put_child(parent, child, *kind, config, new_owners, *now_ms),
+            Command::StartRedrive {
+                id,
+                dlq,
+                to,
+                rate_per_s,
+                max_messages,
+                node,
+                now_ms,
+            } => {
+                for topic in [dlq, to] {
+                    if !self.topics.contains_key(topic) {
+                        return Err(Refused::NoSuchTopic(topic.clone()));
+                    }
+                }
+                if dlq == to {
+                    return Err(Refused::RedriveToItself(dlq.clone()));
+                }
+                if self.redrives.contains_key(id) {
+                    return Err(Refused::RedriveIdTaken(id.clone()));
+                }
+                // Keep the last few finished ones of this topic listed.
+                let mut finished: Vec<(u64, String)> = self
+                    .redrives
+                    .iter()
+                    .filter(|(_, r)| r.dlq == *dlq && r.state != RedriveState::Running)
+                    .map(|(id, r)| (r.created_at_ms, id.clone()))
+                    .collect();
+                finished.sort();
+                let excess = (finished.len() + 1).saturating_sub(REDRIVES_KEPT);
+                for (_, old) in finished.into_iter().take(excess) {
+                    self.redrives.remove(&old);
+                }
+                let redrive = Redrive {
+                    dlq: dlq.clone(),
+                    to: to.clone(),
+                    rate_per_s: *rate_per_s,
+                    max_messages: *max_messages,
+                    node: *node,
+                    moved: 0,
+                    state: RedriveState::Running,
+                    created_at_ms: *now_ms,
+                };
+                self.redrives.insert(id.clone(), redrive.clone());
+                Ok(Applied::RedriveChanged(redrive))
+            }
+            Command::RedriveProgress { id, moved, state } => match self.redrives.get_mut(id) {
+                Some(redrive) => {
+                    redrive.moved = redrive.moved.max(*moved);
+                    if let (Some(state), RedriveState::Running) = (state, &redrive.state) {
+                        redrive.state = state.clone();
+                    }
+                    Ok(Applied::RedriveChanged(redrive.clone()))
+                }
+                // Gone with its topic.
+                None => Ok(Applied::Nothing),
+            },
+            Command::CancelRedrive { dlq, id } => match self.redrives.get_mut(id) {
+                Some(redrive) if redrive.dlq == *dlq => {
+                    if redrive.state == RedriveState::Running {
+                        redrive.state = RedriveState::Cancelled;
+                    }
+                    Ok(Applied::RedriveChanged(redrive.clone()))
+                }
+                _ => Err(Refused::NoSuchRedrive {
+                    dlq: dlq.clone(),
+                    id: id.clone(),
+                }),
+            },
             Command::DeleteChild { parent, child } => {
                 let removed = self
                     .topics
@@ -750,12 +889,6 @@ impl MetaState {
                 children: topic.children.keys().cloned().collect(),
             });
         }
-        // Deleting a child stops its copy.
-        if let Some(parent) = topic.parent.clone() {
-            if let Some(parent) = self.topics.get_mut(&parent) {
-                parent.children.remove(name);
-            }
-        }
         if let Some(user) = self
             .topics
             .values()
@@ -765,6 +898,19 @@ impl MetaState {
                 topic: name.to_string(),
                 by: user.name.clone(),
             });
+        }
+        // Refusals above, changes below: a refused delete changes nothing.
+        let parent = topic.parent.clone();
+        // Its redrives go with it; those into it end.
+        self.redrives.retain(|_, r| r.dlq != name);
+        for redrive in self.redrives.values_mut() {
+            if redrive.to == name && redrive.state == RedriveState::Running {
+                redrive.state = RedriveState::Failed(format!("topic {name:?} was deleted"));
+            }
+        }
+        // Deleting a child stops its copy.
+        if let Some(parent) = parent.and_then(|p| self.topics.get_mut(&p)) {
+            parent.children.remove(name);
         }
         self.topics.remove(name);
         Ok(Applied::TopicDeleted)
@@ -956,7 +1102,7 @@ mod tests {
             }),
             Err(Refused::NoSuchChild { .. })
         ));
-        // Deleting a child topic unlinks it.
+        // A child that is another topic's dead-letter topic stays, linked.
         put_child(
             &mut state,
             "orders",
@@ -966,6 +1112,25 @@ mod tests {
             vec![1],
         )
         .expect("child");
+        let uses_copy = TopicConfig {
+            max_deliveries: 1,
+            dead_letter_topic: Some("copy".into()),
+            ..config(1)
+        };
+        put(&mut state, "user", uses_copy, vec![1]).expect("user");
+        assert!(matches!(
+            state.apply(&Command::DeleteTopic {
+                name: "copy".into()
+            }),
+            Err(Refused::DeadLetterTopicInUse { .. })
+        ));
+        assert!(state.topics["orders"].children.contains_key("copy"));
+        state
+            .apply(&Command::DeleteTopic {
+                name: "user".into(),
+            })
+            .expect("user deleted");
+        // Deleting a child topic unlinks it.
         state
             .apply(&Command::DeleteTopic {
                 name: "copy".into(),
@@ -1062,6 +1227,88 @@ mod tests {
             put(&mut state, "dr", config(3), vec![1]),
             Err(Refused::ReplicaPartitionsFixed { .. })
         ));
+    }
+
+    #[test]
+    fn redrives_start_report_end_cancel_and_go_with_their_topic() {
+        let mut state = MetaState::default();
+        put(&mut state, "orders", config(1), vec![1]).expect("orders");
+        put(&mut state, "dlq", config(1), vec![1]).expect("dlq");
+        let start = |id: &str, to: &str, now_ms| Command::StartRedrive {
+            id: id.into(),
+            dlq: "dlq".into(),
+            to: to.into(),
+            rate_per_s: Some(10),
+            max_messages: None,
+            node: 1,
+            now_ms,
+        };
+        assert_eq!(
+            state.apply(&start("r1", "dlq", 1)),
+            Err(Refused::RedriveToItself("dlq".into()))
+        );
+        assert_eq!(
+            state.apply(&start("r1", "nowhere", 1)),
+            Err(Refused::NoSuchTopic("nowhere".into()))
+        );
+        state.apply(&start("r1", "orders", 1)).expect("started");
+        assert_eq!(
+            state.apply(&start("r1", "orders", 2)),
+            Err(Refused::RedriveIdTaken("r1".into()))
+        );
+        let progress = |moved, end: Option<RedriveState>| Command::RedriveProgress {
+            id: "r1".into(),
+            moved,
+            state: end,
+        };
+        state.apply(&progress(5, None)).expect("progress");
+        assert_eq!(state.redrives["r1"].moved, 5);
+        // Cancelled stays cancelled whatever its node reports next.
+        let cancel = Command::CancelRedrive {
+            dlq: "dlq".into(),
+            id: "r1".into(),
+        };
+        state.apply(&cancel).expect("cancel");
+        state
+            .apply(&progress(7, Some(RedriveState::Done)))
+            .expect("late report");
+        assert_eq!(state.redrives["r1"].state, RedriveState::Cancelled);
+        assert_eq!(state.redrives["r1"].moved, 7);
+        assert!(matches!(
+            state.apply(&Command::CancelRedrive {
+                dlq: "orders".into(),
+                id: "r1".into()
+            }),
+            Err(Refused::NoSuchRedrive { .. })
+        ));
+        // Only the last few finished ones stay listed.
+        for i in 0..(REDRIVES_KEPT as u64 + 5) {
+            let id = format!("x{i}");
+            state.apply(&start(&id, "orders", 10 + i)).expect("start");
+            state
+                .apply(&Command::RedriveProgress {
+                    id,
+                    moved: 1,
+                    state: Some(RedriveState::Done),
+                })
+                .expect("done");
+        }
+        assert_eq!(state.redrives.len(), REDRIVES_KEPT);
+        // A deleted target fails a running one; a deleted topic takes its own.
+        state.apply(&start("live", "orders", 100)).expect("start");
+        state
+            .apply(&Command::DeleteTopic {
+                name: "orders".into(),
+            })
+            .expect("delete");
+        assert!(matches!(
+            state.redrives["live"].state,
+            RedriveState::Failed(_)
+        ));
+        state
+            .apply(&Command::DeleteTopic { name: "dlq".into() })
+            .expect("delete");
+        assert!(state.redrives.is_empty());
     }
 
     #[test]

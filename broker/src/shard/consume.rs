@@ -50,7 +50,7 @@ impl<F: FileSystem> Shard<F> {
     /// start, or the pinned one. A pinned partition of another node is
     /// asked directly: 502 if its owner does not answer, 503 once the owner
     /// is marked dead.
-    async fn collect_for_client(
+    pub(super) async fn collect_for_client(
         &self,
         topic: &Topic,
         request: ConsumeRequest,
@@ -307,32 +307,52 @@ impl<F: FileSystem> Shard<F> {
             .as_deref()
             .ok_or_else(|| ApiError::new(ErrorCode::Internal, "no dead-letter topic"))?;
         let dlq = self.topic(dlq_name)?;
-        let partition = self.pick_partition(&dlq, message.key.as_deref());
-        let accept_ms = self.now();
-        let record = WalRecordRef {
-            id: message.id,
-            topic: &dlq.name,
-            partition,
-            key: message.key.as_deref(),
-            value: &message.value,
-            accept_ms,
-            topic_incarnation: Some(dlq.incarnation),
-        };
-        let appended = self.wal.append(&record).map_err(|e| from_storage(&e))?;
-        self.dispatch_once_durable(
-            &dlq.name,
-            partition,
-            appended.end,
-            DispatchRecord {
-                pos: appended.pos,
+        self.write_durably(&dlq, std::slice::from_ref(message))
+            .await
+    }
+
+    /// Writes messages (same ids, keys and values) to `topic` through this
+    /// shard's WAL, as a produce does: Ok once the WAL holds them durably,
+    /// after which they reach their partitions whatever happens to the
+    /// caller.
+    pub(super) async fn write_durably(
+        &self,
+        topic: &Topic,
+        messages: &[Message],
+    ) -> Result<(), ApiError> {
+        let mut last = None;
+        for message in messages {
+            let partition = self.pick_partition(topic, message.key.as_deref());
+            let accept_ms = self.now();
+            let record = WalRecordRef {
                 id: message.id,
-                key: message.key.clone(),
-                value: message.value.clone(),
+                topic: &topic.name,
+                partition,
+                key: message.key.as_deref(),
+                value: &message.value,
                 accept_ms,
-                incarnation: Some(dlq.incarnation),
-            },
-        );
-        appended.durable.await.map_err(|e| from_storage(&e))
+                topic_incarnation: Some(topic.incarnation),
+            };
+            let appended = self.wal.append(&record).map_err(|e| from_storage(&e))?;
+            self.dispatch_once_durable(
+                &topic.name,
+                partition,
+                appended.end,
+                DispatchRecord {
+                    pos: appended.pos,
+                    id: message.id,
+                    key: message.key.clone(),
+                    value: message.value.clone(),
+                    accept_ms,
+                    incarnation: Some(topic.incarnation),
+                },
+            );
+            last = Some(appended.durable);
+        }
+        match last {
+            Some(durable) => durable.await.map_err(|e| from_storage(&e)),
+            None => Ok(()),
+        }
     }
 
     /// Sweeps every open partition (the periodic lease sweep).

@@ -72,6 +72,7 @@ mod health;
 mod nodes;
 mod owners;
 mod produce;
+mod redrive;
 mod security;
 mod serve;
 mod settle;
@@ -81,6 +82,7 @@ mod topics;
 
 pub use crate::limits::MAX_MESSAGE_BYTES_DEFAULT;
 pub use children::{child_statuses, ChildStatus};
+pub use redrive::RedriveStatus;
 
 type OwnerKey = (String, u64, u32);
 /// The metadata version the cached topics come from, and the topics.

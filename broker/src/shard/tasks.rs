@@ -65,6 +65,10 @@ impl<F: FileSystem> Shard<F> {
         runtime.spawn(Box::pin(every(self.clone(), maintain, |s| {
             Box::pin(async move { s.maintain_all().await })
         })));
+        // Shard 0 runs the redrives this node took.
+        if self.identity.shard_id == 0 {
+            runtime.spawn(Box::pin(self.clone().run_redrives()));
+        }
         // One shard of each node makes sure the user admin exists.
         if let (0, Some(password)) = (self.identity.shard_id, &self.settings.auth.admin_password) {
             let password = password.reveal().to_string();
