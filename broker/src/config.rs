@@ -293,7 +293,7 @@ const NON_CONFIG_ENV: &[&str] = &[
 /// that enforced nothing would leave a node open while its operator
 /// believes it closed). A prefix ends with `.`.
 const NOT_AVAILABLE: &[(&str, &str)] = &[
-    ("children.", "child topics"),
+    ("children.", "remote children"),
     ("remote.", "remote children"),
     ("cluster.move_promote_after_ms", "partition moves"),
     ("cluster.max_concurrent_moves", "partition moves"),

@@ -9,10 +9,10 @@
 //! to a shard through one unbounded channel per shard (the QUIC thread
 //! never waits on a shard); the shard's reply is encoded on the way back.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use futures_channel::mpsc::{UnboundedReceiver, UnboundedSender};
@@ -116,13 +116,27 @@ impl Transport for QuicNodes {
 /// What this node knows of another's messages, for unpinned consumes.
 #[derive(Debug, Default)]
 struct Hint {
-    /// When it last said messages became available (ms).
+    /// When it last said messages became available (ms), of any topic.
     available_at: AtomicU64,
-    /// When a consume there began that found nothing (ms).
-    empty_since: AtomicU64,
+    /// By topic: when a consume there began that found nothing (ms). One
+    /// topic found empty says nothing of another's partitions on that node.
+    empty_since: Mutex<HashMap<String, u64>>,
     /// Until when it is skipped after not answering (ms).
     skip_until: AtomicU64,
 }
+
+impl Hint {
+    fn empties(&self) -> std::sync::MutexGuard<'_, HashMap<String, u64>> {
+        // A panic elsewhere while holding it leaves hints, not invariants.
+        self.empty_since
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// Topics a node remembers as found empty at another, before it forgets
+/// the stale ones.
+const EMPTY_HINTS_MAX: usize = 1024;
 
 /// The other nodes, by id, and what this node knows of their messages.
 pub struct Peers {
@@ -157,31 +171,36 @@ impl Peers {
             .is_some_and(|hint| now_ms < hint.skip_until.load(Ordering::Relaxed))
     }
 
-    /// Whether an unpinned consume should ask `node` now.
-    pub fn worth_asking(&self, node: NodeId, now_ms: u64) -> bool {
+    /// Whether an unpinned consume of `topic` should ask `node` now.
+    pub fn worth_asking(&self, node: NodeId, topic: &str, now_ms: u64) -> bool {
         let Some(hint) = self.hints.get(&node) else {
             return false;
         };
         if now_ms < hint.skip_until.load(Ordering::Relaxed) {
             return false;
         }
-        let empty_since = hint.empty_since.load(Ordering::Relaxed);
-        empty_since == 0
-            || hint.available_at.load(Ordering::Relaxed) >= empty_since
+        let Some(empty_since) = hint.empties().get(topic).copied() else {
+            return true;
+        };
+        hint.available_at.load(Ordering::Relaxed) >= empty_since
             || now_ms.saturating_sub(empty_since) >= EMPTY_HINT_TTL_MS
     }
 
-    /// A consume that began at `asked_at_ms` found nothing there.
-    pub fn found_empty(&self, node: NodeId, asked_at_ms: u64) {
+    /// A consume of `topic` that began at `asked_at_ms` found nothing there.
+    pub fn found_empty(&self, node: NodeId, topic: &str, asked_at_ms: u64) {
         if let Some(hint) = self.hints.get(&node) {
-            hint.empty_since
-                .store(asked_at_ms.max(1), Ordering::Relaxed);
+            let mut empties = hint.empties();
+            // Forget stale ones now and then (topics come and go).
+            if empties.len() >= EMPTY_HINTS_MAX {
+                empties.retain(|_, since| asked_at_ms.saturating_sub(*since) < EMPTY_HINT_TTL_MS);
+            }
+            empties.insert(topic.to_string(), asked_at_ms.max(1));
         }
     }
 
-    pub fn found_messages(&self, node: NodeId) {
+    pub fn found_messages(&self, node: NodeId, topic: &str) {
         if let Some(hint) = self.hints.get(&node) {
-            hint.empty_since.store(0, Ordering::Relaxed);
+            hint.empties().remove(topic);
         }
     }
 

@@ -489,3 +489,55 @@ fn a_rolling_restart_under_load_loses_nothing_and_redelivers_no_acked_message() 
         "the control plane came back after each stop: {gaps:?}"
     );
 }
+
+/// A client that takes turns at two topics on one node, whose partitions
+/// live on another node, gets both topics' messages: one topic found empty
+/// there does not hide the other.
+#[test]
+fn a_consumer_taking_turns_at_topics_gets_each_from_another_node() {
+    let cluster = Cluster::start(3);
+    cluster.wait_ready(WAIT);
+    let names: Vec<String> = (0..8).map(|i| format!("turns-{i}")).collect();
+    for name in &names {
+        let (status, answer) = cluster.nodes[0].json(
+            "PUT",
+            &format!("/v1/topics/{name}"),
+            json!({"partitions": 1}),
+        );
+        assert_eq!(status, 201, "{answer}");
+    }
+    let owner = |name: &str| cluster.owners(name)[0];
+    // Two topics on one node, and a node that owns neither.
+    let (quiet, busy) = names
+        .iter()
+        .flat_map(|a| names.iter().map(move |b| (a, b)))
+        .find(|(a, b)| a != b && owner(a) == owner(b))
+        .expect("two topics share an owner");
+    let holder = owner(quiet);
+    let asker = (0..3).find(|n| *n != holder).expect("another node");
+    let produced: BTreeSet<String> = (0..50)
+        .map(|i| cluster.nodes[holder].produce(busy, &format!("m{i}")))
+        .collect();
+    let mut got = BTreeSet::new();
+    let all = eventually(Duration::from_secs(10), || {
+        for topic in [quiet.as_str(), busy.as_str()] {
+            let messages =
+                cluster.nodes[asker].consume(topic, json!({"max_messages": 10, "wait_ms": 100}));
+            if !messages.is_empty() {
+                ack_batch(&cluster.nodes[asker], topic, &messages);
+            }
+            got.extend(
+                messages
+                    .iter()
+                    .filter_map(|m| m["id"].as_str().map(str::to_string)),
+            );
+        }
+        produced.is_subset(&got)
+    });
+    assert!(
+        all,
+        "{} of 50 messages of {busy} reached a consumer at node {}",
+        got.len(),
+        asker + 1
+    );
+}

@@ -13,6 +13,9 @@
 //!   produced or on the wrong topic, and no message acked with a 204 may be
 //!   delivered again unless its partition's owner crashed within the
 //!   contract's window after the ack. Duplicates are counted and reported.
+//!   `orders` has a fanout and a delay child, consumed by a client of their
+//!   own: every message accepted on `orders` after they existed must be
+//!   delivered in each, and none in the delay child before its delay.
 //! - Suite 3, a lost volume: under load, one node is killed, its data folder
 //!   deleted, and it rejoins empty. Only the messages that may have been on
 //!   that volume may be lost; every other 202'd message, and every one
@@ -56,6 +59,9 @@ const FAULT_INTERVAL_MIN_MS: u64 = 1_000;
 const TOPICS: [&str; 3] = ["orders", "payments", "audit"];
 const PARTITIONS: usize = 6;
 const CLUSTER_NODES: usize = 3;
+/// Suite 2's children of `orders`: (name, delay_ms of a delay child).
+const CHILDREN_PARENT: &str = "orders";
+const CHILDREN: [(&str, Option<u64>); 2] = [("orders-copy", None), ("orders-later", Some(1_500))];
 /// In the fault suite, the share (percent) of produces, consumes and ack
 /// batches a client sends whole and then abandons, closing the connection
 /// before it reads the answer (only while producers run, so the drain is
@@ -600,6 +606,136 @@ fn create_topics(cluster: &Cluster, shared: &Shared, visibility_timeout_ms: u64)
     }
 }
 
+/// Creates suite 2's children and records when each existed.
+fn create_children(cluster: &Cluster, shared: &Shared) {
+    for (child, delay_ms) in CHILDREN {
+        let body = match delay_ms {
+            Some(delay_ms) => json!({"kind": "delay", "delay_ms": delay_ms}),
+            None => json!({"kind": "fanout"}),
+        };
+        let path = format!("/v1/topics/{CHILDREN_PARENT}/children/{child}");
+        let begin = now_ms();
+        let created = eventually(SETTLE_DEADLINE, || {
+            matches!(
+                try_request(
+                    &cluster.nodes[0].addr,
+                    "PUT",
+                    &path,
+                    body.to_string().as_bytes(),
+                    CLIENT_TIMEOUT
+                ),
+                Ok((201 | 200, _))
+            )
+        });
+        assert!(created, "child {child} created");
+        shared.history.record(
+            "suite",
+            begin,
+            Op::Child {
+                parent: CHILDREN_PARENT.to_string(),
+                child: child.to_string(),
+                delay_ms,
+            },
+        );
+    }
+}
+
+/// Consumes the children, recording each consume, and acks all it gets
+/// (the children keep acks of their own: the parent's are not theirs).
+fn child_consumer(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
+    let mut node = 0;
+    let mut turn = 0;
+    while !stop.load(Ordering::SeqCst) {
+        let (topic, _) = CHILDREN[turn % CHILDREN.len()];
+        turn += 1;
+        let start = now_ms();
+        let who = via("children", node);
+        let answer = try_request(
+            &shared.addr(node),
+            "POST",
+            &format!("/v1/topics/{topic}/consume"),
+            json!({"max_messages": 100, "wait_ms": 100})
+                .to_string()
+                .as_bytes(),
+            CLIENT_TIMEOUT,
+        );
+        let outcome = outcome_of(&answer, deliveries_of);
+        shared.history.record(
+            &who,
+            start,
+            Op::Consume {
+                topic: topic.to_string(),
+                outcome,
+            },
+        );
+        let receipts: Vec<String> = match &answer {
+            Ok((200, body)) => body["messages"]
+                .as_array()
+                .map(|m| {
+                    m.iter()
+                        .filter_map(|m| m["receipt"].as_str().map(str::to_string))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            _ => Vec::new(),
+        };
+        if move_on(&answer) {
+            node += 1;
+            continue;
+        }
+        if !receipts.is_empty() {
+            let acked = try_request(
+                &shared.addr(node),
+                "POST",
+                &format!("/v1/topics/{topic}/ack/batch"),
+                json!({ "receipts": receipts }).to_string().as_bytes(),
+                CLIENT_TIMEOUT,
+            );
+            if move_on(&acked) {
+                node += 1;
+            }
+        }
+    }
+}
+
+/// Whether every child has copied all it has and holds nothing unacked.
+fn children_drained(shared: &Shared) -> bool {
+    let copied = try_request(
+        &shared.addr(0),
+        "GET",
+        &format!("/v1/topics/{CHILDREN_PARENT}/children"),
+        b"",
+        CLIENT_TIMEOUT,
+    );
+    let Ok((200, listing)) = copied else {
+        return false;
+    };
+    let caught_up = listing["children"].as_array().is_some_and(|children| {
+        children.len() == CHILDREN.len()
+            && children
+                .iter()
+                .all(|c| c["lag_messages"] == 0 && c["state"] == "copying")
+    });
+    caught_up
+        && CHILDREN.iter().all(|(child, _)| {
+            let answer = try_request(
+                &shared.addr(0),
+                "GET",
+                &format!("/v1/topics/{child}"),
+                b"",
+                CLIENT_TIMEOUT,
+            );
+            let Ok((200, body)) = answer else {
+                return false;
+            };
+            body["partition_stats"].as_array().is_some_and(|parts| {
+                parts
+                    .iter()
+                    .all(|p| p["available"] == 0 && p["in_flight"] == 0)
+            })
+        })
+}
+
 fn start_clients(
     shared: &Arc<Shared>,
     seed: u64,
@@ -839,12 +975,18 @@ fn suite_2_faults_every_accepted_message_is_acked_in_the_end() {
     // Short leases, so pauses also end leases and late acks get tested.
     let shared = shared_for(&cluster);
     create_topics(&cluster, &shared, 2_000);
+    create_children(&cluster, &shared);
     let mix = Mix {
         nack_percent: 5,
         vanish_percent: VANISH_PERCENT,
         ..Mix::plain()
     };
     let (producing, consuming) = start_clients(&shared, seed, 4, None, 3, mix);
+    let children_stop = Arc::new(AtomicBool::new(false));
+    let children_consuming = {
+        let (shared, stop) = (shared.clone(), children_stop.clone());
+        std::thread::spawn(move || child_consumer(shared, stop))
+    };
 
     let started = Instant::now();
     let mut done = Vec::new();
@@ -901,6 +1043,49 @@ fn suite_2_faults_every_accepted_message_is_acked_in_the_end() {
         done.push(fault);
     }
     let drained = finish(&shared, producing, consuming, true);
+    let children_done = eventually(SETTLE_DEADLINE, || children_drained(&shared));
+    if !children_done {
+        for node in 0..CLUSTER_NODES {
+            for path in [
+                format!("/v1/topics/{CHILDREN_PARENT}/children"),
+                format!("/v1/topics/{CHILDREN_PARENT}"),
+                "/v1/topics/orders-later".to_string(),
+                "/v1/topics/orders-copy".to_string(),
+            ] {
+                let answer = try_request(&shared.addr(node), "GET", &path, b"", CLIENT_TIMEOUT);
+                eprintln!(
+                    "suite2: children not drained: n{} {path}: {answer:?}",
+                    node + 1
+                );
+            }
+            let answer = try_request(
+                &shared.addr(node),
+                "GET",
+                "/v1/cluster",
+                b"",
+                CLIENT_TIMEOUT,
+            );
+            eprintln!(
+                "suite2: children not drained: n{} cluster: {answer:?}",
+                node + 1
+            );
+            for (child, _) in CHILDREN {
+                let answer = try_request(
+                    &shared.addr(node),
+                    "POST",
+                    &format!("/v1/topics/{child}/consume"),
+                    br#"{"max_messages": 3}"#,
+                    CLIENT_TIMEOUT,
+                );
+                eprintln!(
+                    "suite2: children not drained: n{} consume {child}: {answer:?}",
+                    node + 1
+                );
+            }
+        }
+    }
+    children_stop.store(true, Ordering::SeqCst);
+    children_consuming.join().expect("children's consumer");
     keep_logs("suite2-faults", seed, &cluster);
     for kind in [
         NemesisAction::Kill,
@@ -912,6 +1097,10 @@ fn suite_2_faults_every_accepted_message_is_acked_in_the_end() {
     }
     let report = judge("suite2-faults", seed, &shared, Strictness::Faults);
     assert!(report.accepted > 0, "produces went through between faults");
+    assert!(
+        children_done && report.child_delivered > 0,
+        "the children copied and delivered everything within {SETTLE_DEADLINE:?} (seed {seed})"
+    );
     assert!(
         drained,
         "the cluster holds nothing unacked within {SETTLE_DEADLINE:?} of the faults' end \

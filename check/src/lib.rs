@@ -146,6 +146,31 @@ pub enum Op {
         id: String,
         receipt: String,
     },
+    /// `child` became a child of `parent` when this event ended: every
+    /// message accepted on `parent` by a produce that started after must be
+    /// delivered in `child` at least once, and for a delay child not before
+    /// `delay_ms` after its produce started. Consumes and settles of a
+    /// child are judged by this rule only (its messages carry the parent's
+    /// ids).
+    Child {
+        parent: String,
+        child: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        delay_ms: Option<u64>,
+    },
+}
+
+impl Op {
+    /// The topic a consume or settle is about.
+    fn consumed_topic(&self) -> Option<&str> {
+        match self {
+            Op::Consume { topic, .. }
+            | Op::Settle { topic, .. }
+            | Op::ConsumeAbandoned { topic }
+            | Op::AckAbandoned { topic, .. } => Some(topic),
+            _ => None,
+        }
+    }
 }
 
 /// What an operation got back.
@@ -337,6 +362,14 @@ pub struct Report {
     /// delivery of the message (ms), for messages that were not acked on
     /// that lease.
     pub max_redelivery_delay_ms: u64,
+    /// Messages accepted on a parent after its child existed, never
+    /// delivered in the child.
+    pub child_missing: Finding,
+    /// Deliveries in a delay child that ended before the delay had passed
+    /// since their produce started.
+    pub child_early: Finding,
+    /// Deliveries in children, all told.
+    pub child_delivered: usize,
 }
 
 /// Which findings fail a run.
@@ -359,6 +392,8 @@ impl Report {
             ("duplicates_unexplained", &self.duplicates_unexplained),
             ("acked_then_delivered", &self.acked_then_delivered),
             ("late_ack_accepted", &self.late_ack_accepted),
+            ("child_missing", &self.child_missing),
+            ("child_early", &self.child_early),
         ];
         match strictness {
             Strictness::Healthy => {
@@ -403,6 +438,8 @@ impl Report {
             ("late_ack_accepted", &self.late_ack_accepted),
             ("never_acked", &self.never_acked),
             ("lost_with_a_volume", &self.lost_with_a_volume),
+            ("child_missing", &self.child_missing),
+            ("child_early", &self.child_early),
         ] {
             out.push_str(&format!("\n  {name}: {}", finding.count));
             for example in &finding.examples {
@@ -452,9 +489,100 @@ struct Produced<'a> {
     id: Option<&'a str>,
 }
 
+/// The children's rules: every message accepted on a parent by a produce
+/// that started after its child existed is delivered in the child, and a
+/// delay child delivers none before its delay passed.
+fn check_children(
+    events: &[Event],
+    children: &BTreeMap<&str, (&str, Option<u64>, u64)>,
+    report: &mut Report,
+) {
+    if children.is_empty() {
+        return;
+    }
+    // Accepted produces by topic: id → when the produce started.
+    let mut accepted: BTreeMap<&str, BTreeMap<&str, u64>> = BTreeMap::new();
+    // Deliveries by child: id → the end of each consume that carried it.
+    let mut delivered: BTreeMap<&str, BTreeMap<&str, Vec<u64>>> = BTreeMap::new();
+    for event in events {
+        match &event.op {
+            Op::Produce {
+                topic,
+                outcome: Outcome::Ok { value: id },
+                ..
+            } => {
+                accepted
+                    .entry(topic.as_str())
+                    .or_default()
+                    .insert(id, event.start_ms);
+            }
+            Op::Consume {
+                topic,
+                outcome: Outcome::Ok { value },
+            } if children.contains_key(topic.as_str()) => {
+                for delivery in value {
+                    report.child_delivered += 1;
+                    delivered
+                        .entry(topic.as_str())
+                        .or_default()
+                        .entry(delivery.id.as_str())
+                        .or_default()
+                        .push(event.end_ms);
+                }
+            }
+            _ => {}
+        }
+    }
+    let none = BTreeMap::new();
+    for (child, (parent, delay_ms, created_ms)) in children {
+        let seen = delivered.get(child).unwrap_or(&none);
+        for (id, produced_ms) in accepted.get(parent).unwrap_or(&BTreeMap::new()) {
+            if let Some(delay) = delay_ms {
+                for at in seen.get(id).map(Vec::as_slice).unwrap_or_default() {
+                    if *at < produced_ms.saturating_add(*delay) {
+                        report.child_early.add(|| {
+                            format!(
+                                "{id} in {child}: delivered {} ms after its produce started, delay {delay} ms",
+                                at.saturating_sub(*produced_ms)
+                            )
+                        });
+                    }
+                }
+            }
+            if *produced_ms >= *created_ms && !seen.contains_key(id) {
+                report.child_missing.add(|| {
+                    format!(
+                        "{id}: 202 on {parent} after {child} existed, never delivered in {child}"
+                    )
+                });
+            }
+        }
+    }
+}
+
 /// Checks a history against the delivery contract.
 pub fn check(events: &[Event]) -> Report {
     let mut report = Report::default();
+    let children: BTreeMap<&str, (&str, Option<u64>, u64)> = events
+        .iter()
+        .filter_map(|e| match &e.op {
+            Op::Child {
+                parent,
+                child,
+                delay_ms,
+            } => Some((child.as_str(), (parent.as_str(), *delay_ms, e.end_ms))),
+            _ => None,
+        })
+        .collect();
+    check_children(events, &children, &mut report);
+    // Everything else judges the topics that are not children.
+    let events: Vec<&Event> = events
+        .iter()
+        .filter(|e| {
+            e.op.consumed_topic()
+                .is_none_or(|topic| !children.contains_key(topic))
+        })
+        .collect();
     // Produces by value (every attempt, answered or not) and the accepted
     // ids with their topic, value and start.
     let mut produced: HashMap<&str, Produced<'_>> = HashMap::new();
@@ -468,7 +596,7 @@ pub fn check(events: &[Event]) -> Report {
     let mut maybe_nacked: HashMap<&str, Vec<&Event>> = HashMap::new();
     let mut owners: HashMap<(&str, u32), &str> = HashMap::new();
     let mut faults: Vec<Fault<'_>> = Vec::new();
-    for event in events {
+    for event in events.iter().copied() {
         match &event.op {
             Op::Produce {
                 topic,
@@ -561,6 +689,7 @@ pub fn check(events: &[Event]) -> Report {
                 start_ms: event.start_ms,
                 end_ms: event.end_ms,
             }),
+            Op::Child { .. } => {}
         }
     }
     report.accepted = accepted.len();

@@ -1049,3 +1049,59 @@ fn without_a_wipe_a_keyed_message_never_acked_fails() {
     assert_eq!(report.on_a_lost_volume, 0, "{}", report.summary());
     assert_eq!(report.never_acked.count, 1, "{}", report.summary());
 }
+
+#[test]
+fn children_must_get_every_later_message_and_a_delay_child_none_early() {
+    let mut h = Builder::default();
+    let child = |h: &mut Builder, at, name: &str, delay_ms| {
+        h.push(
+            at,
+            at + 5,
+            Op::Child {
+                parent: "t".into(),
+                child: name.into(),
+                delay_ms,
+            },
+        );
+    };
+    // Produced before the children existed: no child owes it.
+    h.produce(1, "early", "t");
+    child(&mut h, 10, "copy", None);
+    child(&mut h, 10, "later", Some(1_000));
+    h.produce(20, "a", "t").produce(21, "b", "t");
+    let (early, a, b) = (
+        delivery("early", "t", 0, 1, 30_000),
+        delivery("a", "t", 1, 1, 30_000),
+        delivery("b", "t", 2, 1, 30_000),
+    );
+    h.consume(30, vec![early.clone(), a.clone(), b.clone()]);
+    for d in [&early, &a, &b] {
+        h.settle(40, SettleAction::Ack, d, None);
+    }
+    // The copies carry the parent's ids: a delivery there and its ack are
+    // no duplicate of the parent's and no wrong topic.
+    let copy_a = delivery("a", "copy", 0, 1, 30_000);
+    h.consume(50, vec![copy_a.clone()]);
+    h.settle(60, SettleAction::Ack, &copy_a, None);
+    h.consume(1_100, vec![delivery("a", "later", 0, 1, 30_000)]);
+    let report = h.report();
+    // b never reached either child; nothing was early.
+    assert_eq!(report.child_missing.count, 2, "{}", report.summary());
+    assert_eq!(report.child_early.count, 0);
+    assert_eq!(report.wrong_topic.count, 0);
+    assert_eq!(report.duplicates_unexplained.count, 0);
+    let failing: Vec<_> = report
+        .violations(Strictness::Faults)
+        .iter()
+        .map(|v| v.0)
+        .collect();
+    assert_eq!(failing, vec!["child_missing"]);
+
+    // Both children get b, the delay child too soon.
+    h.consume(70, vec![delivery("b", "copy", 1, 1, 30_000)]);
+    h.consume(80, vec![delivery("b", "later", 1, 1, 30_000)]);
+    let report = h.report();
+    assert_eq!(report.child_missing.count, 0, "{}", report.summary());
+    assert_eq!(report.child_early.count, 1);
+    assert!(report.child_early.examples[0].contains("b in later"));
+}

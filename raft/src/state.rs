@@ -381,7 +381,7 @@ pub enum Refused {
     ChildOfChild { parent: String, grandparent: String },
     #[error("a topic named {0:?} exists and is not a child of this parent; pick another name or delete it")]
     ChildTopicExists(String),
-    #[error("child {child:?} is a {from} child; its kind cannot change to {to} (delete the child and create it again)")]
+    #[error("child {child:?} is a {from} child; its kind cannot change to {to} (delete the child and its topic, then create it again, or create a {to} child under another name)")]
     ChildKindChange {
         child: String,
         from: String,

@@ -103,3 +103,26 @@ fn a_request_reaches_the_shard_that_owns_its_first_partition_and_its_reply_comes
         std::task::Poll::Ready(Err(_))
     ));
 }
+
+#[test]
+fn a_topic_found_empty_at_a_node_hides_only_that_topic_there_and_only_a_while() {
+    let peers = Peers::new(1, [1, 2, 3]);
+    assert!(peers.worth_asking(2, "a", 1_000));
+    peers.found_empty(2, "a", 1_000);
+    assert!(!peers.worth_asking(2, "a", 1_500), "found empty just now");
+    assert!(peers.worth_asking(2, "b", 1_500), "another topic there");
+    assert!(
+        peers.worth_asking(3, "a", 1_500),
+        "the same topic elsewhere"
+    );
+    assert!(
+        peers.worth_asking(2, "a", 1_000 + EMPTY_HINT_TTL_MS),
+        "the hint ages out"
+    );
+    // A notice of new messages there, or messages found, clears it.
+    peers.heard_available(2, 1_200);
+    assert!(peers.worth_asking(2, "a", 1_300));
+    peers.found_empty(2, "a", 1_400);
+    peers.found_messages(2, "a");
+    assert!(peers.worth_asking(2, "a", 1_450));
+}

@@ -65,34 +65,49 @@ pub struct ChildStatus {
 /// behind another's never makes one early.
 #[derive(Default)]
 struct Observed {
-    /// (high watermark, when first seen), oldest first.
-    marks: VecDeque<(u64, u64)>,
+    /// Offsets below `hw` (and above the mark before) were first seen by
+    /// `at`, oldest first: (hw, at, when the mark was opened).
+    marks: VecDeque<(u64, u64, u64)>,
+    /// Offsets below this were in the partition when the copy started.
+    from: Option<u64>,
 }
 
 impl Observed {
     fn note(&mut self, high_watermark: u64, now_ms: u64) {
+        if self.from.is_none() {
+            // What the partition held before: its produce times count.
+            self.from = Some(high_watermark);
+            return;
+        }
         match self.marks.back_mut() {
-            Some((hw, _)) if *hw >= high_watermark => {}
-            // Close together: one later mark covers both (later, never earlier).
-            Some((hw, at)) if now_ms.saturating_sub(*at) < CHILD_OBSERVED_COALESCE_MS => {
+            Some((hw, _, _)) if *hw >= high_watermark => {}
+            // A mark stays open for a short while: what it covers counts as
+            // seen at its latest sight (later, never earlier), and a mark
+            // closes however busy the partition is.
+            Some((hw, at, opened))
+                if now_ms.saturating_sub(*opened) < CHILD_OBSERVED_COALESCE_MS =>
+            {
                 *hw = high_watermark;
                 *at = now_ms;
             }
-            _ => self.marks.push_back((high_watermark, now_ms)),
+            _ if self.from.is_some_and(|from| high_watermark <= from) => {}
+            _ => self.marks.push_back((high_watermark, now_ms, now_ms)),
         }
     }
 
     /// When the owner first saw `offset` (`None`: before this copy started).
     fn seen_at(&self, offset: u64) -> Option<u64> {
-        self.marks
-            .iter()
-            .find(|(hw, _)| offset < *hw)
-            .map(|(_, at)| *at)
+        if self.from.is_none_or(|from| offset < from) {
+            return None;
+        }
+        // Marks rise in both fields: the first whose watermark passed it.
+        let index = self.marks.partition_point(|(hw, _, _)| *hw <= offset);
+        self.marks.get(index).map(|(_, at, _)| *at)
     }
 
     /// Forgets marks wholly below `offset`.
     fn forget_below(&mut self, offset: u64) {
-        while self.marks.front().is_some_and(|(hw, _)| *hw <= offset) {
+        while self.marks.front().is_some_and(|(hw, _, _)| *hw <= offset) {
             self.marks.pop_front();
         }
     }
@@ -316,11 +331,15 @@ impl<F: FileSystem> Shard<F> {
     /// Runs one copy until it is stopped, trying again after failures.
     async fn run_copy(self: Rc<Self>, key: CopyKey, state: Rc<CopyState>) {
         let mut backoff = CHILD_RETRY_BACKOFF_MIN;
+        // Kept across attempts: a failed attempt must not make a delay
+        // child's waiting copies wait a whole delay again.
+        let mut observed = Observed::default();
         while !state.stop.get() && !self.is_stopping() {
             let seen = state.wake.version();
-            match self.copy(&key, &state).await {
+            match self.copy(&key, &state, &mut observed).await {
                 Ok(()) => break,
                 Err(error) => {
+                    tracing::debug!(parent = %key.parent, partition = key.partition, child = %key.child, %error, "a copy attempt failed");
                     let first = state.last_error.borrow().as_deref() != Some(&error.message);
                     if first {
                         tracing::warn!(parent = %key.parent, partition = key.partition, child = %key.child, %error, "copying to a child failed; trying again");
@@ -336,6 +355,14 @@ impl<F: FileSystem> Shard<F> {
             }
         }
         tracing::debug!(parent = %key.parent, partition = key.partition, child = %key.child, "a copy ended");
+        // Ended but still listed (its topics were not in view for a moment):
+        // leave the slot so the next reconcile starts it again.
+        {
+            let mut copies = self.copies.borrow_mut();
+            if copies.get(&key).is_some_and(|s| Rc::ptr_eq(s, &state)) {
+                copies.remove(&key);
+            }
+        }
         self.forget_cursor_if_unlinked(&key).await;
     }
 
@@ -370,26 +397,35 @@ impl<F: FileSystem> Shard<F> {
 
     /// Copies from the cursor on until stopped; an error ends the attempt
     /// (the cursor stays where the last confirmed copy left it).
-    async fn copy(&self, key: &CopyKey, state: &CopyState) -> Result<(), ApiError> {
+    async fn copy(
+        &self,
+        key: &CopyKey,
+        state: &CopyState,
+        observed: &mut Observed,
+    ) -> Result<(), ApiError> {
         let Some((parent, _, link)) = self.copy_topics(key) else {
             return Ok(());
         };
         let owner = self.owner(&parent, key.partition).await?;
         let (dir, name) = self.cursor_place(key);
         let fs = &self.env.fs;
-        let cursor = match Cursor::open(fs, &dir, &name)
-            .await
-            .map_err(|e| from_storage(&e))?
-        {
-            Some(cursor) => cursor,
-            None => {
-                let start = self.first_to_copy(&owner, link.created_at_ms).await?;
-                Cursor::create(fs, &dir, &name, start)
-                    .await
-                    .map_err(|e| from_storage(&e))?
+        let start = match Cursor::open(fs, &dir, &name).await {
+            Ok(Some(cursor)) => Ok(cursor),
+            Ok(None) => Err(self.first_to_copy(&owner, link.created_at_ms).await?),
+            // Both slots damaged: copy all the parent still holds again
+            // (duplicates, never a gap).
+            Err(StorageError::BadFormat { path, detail }) => {
+                tracing::error!(path = %path.display(), detail, "a child's cursor is damaged; copying again from the parent's oldest retained message");
+                Err(owner.log_start_offset())
             }
+            Err(error) => return Err(from_storage(&error)),
         };
-        let mut observed = Observed::default();
+        let cursor = match start {
+            Ok(cursor) => cursor,
+            Err(position) => Cursor::create(fs, &dir, &name, position)
+                .await
+                .map_err(|e| from_storage(&e))?,
+        };
         loop {
             let seen = owner.version();
             let woken = state.wake.version();
@@ -440,17 +476,18 @@ impl<F: FileSystem> Shard<F> {
                 ChildKind::Fanout | ChildKind::Replica => None,
             };
             let oldest_due = delay_ms.map_or(first.message.produced_at_ms, |delay| {
-                due_at(first, &observed, delay)
+                due_at(first, observed, delay)
             });
             state.lag_ms.set(now.saturating_sub(oldest_due));
             let due = match delay_ms {
                 Some(delay) => batch
                     .iter()
-                    .take_while(|m| due_at(m, &observed, delay) <= now)
+                    .take_while(|m| due_at(m, observed, delay) <= now)
                     .count(),
                 None => batch.len(),
             };
             if due == 0 {
+                tracing::trace!(parent = %key.parent, partition = key.partition, child = %key.child, position, high_watermark, oldest_due, now, "a delay copy waits");
                 let wait = Duration::from_millis(oldest_due.saturating_sub(now).max(1));
                 self.idle(&owner, seen, state, woken, wait.min(CHILD_IDLE_RECHECK))
                     .await;
@@ -629,13 +666,28 @@ mod tests {
     #[test]
     fn a_delay_counts_from_the_later_of_produce_time_and_the_owners_first_sight() {
         let mut observed = Observed::default();
+        // What the partition held when the copy started: produce times.
+        observed.note(4, 900);
+        assert_eq!(observed.seen_at(3), None);
         observed.note(10, 1_000);
         // Close marks merge into the later one.
         observed.note(12, 1_020);
         observed.note(20, 2_000);
+        assert_eq!(observed.seen_at(3), None);
         assert_eq!(observed.seen_at(5), Some(1_020));
         assert_eq!(observed.seen_at(15), Some(2_000));
         assert_eq!(observed.seen_at(25), None);
+        // A busy partition: sights every 10 ms still close a mark within
+        // the coalescing time, so what it covers comes due.
+        let mut busy = Observed::default();
+        busy.note(0, 0);
+        for i in 1..=100 {
+            busy.note(i, i * 10);
+        }
+        assert!(busy
+            .seen_at(1)
+            .is_some_and(|at| at < CHILD_OBSERVED_COALESCE_MS + 10));
+        assert!(busy.marks.len() > 10);
         // A producer's clock ahead of the owner's: its time counts.
         assert_eq!(due_at(&stored(15, 2_500), &observed, 100), 2_600);
         // Behind: the owner's first sight counts, never earlier.

@@ -146,7 +146,7 @@ impl<F: FileSystem> Shard<F> {
                 break;
             }
             let asked_at = self.now();
-            if self.is_dead(node) || !peers.worth_asking(node, asked_at) {
+            if self.is_dead(node) || !peers.worth_asking(node, &topic.name, asked_at) {
                 continue;
             }
             let timeout = if out.is_empty() {
@@ -161,9 +161,9 @@ impl<F: FileSystem> Shard<F> {
                 visibility_ms: op.visibility_ms,
             };
             match self.call(Address::Node(node), part, Some(timeout)).await {
-                Ok(Ok(got)) if got.is_empty() => peers.found_empty(node, asked_at),
+                Ok(Ok(got)) if got.is_empty() => peers.found_empty(node, &topic.name, asked_at),
                 Ok(Ok(got)) => {
-                    peers.found_messages(node);
+                    peers.found_messages(node, &topic.name);
                     out.extend(got);
                 }
                 Ok(Err(error)) | Err(CallError::Refused(error)) => {

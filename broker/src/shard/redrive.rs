@@ -312,11 +312,13 @@ impl<F: FileSystem> Shard<F> {
         // Durable in the target first; only then acked where it was.
         self.write_durably(&to, &messages).await?;
         let receipts: Vec<String> = deliveries.into_iter().map(|d| d.receipt).collect();
-        let count = receipts.len() as u64;
+        let mut count = 0;
         for outcome in self.settle(&dlq, &receipts, SettleAction::Ack).await {
-            if let Err(error) = outcome {
-                // Its lease ended first: it is delivered again (at least once).
-                tracing::debug!(%error, "a redriven message's ack failed");
+            match outcome {
+                Ok(_) => count += 1,
+                // Its lease ended first: it is moved again (at least once),
+                // and counted then.
+                Err(error) => tracing::debug!(%error, "a redriven message's ack failed"),
             }
         }
         Ok(Some(count))
