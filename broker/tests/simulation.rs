@@ -3,8 +3,9 @@
 //! metastore's decisions, all on a manual clock (`tests/sim/`). Producers,
 //! consumers that ack, nack, extend, let leases lapse and hang up mid
 //! request, and a nemesis that crashes nodes, cuts their power, cuts them
-//! off, slows or fills their disks and loses messages between them. `narad-check` judges each history
-//! exactly as it judges the process suites.
+//! off, slows or fills their disks and loses messages between them; one
+//! scenario adds a fanout and a delay child to the topic. `narad-check`
+//! judges each history exactly as it judges the process suites.
 //!
 //! `NARAD_SIM_ITERATIONS` (seeds, default [`ITERATIONS_DEFAULT`]) and
 //! `NARAD_SIM_SEED` (the first) control a run, `NARAD_SIM_VERBOSE` prints
@@ -29,7 +30,9 @@ use narad_broker::rpc::{Available, CallError, SettleOutcome};
 use narad_check::{
     check, Delivery, Event, NemesisAction, Op, Outcome, SettleAction as CheckAction, Strictness,
 };
-use narad_net::types::{ConsumeRequest, ConsumedMessage, SettleAction, TopicPatch};
+use narad_net::types::{
+    ChildKindName, ChildRequest, ConsumeRequest, ConsumedMessage, SettleAction, TopicPatch,
+};
 use narad_net::value::JsonValue;
 use narad_net::ApiError;
 use narad_raft::state::NodeId;
@@ -45,6 +48,8 @@ const TOPIC: &str = "orders";
 /// The dead-letter topic of the dead-letter scenario, and its limit.
 const DEAD_TOPIC: &str = "orders-dead";
 const MAX_DELIVERIES: u32 = 3;
+/// The children of the children scenario: a fanout and a delay child.
+const CHILDREN: [(&str, Option<u64>); 2] = [("orders-copy", None), ("orders-later", Some(1_500))];
 const PARTITIONS: u32 = 4;
 const VISIBILITY_MS: u64 = 2_000;
 /// How long the clients and the nemesis run (simulated ms).
@@ -82,6 +87,9 @@ struct Scenario {
     /// The topic has `max_deliveries` and a dead-letter topic, and consumers
     /// nack half of what they get while the faults run.
     dead_letters: bool,
+    /// The topic has a fanout and a delay child, read by a client of
+    /// their own: each must get every message, the delay child none early.
+    children: bool,
 }
 
 const CHURN: Scenario = Scenario {
@@ -89,6 +97,12 @@ const CHURN: Scenario = Scenario {
     wipes: false,
     full_disks: false,
     dead_letters: false,
+    children: false,
+};
+
+const CHILDREN_SCENARIO: Scenario = Scenario {
+    children: true,
+    ..CHURN
 };
 
 const LOST_VOLUMES: Scenario = Scenario {
@@ -124,10 +138,13 @@ struct Clients {
     calm: Cell<bool>,
     keyed: bool,
     dead_letters: bool,
+    children: bool,
     /// Ids delivered on the dead-letter topic.
     dead_lettered: RefCell<BTreeSet<String>>,
     /// Deliveries on the topic beyond its `max_deliveries`.
     over_delivered: RefCell<Vec<String>>,
+    /// Ids delivered in each child, by child.
+    in_children: RefCell<std::collections::BTreeMap<&'static str, BTreeSet<String>>>,
     stop: Cell<bool>,
 }
 
@@ -501,6 +518,103 @@ async fn dead_letter_reader(clients: Rc<Clients>) {
     }
 }
 
+/// Creates the children through node 1, before any produce, and records
+/// when each existed.
+fn create_children(cluster: &SimCluster, clients: &Rc<Clients>) {
+    let executor = clients.executor.clone();
+    for (child, delay_ms) in CHILDREN {
+        let start = clients.now();
+        let done: Rc<Cell<bool>> = Rc::default();
+        let (shard, finished) = (cluster.shard(1, 0).expect("node 1"), done.clone());
+        executor.spawn(
+            clients.group,
+            Box::pin(async move {
+                let kind = match delay_ms {
+                    Some(delay_ms) => ChildKindName::Delay { delay_ms },
+                    None => ChildKindName::Fanout,
+                };
+                let request = ChildRequest {
+                    kind,
+                    topic: TopicPatch {
+                        visibility_timeout_ms: Some(VISIBILITY_MS),
+                        ..TopicPatch::default()
+                    },
+                };
+                shard
+                    .put_child(TOPIC, child, request)
+                    .await
+                    .expect("a child");
+                finished.set(true);
+            }),
+        );
+        assert!(executor.run_until(executor.now_ms() + 10_000, || done.get()));
+        clients.record(
+            "setup",
+            start,
+            Op::Child {
+                parent: TOPIC.into(),
+                child: child.into(),
+                delay_ms,
+            },
+        );
+    }
+}
+
+/// Reads a child at random nodes, recording what it got, and acks it all.
+async fn child_reader(clients: Rc<Clients>, child: &'static str) {
+    let who = format!("reader-{child}");
+    while !clients.stop.get() {
+        let Some(node) = clients.pick_node() else {
+            clients.executor.sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let request = ConsumeRequest {
+            max_messages: 20,
+            wait_ms: 200,
+            visibility_timeout_ms: None,
+            partition: None,
+        };
+        let start = clients.now();
+        let answer = consume_at(&clients, node, child, request, None).await;
+        let Answer::Done(Ok(got)) = answer else {
+            clients.executor.sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        clients.record(
+            &who,
+            start,
+            Op::Consume {
+                topic: child.into(),
+                outcome: Outcome::Ok {
+                    value: got.iter().map(delivery).collect(),
+                },
+            },
+        );
+        clients
+            .in_children
+            .borrow_mut()
+            .entry(child)
+            .or_default()
+            .extend(got.iter().map(|m| m.id.clone()));
+        let receipts: Vec<String> = got.iter().map(|m| m.receipt.clone()).collect();
+        let Some(node) = clients.pick_node().filter(|_| !receipts.is_empty()) else {
+            continue;
+        };
+        clients
+            .request(
+                node,
+                move |shard| {
+                    Box::pin(async move {
+                        let topic = shard.topic(child)?;
+                        Ok::<_, ApiError>(shard.settle(&topic, &receipts, SettleAction::Ack).await)
+                    })
+                },
+                None,
+            )
+            .await;
+    }
+}
+
 fn nemesis_event(clients: &Clients, action: NemesisAction, node: NodeId) {
     let now = clients.now();
     clients.record(
@@ -570,8 +684,10 @@ fn run(seed: u64, scenario: &Scenario) {
         calm: Cell::new(false),
         keyed: scenario.keyed,
         dead_letters: scenario.dead_letters,
+        children: scenario.children,
         dead_lettered: RefCell::default(),
         over_delivered: RefCell::default(),
+        in_children: RefCell::default(),
         stop: Cell::new(false),
     });
 
@@ -624,6 +740,12 @@ fn run(seed: u64, scenario: &Scenario) {
     );
     if scenario.dead_letters {
         executor.spawn(clients.group, Box::pin(dead_letter_reader(clients.clone())));
+    }
+    if scenario.children {
+        create_children(&cluster, &clients);
+        for (child, _) in CHILDREN {
+            executor.spawn(clients.group, Box::pin(child_reader(clients.clone(), child)));
+        }
     }
     for i in 0..2 {
         executor.spawn(
@@ -743,11 +865,18 @@ fn run(seed: u64, scenario: &Scenario) {
         executor.run_until(executor.now_ms() + SETTLE_MS, move || {
             let (acked, maybe) = (clients.acked.borrow(), clients.maybe_acked.borrow());
             let dead = clients.dead_lettered.borrow();
-            clients
-                .accepted
-                .borrow()
-                .iter()
-                .all(|id| acked.contains(id) || maybe.contains(id) || dead.contains(id))
+            let in_children = clients.in_children.borrow();
+            let accepted = clients.accepted.borrow();
+            let copied = !clients.children
+                || CHILDREN.iter().all(|(child, _)| {
+                    in_children
+                        .get(child)
+                        .is_some_and(|seen| accepted.is_subset(seen))
+                });
+            copied
+                && accepted
+                    .iter()
+                    .all(|id| acked.contains(id) || maybe.contains(id) || dead.contains(id))
         })
     };
     // Nothing stays behind in a WAL: every record a shard took in was
@@ -918,6 +1047,18 @@ fn a_simulated_cluster_dead_letters_on_time_under_faults() {
         "a_simulated_cluster_dead_letters_on_time_under_faults",
         &DEAD_LETTERS,
         iterations().div_ceil(4),
+    );
+}
+
+/// Children under the same faults: a fanout and a delay child get every
+/// message the topic accepted, the delay child none before its delay.
+/// An eighth of the seeds.
+#[test]
+fn a_simulated_clusters_children_get_every_message_under_faults() {
+    for_each_seed(
+        "a_simulated_clusters_children_get_every_message_under_faults",
+        &CHILDREN_SCENARIO,
+        iterations().div_ceil(8),
     );
 }
 

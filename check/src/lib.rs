@@ -411,7 +411,8 @@ impl Report {
         let mut out = format!(
             "accepted {}, delivered {}, acked {} ({} accepted ones only by acks without \
              an answer, {} on a lost volume); abandoned {} produces, {} consumes, {} acks; \
-             longest 202 to first delivery {} ms, longest lease end to redelivery {} ms",
+             longest 202 to first delivery {} ms, longest lease end to redelivery {} ms; \
+             {} deliveries in children",
             self.accepted,
             self.delivered,
             self.acked,
@@ -421,7 +422,8 @@ impl Report {
             self.abandoned[1],
             self.abandoned[2],
             self.max_first_delivery_ms,
-            self.max_redelivery_delay_ms
+            self.max_redelivery_delay_ms,
+            self.child_delivered
         );
         for (name, finding) in [
             ("lost", &self.lost),
