@@ -1,6 +1,9 @@
-//! `narad-bench latency`: produce → consumable latency at a light, fixed
-//! rate. One thread produces messages carrying their send time; another
-//! long-polls, acks, and records now − send time when each arrives.
+//! `narad-bench latency`: produce → consumable latency at a fixed rate.
+//! Producer threads (each a share of the rate) send messages carrying their
+//! send time; one thread long-polls, acks, and records now − send time when
+//! each arrives. The consumer may read another topic than the producers
+//! write (a child of theirs): then it measures produce → consumable in the
+//! child, the copy included.
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -13,49 +16,76 @@ fn now_micros() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
-pub fn run(
-    server: &str,
-    topic: &str,
-    rate_per_second: u64,
-    messages: u64,
-) -> Result<Histogram<u64>, String> {
-    let producer = Client::new(server).map_err(|e| e.to_string())?;
-    let consumer = Client::new(server).map_err(|e| e.to_string())?;
-    let interval = Duration::from_micros(1_000_000 / rate_per_second.max(1));
-    let topic_owned = topic.to_string();
+/// What one run measures.
+pub struct Plan<'a> {
+    pub server: &'a str,
+    /// Produced to.
+    pub topic: &'a str,
+    /// Consumed from (the produced topic, or a child of it).
+    pub consume_topic: &'a str,
+    pub rate_per_second: u64,
+    pub messages: u64,
+    pub producers: u64,
+}
+
+pub fn run(plan: &Plan<'_>) -> Result<Histogram<u64>, String> {
+    let consumer = Client::new(plan.server).map_err(|e| e.to_string())?;
+    let producers = plan.producers.max(1);
+    // Each producer sends every `producers`-th message on the shared schedule.
+    let interval = Duration::from_micros(1_000_000 / plan.rate_per_second.max(1));
+    let consume_topic = plan.consume_topic.to_string();
+    let messages = plan.messages;
     let receiver = std::thread::spawn(move || -> Result<Histogram<u64>, String> {
         let mut histogram = Histogram::<u64>::new(3).map_err(|e| e.to_string())?;
         let deadline = Instant::now()
             + Duration::from_secs(60)
             + interval * u32::try_from(messages).unwrap_or(u32::MAX);
         while histogram.len() < messages && Instant::now() < deadline {
-            for message in consumer
-                .consume(&topic_owned, 100, 1000)
-                .map_err(|e| e.to_string())?
-            {
+            let got = consumer
+                .consume(&consume_topic, 100, 1000)
+                .map_err(|e| e.to_string())?;
+            let arrived = now_micros();
+            for message in &got {
                 let sent: u64 = message["value"]
                     .as_str()
                     .and_then(|v| v.parse().ok())
                     .unwrap_or(0);
-                histogram.record(now_micros().saturating_sub(sent)).ok();
-                if let Some(receipt) = message["receipt"].as_str() {
-                    consumer
-                        .ack(&topic_owned, receipt)
-                        .map_err(|e| e.to_string())?;
-                }
+                histogram.record(arrived.saturating_sub(sent)).ok();
+            }
+            // One ack request per consume: the consumer keeps up at
+            // thousands a second.
+            let receipts: Vec<&str> = got.iter().filter_map(|m| m["receipt"].as_str()).collect();
+            if !receipts.is_empty() {
+                consumer
+                    .ack_batch(&consume_topic, &receipts)
+                    .map_err(|e| e.to_string())?;
             }
         }
         Ok(histogram)
     });
     let started = Instant::now();
-    for i in 0..messages {
-        let due = started + interval * u32::try_from(i).unwrap_or(u32::MAX);
-        if let Some(wait) = due.checked_duration_since(Instant::now()) {
-            std::thread::sleep(wait);
-        }
-        producer
-            .produce(topic, None, now_micros().to_string().as_bytes())
-            .map_err(|e| e.to_string())?;
+    let senders: Vec<_> = (0..producers)
+        .map(|p| {
+            let (server, topic) = (plan.server.to_string(), plan.topic.to_string());
+            std::thread::spawn(move || -> Result<(), String> {
+                let producer = Client::new(&server).map_err(|e| e.to_string())?;
+                for i in (p..messages).step_by(usize::try_from(producers).unwrap_or(1)) {
+                    let due = started + interval * u32::try_from(i).unwrap_or(u32::MAX);
+                    if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                        std::thread::sleep(wait);
+                    }
+                    producer
+                        .produce(&topic, None, now_micros().to_string().as_bytes())
+                        .map_err(|e| e.to_string())?;
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    for sender in senders {
+        sender
+            .join()
+            .map_err(|_| "a producer thread panicked".to_string())??;
     }
     receiver
         .join()

@@ -380,9 +380,20 @@ fn latency_main(args: &[String]) -> Result<(), String> {
     let messages: u64 = flag(args, "--messages")
         .map_or(Ok(1000), |s| s.parse())
         .map_err(|e| format!("--messages: {e}"))?;
-    let histogram = latency::run(&server, &topic, rate, messages)?;
+    let producers: u64 = flag(args, "--producers")
+        .map_or(Ok(1), |s| s.parse())
+        .map_err(|e| format!("--producers: {e}"))?;
+    let consume_topic = flag(args, "--consume-topic").unwrap_or_else(|| topic.clone());
+    let histogram = latency::run(&latency::Plan {
+        server: &server,
+        topic: &topic,
+        consume_topic: &consume_topic,
+        rate_per_second: rate,
+        messages,
+        producers,
+    })?;
     println!(
-        "produce -> consumable at {rate} msg/s: {} messages  p50 {} us  p99 {} us  p999 {} us  max {} us",
+        "produce ({topic}) -> consumable ({consume_topic}) at {rate} msg/s: {} messages  p50 {} us  p99 {} us  p999 {} us  max {} us",
         histogram.len(),
         histogram.value_at_quantile(0.5),
         histogram.value_at_quantile(0.99),

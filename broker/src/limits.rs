@@ -145,6 +145,10 @@ pub const CHILD_RETRY_BACKOFF_MAX: Duration = Duration::from_secs(2);
 pub const CHILD_START_CLOCK_SLACK_MS: u64 = 1000;
 /// A copy whose oldest uncopied message is older than this is `behind`.
 pub const CHILD_BEHIND_AFTER_MS: u64 = 10_000;
+/// A copy stores its cursor at most this often while it copies (and
+/// whenever it catches up, stops or fails): after a crash, at most this
+/// much is copied again.
+pub const CHILD_CURSOR_STORE_INTERVAL: Duration = Duration::from_millis(200);
 /// A delay copy notes when commits became visible at most this often.
 pub const CHILD_OBSERVED_COALESCE_MS: u64 = 50;
 /// Messages a redrive moves per batch (leased, written, acked together).

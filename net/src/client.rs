@@ -464,6 +464,20 @@ impl Client {
         )
         .map(|_| ())
     }
+
+    /// Acks up to 1000 receipts with one request; the answer has one
+    /// result per receipt.
+    pub fn ack_batch(&self, topic: &str, receipts: &[&str]) -> Result<Value, ClientError> {
+        let body = json!({ "receipts": receipts });
+        Ok(self
+            .call(
+                "POST",
+                &format!("/v1/topics/{}/ack/batch", encode_segment(topic)),
+                &[],
+                body.to_string().as_bytes(),
+            )?
+            .body)
+    }
 }
 
 /// One keep-alive HTTP/1.1 connection to a node, for clients that send
