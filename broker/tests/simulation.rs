@@ -744,7 +744,10 @@ fn run(seed: u64, scenario: &Scenario) {
     if scenario.children {
         create_children(&cluster, &clients);
         for (child, _) in CHILDREN {
-            executor.spawn(clients.group, Box::pin(child_reader(clients.clone(), child)));
+            executor.spawn(
+                clients.group,
+                Box::pin(child_reader(clients.clone(), child)),
+            );
         }
     }
     for i in 0..2 {

@@ -17,9 +17,9 @@ use narad_storage::log::StoredMessage;
 use super::*;
 use crate::controller::place_replica;
 use crate::limits::{
-    CHILD_BEHIND_AFTER_MS, CHILD_COPY_BYTES_MAX, CHILD_CURSOR_STORE_INTERVAL, CHILD_COPY_RECORDS_MAX, CHILD_IDLE_RECHECK,
-    CHILD_OBSERVED_COALESCE_MS, CHILD_RETRY_BACKOFF_MAX, CHILD_RETRY_BACKOFF_MIN,
-    CHILD_START_CLOCK_SLACK_MS,
+    CHILD_BEHIND_AFTER_MS, CHILD_COPY_BYTES_MAX, CHILD_COPY_RECORDS_MAX,
+    CHILD_CURSOR_STORE_INTERVAL, CHILD_IDLE_RECHECK, CHILD_OBSERVED_COALESCE_MS,
+    CHILD_RETRY_BACKOFF_MAX, CHILD_RETRY_BACKOFF_MIN, CHILD_START_CLOCK_SLACK_MS,
 };
 
 /// One copy: a parent partition of this shard to one child.
@@ -436,8 +436,8 @@ impl<F: FileSystem> Shard<F> {
             let seen = owner.version();
             let woken = state.wake.version();
             let now = self.now();
-            let due_to_store = now.saturating_sub(stored_at)
-                >= CHILD_CURSOR_STORE_INTERVAL.as_millis() as u64;
+            let due_to_store =
+                now.saturating_sub(stored_at) >= CHILD_CURSOR_STORE_INTERVAL.as_millis() as u64;
             let ending = state.stop.get() || self.is_stopping();
             let Some((parent, child, link)) = self.copy_topics(key).filter(|_| !ending) else {
                 if position != cursor.position() {
