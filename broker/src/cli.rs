@@ -336,6 +336,9 @@ pub fn topic(args: &ClientArgs, action: &TopicAction) -> Result<(), String> {
                     ] {
                         println!("{key}: {}", cell(&topic[key]));
                     }
+                    if topic.get("parent").is_some() {
+                        println!("parent: {}", cell(&topic["parent"]));
+                    }
                     let keys = [
                         "partition",
                         "owner",
@@ -365,6 +368,10 @@ pub fn topic(args: &ClientArgs, action: &TopicAction) -> Result<(), String> {
                         ],
                         &rows,
                     );
+                    if topic["children"].as_array().is_some_and(|c| !c.is_empty()) {
+                        println!();
+                        print_children(&topic["children"]);
+                    }
                 }
             }
         }
@@ -767,36 +774,39 @@ fn list_children(client: &Client, args: &ClientArgs, parent: &str) -> Result<(),
     let listing = call(client, "GET", &children_path(parent), &Value::Null)?.body;
     match args.output {
         Output::Json => print_json(&listing),
-        Output::Human => {
-            let rows = rows_of(&listing["children"], |c| {
-                [
-                    "name",
-                    "kind",
-                    "lag_messages",
-                    "lag_seconds",
-                    "dropped_messages",
-                    "state",
-                    "last_error",
-                ]
-                .iter()
-                .map(|k| cell(&c[*k]))
-                .collect()
-            });
-            print_table(
-                &[
-                    "NAME",
-                    "KIND",
-                    "LAG_MESSAGES",
-                    "LAG_SECONDS",
-                    "DROPPED",
-                    "STATE",
-                    "LAST_ERROR",
-                ],
-                &rows,
-            );
-        }
+        Output::Human => print_children(&listing["children"]),
     }
     Ok(())
+}
+
+/// A table of children as `GET /v1/topics/{parent}/children` lists them.
+fn print_children(children: &Value) {
+    let rows = rows_of(children, |c| {
+        [
+            "name",
+            "kind",
+            "lag_messages",
+            "lag_seconds",
+            "dropped_messages",
+            "state",
+            "last_error",
+        ]
+        .iter()
+        .map(|k| cell(&c[*k]))
+        .collect()
+    });
+    print_table(
+        &[
+            "NAME",
+            "KIND",
+            "LAG_MESSAGES",
+            "LAG_SECONDS",
+            "DROPPED",
+            "STATE",
+            "LAST_ERROR",
+        ],
+        &rows,
+    );
 }
 
 pub fn child(args: &ClientArgs, action: &ChildAction) -> Result<(), String> {

@@ -424,3 +424,101 @@ fn a_child_behind_its_parents_retention_skips_what_retention_removed_and_counts_
         produced.len()
     );
 }
+
+fn narad(node: &Node, args: &[&str]) -> (bool, String, String) {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_narad"))
+        .args(args)
+        .env("NARAD_URL", format!("http://{}", node.addr))
+        .output()
+        .expect("run narad");
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).to_string(),
+        String::from_utf8_lossy(&output.stderr).to_string(),
+    )
+}
+
+#[test]
+fn the_cli_creates_lists_describes_and_deletes_children_and_redrives() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let node = Node::start(&tmp.path().join("n"), &[]);
+    let (ok, out, err) = narad(
+        &node,
+        &[
+            "topic",
+            "create",
+            "orders",
+            "--partitions",
+            "2",
+            "--retention-ms",
+            "0",
+        ],
+    );
+    assert!(ok, "{out}{err}");
+    let (ok, out, err) = narad(
+        &node,
+        &[
+            "child",
+            "create",
+            "orders",
+            "orders.late",
+            "--kind",
+            "delay",
+            "--delay-ms",
+            "60000",
+        ],
+    );
+    assert!(
+        ok && out.contains("created delay child orders.late of orders"),
+        "{out}{err}"
+    );
+    let (ok, out, err) = narad(
+        &node,
+        &["child", "create", "orders", "x", "--kind", "delay"],
+    );
+    assert!(!ok && err.contains("delay_ms"), "{out}{err}");
+    let (ok, out, err) = narad(&node, &["topic", "children", "orders"]);
+    assert!(ok, "{err}");
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("orders.late"))
+        .unwrap_or_default();
+    assert!(row.contains("delay") && row.contains("copying"), "{out}");
+    let (ok, out, _) = narad(&node, &["topic", "describe", "orders"]);
+    assert!(
+        ok && out.contains("orders.late"),
+        "describe lists the children: {out}"
+    );
+    let (ok, out, _) = narad(&node, &["topic", "describe", "orders.late"]);
+    assert!(ok && out.contains("parent: orders"), "{out}");
+    let (ok, out, _) = narad(&node, &["child", "list", "orders", "--output", "json"]);
+    let listed: Value = serde_json::from_str(&out).expect("json");
+    assert!(ok && listed["children"][0]["delay_ms"] == 60_000, "{out}");
+    let (ok, out, err) = narad(&node, &["child", "delete", "orders", "orders.late"]);
+    assert!(ok && out.contains("stays"), "{out}{err}");
+
+    node.create_topic("work", json!({"partitions": 1}));
+    node.create_topic("work-dlq", json!({"partitions": 1}));
+    for i in 0..5 {
+        node.produce("work-dlq", &format!("d{i}"));
+    }
+    let (ok, out, err) = narad(
+        &node,
+        &[
+            "dlq",
+            "redrive",
+            "work-dlq",
+            "--to",
+            "work",
+            "--rate-per-s",
+            "100",
+        ],
+    );
+    assert!(ok && out.contains("started"), "{out}{err}");
+    assert!(eventually(WAIT, || {
+        let (_, out, _) = narad(&node, &["dlq", "tasks", "work-dlq"]);
+        out.lines().any(|l| l.contains(" done "))
+    }));
+    let (ok, _, err) = narad(&node, &["dlq", "cancel", "work-dlq", "nope"]);
+    assert!(!ok && err.contains("not_found"), "{err}");
+}
