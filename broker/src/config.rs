@@ -352,6 +352,34 @@ fn spec(key: &str) -> Option<(&'static str, Kind)> {
         .map(|(k, kind, _)| (*k, *kind))
 }
 
+/// Whether `value` is `HOST:PORT`: an IPv4 address, an IPv6 address in
+/// brackets, or a DNS name (`narad-0.narad.default.svc`), and a port. A
+/// name is looked up where it is used, not here: a peer's name may not
+/// resolve yet when this node starts.
+pub fn check_host_port(value: &str) -> Result<(), String> {
+    if value.parse::<SocketAddr>().is_ok() {
+        return Ok(());
+    }
+    let (host, port) = value
+        .rsplit_once(':')
+        .ok_or_else(|| "no :PORT".to_string())?;
+    port.parse::<u16>()
+        .map_err(|_| format!("{port:?} is not a port"))?;
+    let label_ok = |label: &str| {
+        (1..=63).contains(&label.len())
+            && label
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            && !label.starts_with('-')
+            && !label.ends_with('-')
+    };
+    let name = host.strip_suffix('.').unwrap_or(host);
+    if name.is_empty() || name.len() > 253 || !name.split('.').all(label_ok) {
+        return Err(format!("{host:?} is neither an IP address nor a DNS name"));
+    }
+    Ok(())
+}
+
 fn check(key: &str, value: &str, kind: Kind, source: Source) -> Result<(), ConfigError> {
     let invalid = |reason: String| ConfigError::InvalidValue {
         key: key.to_string(),
@@ -364,10 +392,9 @@ fn check(key: &str, value: &str, kind: Kind, source: Source) -> Result<(), Confi
             Ok(v) if (min..=max).contains(&v) => Ok(()),
             _ => Err(invalid(format!("must be an integer from {min} to {max}"))),
         },
-        Kind::Addr => value
-            .parse::<SocketAddr>()
-            .map(|_| ())
-            .map_err(|_| invalid("must be HOST:PORT with an IP address".into())),
+        Kind::Addr => {
+            check_host_port(value).map_err(|why| invalid(format!("must be HOST:PORT: {why}")))
+        }
         Kind::Text => Ok(()),
         Kind::Bool => match value.trim() {
             "true" | "false" => Ok(()),

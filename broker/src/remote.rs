@@ -10,7 +10,6 @@
 //! never waits on a shard); the shard's reply is encoded on the way back.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -32,11 +31,12 @@ use crate::rpc::{
 
 // ------------------------------------------------------------ outbound
 
-/// This node's QUIC endpoint and the addresses of the other nodes.
+/// This node's QUIC endpoint and the addresses of the other nodes
+/// (`HOST:PORT`, an IP address or a DNS name the endpoint looks up).
 #[derive(Clone)]
 pub struct QuicNodes {
     endpoint: Arc<PeerEndpoint>,
-    addrs: BTreeMap<NodeId, SocketAddr>,
+    addrs: BTreeMap<NodeId, Arc<str>>,
 }
 
 impl QuicNodes {
@@ -44,25 +44,20 @@ impl QuicNodes {
         me: NodeId,
         endpoint: Arc<PeerEndpoint>,
         members: &BTreeMap<NodeId, String>,
-    ) -> Result<Self, String> {
-        let mut addrs = BTreeMap::new();
-        for (id, addr) in members {
-            if *id == me {
-                continue;
-            }
-            let addr = addr
-                .parse::<SocketAddr>()
-                .map_err(|e| format!("peer {id} address {addr:?}: {e}"))?;
-            addrs.insert(*id, addr);
-        }
-        Ok(Self { endpoint, addrs })
+    ) -> Self {
+        let addrs = members
+            .iter()
+            .filter(|(id, _)| **id != me)
+            .map(|(id, addr)| (*id, Arc::from(addr.as_str())))
+            .collect();
+        Self { endpoint, addrs }
     }
 }
 
 /// One operation's round trip over QUIC.
 struct RoundTrip {
     endpoint: Arc<PeerEndpoint>,
-    addr: SocketAddr,
+    addr: Arc<str>,
     timeout: Duration,
 }
 
@@ -74,7 +69,7 @@ impl Visit for RoundTrip {
             let payload = encode_request(&op).map_err(CallError::Unreachable)?;
             let answer = self
                 .endpoint
-                .call(self.addr, O::KIND, payload, self.timeout)
+                .call(&self.addr, O::KIND, payload, self.timeout)
                 .await
                 .map_err(|e| match e {
                     PeerError::Remote { reason, .. } => {
@@ -93,7 +88,7 @@ impl Transport for QuicNodes {
             Address::Node(node) => self
                 .addrs
                 .get(&node)
-                .copied()
+                .cloned()
                 .ok_or_else(|| CallError::Unreachable(format!("node {node} is not a peer"))),
             Address::Shard(shard) => Err(CallError::Unreachable(format!(
                 "shard {shard} is not a node"

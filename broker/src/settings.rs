@@ -4,7 +4,6 @@
 //! and the checks stay in [`crate::config`]; a key the table accepts that
 //! has no field here fails [`Settings::from_config`] (and its test).
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use serde::Deserialize;
@@ -15,9 +14,10 @@ use crate::config::Config;
 #[serde(deny_unknown_fields)]
 pub struct Settings {
     pub data_dir: PathBuf,
-    pub listen: SocketAddr,
+    /// `HOST:PORT`, an IP address or a DNS name (looked up to bind).
+    pub listen: String,
     pub node_id: u16,
-    pub peer_listen: SocketAddr,
+    pub peer_listen: String,
     /// `1=HOST:PORT,2=HOST:PORT`; unset for a single node.
     pub peers: Option<String>,
     /// 0: one per core.

@@ -540,3 +540,60 @@ fn exported(node: &Node, line: &str) -> Option<f64> {
         (key == line).then(|| value.parse().ok())?
     })
 }
+
+/// Nodes named by DNS names, as a StatefulSet names its pods: `--listen`,
+/// `--peer-listen` and `--peers` with `localhost`, looked up by each node.
+#[test]
+fn three_nodes_named_by_dns_names_form_a_cluster_and_serve_across_it() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let ports: Vec<u16> = (0..3)
+        .map(|_| {
+            std::net::UdpSocket::bind("127.0.0.1:0")
+                .and_then(|s| s.local_addr())
+                .expect("udp port")
+                .port()
+        })
+        .collect();
+    let peers = ports
+        .iter()
+        .enumerate()
+        .map(|(i, p)| format!("{}=localhost:{p}", i + 1))
+        .collect::<Vec<_>>()
+        .join(",");
+    let nodes: Vec<Node> = (0..3)
+        .map(|i| {
+            let id = (i + 1).to_string();
+            let peer_listen = format!("localhost:{}", ports[i]);
+            Node::start(
+                &tmp.path().join(format!("n{}", i + 1)),
+                &[
+                    "--node-id",
+                    &id,
+                    "--listen",
+                    "localhost:0",
+                    "--peer-listen",
+                    &peer_listen,
+                    "--peers",
+                    &peers,
+                    "--cluster-secret",
+                    "dns-secret",
+                ],
+            )
+        })
+        .collect();
+    assert!(eventually(WAIT, || nodes
+        .iter()
+        .all(|n| n.request("GET", "/readyz", b"").0 == 200)));
+    let (status, answer) = nodes[0].json("PUT", "/v1/topics/named", json!({"partitions": 3}));
+    assert_eq!(status, 201, "{answer}");
+    assert!(eventually(WAIT, || nodes
+        .iter()
+        .all(|n| has_topic(n, "named"))));
+    // One partition per node: consuming at one node reaches the others'.
+    let produced: BTreeSet<String> = (0..30)
+        .map(|i| nodes[i % 3].produce("named", &format!("m{i}")))
+        .collect();
+    let delivered = support::consume_all(&nodes[1], "named");
+    let got: BTreeSet<String> = delivered.keys().cloned().collect();
+    assert_eq!(got, produced);
+}

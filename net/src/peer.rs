@@ -52,10 +52,10 @@ pub enum PeerError {
     Endpoint(String),
     /// The peer could not be reached or did not answer in time.
     #[error("peer {addr} unreachable: {reason}")]
-    Unreachable { addr: SocketAddr, reason: String },
+    Unreachable { addr: String, reason: String },
     /// The peer answered with an error.
     #[error("peer {addr} answered an error: {reason}")]
-    Remote { addr: SocketAddr, reason: String },
+    Remote { addr: String, reason: String },
 }
 
 /// The TLS settings of a node, both directions.
@@ -181,12 +181,34 @@ pub type PeerHandler = Arc<
         + Sync,
 >;
 
+/// `HOST:PORT` as a socket address: an IP address as it is, a DNS name
+/// looked up (its first address of the local endpoint's family, which is
+/// the one the endpoint can send to, else its first).
+async fn resolve(addr: &str, local: SocketAddr) -> Result<SocketAddr, String> {
+    if let Ok(ip) = addr.parse::<SocketAddr>() {
+        return Ok(ip);
+    }
+    let found: Vec<SocketAddr> = tokio::net::lookup_host(addr)
+        .await
+        .map_err(|e| format!("looking up {addr}: {e}"))?
+        .collect();
+    found
+        .iter()
+        .find(|a| a.is_ipv4() == local.is_ipv4())
+        .or(found.first())
+        .copied()
+        .ok_or_else(|| format!("{addr} resolves to no address"))
+}
+
 /// This node's QUIC endpoint: serves peers and calls them.
 pub struct PeerEndpoint {
     endpoint: quinn::Endpoint,
     client_config: quinn::ClientConfig,
     runtime: tokio::runtime::Handle,
-    connections: Mutex<HashMap<SocketAddr, quinn::Connection>>,
+    /// By the peer's address as configured (`HOST:PORT`, an IP address or
+    /// a DNS name): a name is resolved again for every new connection, so a
+    /// peer that comes back at another IP address is found.
+    connections: Mutex<HashMap<String, quinn::Connection>>,
     local_addr: SocketAddr,
     stop: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
 }
@@ -279,42 +301,47 @@ impl PeerEndpoint {
         self.local_addr
     }
 
-    /// Calls a peer: sends `payload` as a request of `kind` and returns the
-    /// answer, within `timeout`. Runs on the endpoint's runtime, so it can be
-    /// awaited from any executor.
+    /// Calls a peer at `addr` (`HOST:PORT`, an IP address or a DNS name):
+    /// sends `payload` as a request of `kind` and returns the answer, within
+    /// `timeout` (a name's lookup included). Runs on the endpoint's runtime,
+    /// so it can be awaited from any executor.
     pub async fn call(
         self: &Arc<Self>,
-        addr: SocketAddr,
+        addr: &str,
         kind: u8,
         payload: Vec<u8>,
         timeout: Duration,
     ) -> Result<Vec<u8>, PeerError> {
         let this = self.clone();
+        let target = addr.to_string();
         let task = self.runtime.spawn(async move {
-            match tokio::time::timeout(timeout, this.call_here(addr, kind, payload)).await {
+            match tokio::time::timeout(timeout, this.call_here(&target, kind, payload)).await {
                 Ok(result) => result,
                 Err(_) => {
-                    this.forget(addr);
+                    this.forget(&target);
                     Err(PeerError::Unreachable {
-                        addr,
+                        addr: target,
                         reason: format!("no answer within {timeout:?}"),
                     })
                 }
             }
         });
         task.await.map_err(|e| PeerError::Unreachable {
-            addr,
+            addr: addr.to_string(),
             reason: e.to_string(),
         })?
     }
 
     async fn call_here(
         &self,
-        addr: SocketAddr,
+        addr: &str,
         kind: u8,
         payload: Vec<u8>,
     ) -> Result<Vec<u8>, PeerError> {
-        let unreachable = |reason: String| PeerError::Unreachable { addr, reason };
+        let unreachable = |reason: String| PeerError::Unreachable {
+            addr: addr.to_string(),
+            reason,
+        };
         let connection = self.connection(addr).await?;
         let result = async {
             let (mut send, mut recv) = connection.open_bi().await.map_err(|e| e.to_string())?;
@@ -336,47 +363,46 @@ impl PeerEndpoint {
         match answer.split_first() {
             Some((0, body)) => Ok(body.to_vec()),
             Some((_, text)) => Err(PeerError::Remote {
-                addr,
+                addr: addr.to_string(),
                 reason: String::from_utf8_lossy(text).into_owned(),
             }),
             None => Err(unreachable("an empty answer".into())),
         }
     }
 
-    async fn connection(&self, addr: SocketAddr) -> Result<quinn::Connection, PeerError> {
+    async fn connection(&self, addr: &str) -> Result<quinn::Connection, PeerError> {
         let cached = self
             .connections
             .lock()
             .ok()
-            .and_then(|c| c.get(&addr).cloned());
+            .and_then(|c| c.get(addr).cloned());
         if let Some(connection) = cached {
             if connection.close_reason().is_none() {
                 return Ok(connection);
             }
         }
+        let unreachable = |reason: String| PeerError::Unreachable {
+            addr: addr.to_string(),
+            reason,
+        };
+        let resolved = resolve(addr, self.local_addr).await.map_err(unreachable)?;
         let connecting = self
             .endpoint
-            .connect_with(self.client_config.clone(), addr, PEER_SERVER_NAME)
-            .map_err(|e| PeerError::Unreachable {
-                addr,
-                reason: e.to_string(),
-            })?;
+            .connect_with(self.client_config.clone(), resolved, PEER_SERVER_NAME)
+            .map_err(|e| unreachable(e.to_string()))?;
         let connection = connecting.await.map_err(|e| {
-            tracing::warn!(%addr, error = %e, "could not connect to a peer (is it of this cluster?)");
-            PeerError::Unreachable {
-                addr,
-                reason: e.to_string(),
-            }
+            tracing::warn!(%addr, %resolved, error = %e, "could not connect to a peer (is it of this cluster?)");
+            unreachable(e.to_string())
         })?;
         if let Ok(mut connections) = self.connections.lock() {
-            connections.insert(addr, connection.clone());
+            connections.insert(addr.to_string(), connection.clone());
         }
         Ok(connection)
     }
 
-    fn forget(&self, addr: SocketAddr) {
+    fn forget(&self, addr: &str) {
         if let Ok(mut connections) = self.connections.lock() {
-            connections.remove(&addr);
+            connections.remove(addr);
         }
     }
 
@@ -491,13 +517,13 @@ mod tests {
         let timeout = Duration::from_secs(10);
         runtime().block_on(async {
             let answer = a
-                .call(b.local_addr(), 3, b"hello".to_vec(), timeout)
+                .call(&b.local_addr().to_string(), 3, b"hello".to_vec(), timeout)
                 .await
                 .expect("call");
             assert_eq!(answer, b"\x03hello");
-            let again = b.call(a.local_addr(), 4, vec![], timeout).await.expect("back");
+            let again = b.call(&a.local_addr().to_string(), 4, vec![], timeout).await.expect("back");
             assert_eq!(again, vec![4]);
-            let refused = a.call(b.local_addr(), 9, vec![], timeout).await;
+            let refused = a.call(&b.local_addr().to_string(), 9, vec![], timeout).await;
             assert!(
                 matches!(refused, Err(PeerError::Remote { ref reason, .. }) if reason.contains("refused")),
                 "{refused:?}"
@@ -520,7 +546,12 @@ mod tests {
         .expect("theirs");
         runtime().block_on(async {
             let refused = theirs
-                .call(ours.local_addr(), 1, vec![], Duration::from_secs(5))
+                .call(
+                    &ours.local_addr().to_string(),
+                    1,
+                    vec![],
+                    Duration::from_secs(5),
+                )
                 .await;
             assert!(
                 matches!(refused, Err(PeerError::Unreachable { .. })),
@@ -573,12 +604,22 @@ mod tests {
         let stranger = PeerEndpoint::start(local(), &theirs, echo()).expect("stranger");
         runtime().block_on(async {
             let answer = a
-                .call(b.local_addr(), 3, b"hi".to_vec(), Duration::from_secs(10))
+                .call(
+                    &b.local_addr().to_string(),
+                    3,
+                    b"hi".to_vec(),
+                    Duration::from_secs(10),
+                )
                 .await
                 .expect("same CA");
             assert_eq!(answer, b"\x03hi");
             let refused = stranger
-                .call(a.local_addr(), 1, vec![], Duration::from_secs(5))
+                .call(
+                    &a.local_addr().to_string(),
+                    1,
+                    vec![],
+                    Duration::from_secs(5),
+                )
                 .await;
             assert!(
                 matches!(refused, Err(PeerError::Unreachable { .. })),
@@ -604,7 +645,7 @@ mod tests {
         let silent = std::net::UdpSocket::bind("127.0.0.1:0").expect("udp");
         let started = std::time::Instant::now();
         let result = runtime().block_on(a.call(
-            silent.local_addr().expect("addr"),
+            &silent.local_addr().expect("addr").to_string(),
             1,
             vec![],
             Duration::from_millis(300),
@@ -612,5 +653,27 @@ mod tests {
         assert!(matches!(result, Err(PeerError::Unreachable { .. })));
         assert!(started.elapsed() < Duration::from_secs(5));
         a.shutdown();
+    }
+
+    #[test]
+    fn a_peer_named_by_a_dns_name_is_found_and_a_name_that_does_not_resolve_is_unreachable() {
+        let secret = PeerTls::from_secret("named").expect("tls");
+        let a = PeerEndpoint::start(local(), &secret, echo()).expect("a");
+        let b = PeerEndpoint::start(local(), &secret, echo()).expect("b");
+        let named = format!("localhost:{}", b.local_addr().port());
+        let timeout = Duration::from_secs(10);
+        runtime().block_on(async {
+            let answer = a.call(&named, 5, b"hi".to_vec(), timeout).await.expect("by name");
+            assert_eq!(answer, b"\x05hi");
+            let nowhere = a
+                .call("no-such-host.invalid:9080", 5, vec![], timeout)
+                .await;
+            assert!(
+                matches!(nowhere, Err(PeerError::Unreachable { ref addr, .. }) if addr == "no-such-host.invalid:9080"),
+                "{nowhere:?}"
+            );
+        });
+        a.shutdown();
+        b.shutdown();
     }
 }

@@ -204,3 +204,27 @@ fn inconsistent_settings_are_refused() {
     )
     .expect("a secret is enough");
 }
+
+#[test]
+fn addresses_are_ip_or_dns_names_with_a_port() {
+    for good in [
+        "127.0.0.1:8080",
+        "[::1]:9080",
+        "localhost:0",
+        "narad-0.narad:9080",
+        "narad-0.narad.default.svc.cluster.local.:9080",
+    ] {
+        assert_eq!(check_host_port(good), Ok(()), "{good}");
+    }
+    for bad in [
+        "localhost",
+        "host:port",
+        ":80",
+        "-bad.example:80",
+        "under_score:80",
+        "a..b:80",
+        "127.0.0.1:70000",
+    ] {
+        assert!(check_host_port(bad).is_err(), "{bad}");
+    }
+}

@@ -187,6 +187,19 @@ fn shard_count(settings: &Settings) -> usize {
     }
 }
 
+/// The address to bind for `key` (`HOST:PORT`, an IP address or a DNS
+/// name, looked up now: a name that does not resolve stops the start,
+/// naming it).
+fn bind_address(key: &str, value: &str) -> Result<SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    let mut found = value
+        .to_socket_addrs()
+        .map_err(|e| format!("{key} {value:?}: {e}"))?;
+    found
+        .next()
+        .ok_or_else(|| format!("{key} {value:?} resolves to no address"))
+}
+
 /// Runs a node until SIGTERM or SIGINT; returns once it stopped gracefully.
 pub fn run(config: Config) -> Result<(), String> {
     let settings = Arc::new(Settings::from_config(&config)?);
@@ -198,7 +211,8 @@ pub fn run(config: Config) -> Result<(), String> {
     let data_dir = std::fs::canonicalize(&data_dir)
         .map_err(|e| format!("resolving {}: {e}", data_dir.display()))?;
     let _lock = lock_data_dir(&data_dir)?;
-    refuse_port_in_use(settings.listen)?;
+    let client_listen = bind_address("listen", &settings.listen)?;
+    refuse_port_in_use(client_listen)?;
     let incarnation = draw_incarnation()?;
     let shards = shard_count(&settings);
     let node_id = settings.node_id;
@@ -225,7 +239,7 @@ pub fn run(config: Config) -> Result<(), String> {
     metrics::counter!(DISPATCHER_REROUTES_TOTAL).absolute(0);
     metrics::counter!(STORAGE_CORRUPT_RECORDS_TOTAL).increment(0);
     let key = receipt_key(&blocking_fs, &data_dir)?;
-    let peer = settings.peer_listen;
+    let peer = bind_address("peer_listen", &settings.peer_listen)?;
     let members = parse_peers(&settings, node_id)?;
     let clustered = !members.is_empty();
     let mut meta_config =
@@ -260,7 +274,7 @@ pub fn run(config: Config) -> Result<(), String> {
             u64::from(node_id),
             endpoint.clone(),
             &members,
-        )?);
+        ));
         peers = Some(Arc::new(Peers::new(
             u64::from(node_id),
             members.keys().copied(),
@@ -288,7 +302,7 @@ pub fn run(config: Config) -> Result<(), String> {
     });
     let cpus = std::thread::available_parallelism().map_or(1, usize::from);
     let (startup, started) = mpsc::channel();
-    let mut listen = settings.listen;
+    let mut listen = client_listen;
     let mut handles = Vec::with_capacity(shards);
     let mut inboxes = inbox.wire(shards).into_iter();
     let common = ShardCommon {

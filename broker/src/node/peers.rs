@@ -21,10 +21,9 @@ pub(super) fn parse_peers(
             .trim()
             .parse()
             .map_err(|_| format!("--peers: {id:?} is not a node id"))?;
-        let addr: SocketAddr = addr
-            .trim()
-            .parse()
-            .map_err(|_| format!("--peers: {addr:?} is not HOST:PORT with an IP address"))?;
+        let addr = addr.trim();
+        crate::config::check_host_port(addr)
+            .map_err(|why| format!("--peers: {addr:?} is not HOST:PORT: {why}"))?;
         if members.insert(id, addr.to_string()).is_some() {
             return Err(format!("--peers names node {id} twice"));
         }
@@ -70,11 +69,10 @@ impl PeerCaller for QuicCaller {
         timeout: Duration,
     ) -> BoxFuture<Result<Vec<u8>, String>> {
         let endpoint = self.0.clone();
-        let addr = addr.parse::<SocketAddr>();
+        let addr = addr.to_string();
         Box::pin(async move {
-            let addr = addr.map_err(|e| format!("a peer address: {e}"))?;
             endpoint
-                .call(addr, kind, payload, timeout)
+                .call(&addr, kind, payload, timeout)
                 .await
                 .map_err(|e| e.to_string())
         })

@@ -107,12 +107,8 @@ impl Node {
             .arg("serve")
             .arg("--data-dir")
             .arg(&self.data_dir)
-            .args([
-                "--listen",
-                "127.0.0.1:0",
-                "--set",
-                "storage.wal_ring_bytes=8388608",
-            ])
+            .args(self.default_listen())
+            .args(["--set", "storage.wal_ring_bytes=8388608"])
             .args(self.default_shards())
             .args(&self.extra)
             .stdout(Stdio::piped())
@@ -149,6 +145,15 @@ impl Node {
             accesses.insert(self.addr.clone(), access.clone());
         }
         self.access = Some(access);
+    }
+
+    /// A free port on loopback unless the test chose an address.
+    fn default_listen(&self) -> &'static [&'static str] {
+        if self.extra.iter().any(|a| a == "--listen") {
+            &[]
+        } else {
+            &["--listen", "127.0.0.1:0"]
+        }
     }
 
     /// One shard unless the test chose a count.
