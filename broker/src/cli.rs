@@ -53,18 +53,8 @@ pub enum TopicAction {
     /// Create a topic, or update the settings given.
     Create {
         name: String,
-        #[arg(long)]
-        partitions: Option<u32>,
-        #[arg(long)]
-        retention_ms: Option<u64>,
-        #[arg(long)]
-        visibility_timeout_ms: Option<u64>,
-        #[arg(long)]
-        max_deliveries: Option<u32>,
-        #[arg(long)]
-        dead_letter_topic: Option<String>,
-        #[arg(long)]
-        max_message_bytes: Option<u64>,
+        #[command(flatten)]
+        settings: TopicSettings,
     },
     /// List every topic.
     List,
@@ -74,6 +64,49 @@ pub enum TopicAction {
     Delete { name: String },
     /// A topic's children: kind, lag, dropped messages and state.
     Children { name: String },
+}
+
+/// A topic's settings as flags (those given only): the body of
+/// `PUT /v1/topics/{topic}`, and the `topic` of a child.
+#[derive(Args, Debug)]
+pub struct TopicSettings {
+    #[arg(long)]
+    partitions: Option<u32>,
+    #[arg(long)]
+    retention_ms: Option<u64>,
+    #[arg(long)]
+    visibility_timeout_ms: Option<u64>,
+    #[arg(long)]
+    max_deliveries: Option<u32>,
+    #[arg(long)]
+    dead_letter_topic: Option<String>,
+    #[arg(long)]
+    max_message_bytes: Option<u64>,
+}
+
+impl TopicSettings {
+    fn body(&self) -> Value {
+        let given = [
+            ("partitions", self.partitions.map(Value::from)),
+            ("retention_ms", self.retention_ms.map(Value::from)),
+            (
+                "visibility_timeout_ms",
+                self.visibility_timeout_ms.map(Value::from),
+            ),
+            ("max_deliveries", self.max_deliveries.map(Value::from)),
+            (
+                "dead_letter_topic",
+                self.dead_letter_topic.clone().map(Value::from),
+            ),
+            ("max_message_bytes", self.max_message_bytes.map(Value::from)),
+        ];
+        Value::Object(
+            given
+                .into_iter()
+                .filter_map(|(key, value)| Some((key.to_string(), value?)))
+                .collect::<Map<String, Value>>(),
+        )
+    }
 }
 
 /// What `narad dlq` does.
@@ -115,16 +148,8 @@ pub enum ChildAction {
         #[arg(long)]
         delay_ms: Option<u64>,
         /// The child topic's settings (as `topic create`).
-        #[arg(long)]
-        partitions: Option<u32>,
-        #[arg(long)]
-        retention_ms: Option<u64>,
-        #[arg(long)]
-        visibility_timeout_ms: Option<u64>,
-        #[arg(long)]
-        max_deliveries: Option<u32>,
-        #[arg(long)]
-        dead_letter_topic: Option<String>,
+        #[command(flatten)]
+        settings: TopicSettings,
     },
     /// PARENT's children (as `topic children`).
     List { parent: String },
@@ -239,36 +264,8 @@ pub fn cluster(args: &ClientArgs, action: &ClusterAction) -> Result<(), String> 
 pub fn topic(args: &ClientArgs, action: &TopicAction) -> Result<(), String> {
     let client = client(args)?;
     match action {
-        TopicAction::Create {
-            name,
-            partitions,
-            retention_ms,
-            visibility_timeout_ms,
-            max_deliveries,
-            dead_letter_topic,
-            max_message_bytes,
-        } => {
-            let mut body = Map::new();
-            let mut put = |key: &str, value: Option<Value>| {
-                if let Some(value) = value {
-                    body.insert(key.to_string(), value);
-                }
-            };
-            put("partitions", partitions.map(Value::from));
-            put("retention_ms", retention_ms.map(Value::from));
-            put(
-                "visibility_timeout_ms",
-                visibility_timeout_ms.map(Value::from),
-            );
-            put("max_deliveries", max_deliveries.map(Value::from));
-            put(
-                "dead_letter_topic",
-                dead_letter_topic.clone().map(Value::from),
-            );
-            put("max_message_bytes", max_message_bytes.map(Value::from));
-            let answer = client
-                .put_topic(name, &Value::Object(body))
-                .map_err(failed)?;
+        TopicAction::Create { name, settings } => {
+            let answer = client.put_topic(name, &settings.body()).map_err(failed)?;
             match args.output {
                 Output::Json => print_json(&answer.body),
                 Output::Human => {
@@ -817,30 +814,9 @@ pub fn child(args: &ClientArgs, action: &ChildAction) -> Result<(), String> {
             child,
             kind,
             delay_ms,
-            partitions,
-            retention_ms,
-            visibility_timeout_ms,
-            max_deliveries,
-            dead_letter_topic,
+            settings,
         } => {
-            let mut topic = Map::new();
-            let mut put = |key: &str, value: Option<Value>| {
-                if let Some(value) = value {
-                    topic.insert(key.to_string(), value);
-                }
-            };
-            put("partitions", partitions.map(Value::from));
-            put("retention_ms", retention_ms.map(Value::from));
-            put(
-                "visibility_timeout_ms",
-                visibility_timeout_ms.map(Value::from),
-            );
-            put("max_deliveries", max_deliveries.map(Value::from));
-            put(
-                "dead_letter_topic",
-                dead_letter_topic.clone().map(Value::from),
-            );
-            let mut body = json!({ "kind": kind, "topic": topic });
+            let mut body = json!({ "kind": kind, "topic": settings.body() });
             if let Some(delay_ms) = delay_ms {
                 body["delay_ms"] = json!(delay_ms);
             }
