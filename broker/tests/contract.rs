@@ -717,23 +717,9 @@ fn children_drained(shared: &Shared) -> bool {
                 .all(|c| c["lag_messages"] == 0 && c["state"] == "copying")
     });
     caught_up
-        && CHILDREN.iter().all(|(child, _)| {
-            let answer = try_request(
-                &shared.addr(0),
-                "GET",
-                &format!("/v1/topics/{child}"),
-                b"",
-                CLIENT_TIMEOUT,
-            );
-            let Ok((200, body)) = answer else {
-                return false;
-            };
-            body["partition_stats"].as_array().is_some_and(|parts| {
-                parts
-                    .iter()
-                    .all(|p| p["available"] == 0 && p["in_flight"] == 0)
-            })
-        })
+        && CHILDREN
+            .iter()
+            .all(|(child, _)| topic_drained(shared, child))
 }
 
 fn start_clients(
@@ -772,23 +758,27 @@ fn start_clients(
 /// every topic, as node 1 describes them, has nothing available and nothing
 /// leased.
 fn drained(shared: &Shared) -> bool {
-    TOPICS.iter().all(|topic| {
-        let answer = try_request(
-            &shared.addr(0),
-            "GET",
-            &format!("/v1/topics/{topic}"),
-            b"",
-            CLIENT_TIMEOUT,
-        );
-        let Ok((200, body)) = answer else {
-            return false;
-        };
-        body["partition_stats"].as_array().is_some_and(|parts| {
-            parts.len() == PARTITIONS
-                && parts
-                    .iter()
-                    .all(|p| p["available"] == 0 && p["in_flight"] == 0)
-        })
+    TOPICS.iter().all(|topic| topic_drained(shared, topic))
+}
+
+/// Whether every partition of `topic`, as node 1 describes it, has nothing
+/// available and nothing leased.
+fn topic_drained(shared: &Shared, topic: &str) -> bool {
+    let answer = try_request(
+        &shared.addr(0),
+        "GET",
+        &format!("/v1/topics/{topic}"),
+        b"",
+        CLIENT_TIMEOUT,
+    );
+    let Ok((200, body)) = answer else {
+        return false;
+    };
+    body["partition_stats"].as_array().is_some_and(|parts| {
+        parts.len() == PARTITIONS
+            && parts
+                .iter()
+                .all(|p| p["available"] == 0 && p["in_flight"] == 0)
     })
 }
 

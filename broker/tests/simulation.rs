@@ -476,7 +476,14 @@ async fn settle_one(clients: &Rc<Clients>, name: &str, message: &ConsumedMessage
 /// history: the checker judges the topic the messages were produced to).
 /// The ack is a request of its own: a consume whose answer is lost leaves
 /// leases that lapse, and the messages come again.
-async fn dead_letter_reader(clients: Rc<Clients>) {
+/// Reads `topic` at random nodes and acks all it gets (anywhere: an ack
+/// that does not land only brings the message back once its lease lapses);
+/// `seen` takes each answer.
+async fn reader(
+    clients: Rc<Clients>,
+    topic: &'static str,
+    seen: impl Fn(&Clients, u64, &[ConsumedMessage]),
+) {
     while !clients.stop.get() {
         let Some(node) = clients.pick_node() else {
             clients.executor.sleep(Duration::from_millis(50)).await;
@@ -488,19 +495,15 @@ async fn dead_letter_reader(clients: Rc<Clients>) {
             visibility_timeout_ms: None,
             partition: None,
         };
-        let answer = consume_at(&clients, node, DEAD_TOPIC, request, None).await;
+        let start = clients.now();
+        let answer = consume_at(&clients, node, topic, request, None).await;
         let Answer::Done(Ok(got)) = answer else {
             clients.executor.sleep(Duration::from_millis(50)).await;
             continue;
         };
+        seen(&clients, start, &got);
         let receipts: Vec<String> = got.iter().map(|m| m.receipt.clone()).collect();
-        clients
-            .dead_lettered
-            .borrow_mut()
-            .extend(got.into_iter().map(|m| m.id));
-        // Acked anywhere: an ack that does not land only brings the
-        // message back once its lease lapses.
-        let Some(node) = clients.pick_node() else {
+        let Some(node) = clients.pick_node().filter(|_| !receipts.is_empty()) else {
             continue;
         };
         clients
@@ -508,7 +511,7 @@ async fn dead_letter_reader(clients: Rc<Clients>) {
                 node,
                 move |shard| {
                     Box::pin(async move {
-                        let topic = shard.topic(DEAD_TOPIC)?;
+                        let topic = shard.topic(topic)?;
                         Ok::<_, ApiError>(shard.settle(&topic, &receipts, SettleAction::Ack).await)
                     })
                 },
@@ -516,6 +519,40 @@ async fn dead_letter_reader(clients: Rc<Clients>) {
             )
             .await;
     }
+}
+
+/// The dead-letter topic's reader: notes what was dead-lettered.
+async fn dead_letter_reader(clients: Rc<Clients>) {
+    reader(clients, DEAD_TOPIC, |clients, _, got| {
+        clients
+            .dead_lettered
+            .borrow_mut()
+            .extend(got.iter().map(|m| m.id.clone()));
+    })
+    .await;
+}
+
+/// A child's reader: records its consumes for the checker.
+async fn child_reader(clients: Rc<Clients>, child: &'static str) {
+    reader(clients, child, move |clients, start, got| {
+        clients.record(
+            &format!("reader-{child}"),
+            start,
+            Op::Consume {
+                topic: child.into(),
+                outcome: Outcome::Ok {
+                    value: got.iter().map(delivery).collect(),
+                },
+            },
+        );
+        clients
+            .in_children
+            .borrow_mut()
+            .entry(child)
+            .or_default()
+            .extend(got.iter().map(|m| m.id.clone()));
+    })
+    .await;
 }
 
 /// Creates the children through node 1, before any produce, and records
@@ -557,61 +594,6 @@ fn create_children(cluster: &SimCluster, clients: &Rc<Clients>) {
                 delay_ms,
             },
         );
-    }
-}
-
-/// Reads a child at random nodes, recording what it got, and acks it all.
-async fn child_reader(clients: Rc<Clients>, child: &'static str) {
-    let who = format!("reader-{child}");
-    while !clients.stop.get() {
-        let Some(node) = clients.pick_node() else {
-            clients.executor.sleep(Duration::from_millis(50)).await;
-            continue;
-        };
-        let request = ConsumeRequest {
-            max_messages: 20,
-            wait_ms: 200,
-            visibility_timeout_ms: None,
-            partition: None,
-        };
-        let start = clients.now();
-        let answer = consume_at(&clients, node, child, request, None).await;
-        let Answer::Done(Ok(got)) = answer else {
-            clients.executor.sleep(Duration::from_millis(50)).await;
-            continue;
-        };
-        clients.record(
-            &who,
-            start,
-            Op::Consume {
-                topic: child.into(),
-                outcome: Outcome::Ok {
-                    value: got.iter().map(delivery).collect(),
-                },
-            },
-        );
-        clients
-            .in_children
-            .borrow_mut()
-            .entry(child)
-            .or_default()
-            .extend(got.iter().map(|m| m.id.clone()));
-        let receipts: Vec<String> = got.iter().map(|m| m.receipt.clone()).collect();
-        let Some(node) = clients.pick_node().filter(|_| !receipts.is_empty()) else {
-            continue;
-        };
-        clients
-            .request(
-                node,
-                move |shard| {
-                    Box::pin(async move {
-                        let topic = shard.topic(child)?;
-                        Ok::<_, ApiError>(shard.settle(&topic, &receipts, SettleAction::Ack).await)
-                    })
-                },
-                None,
-            )
-            .await;
     }
 }
 
