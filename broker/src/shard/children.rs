@@ -249,6 +249,9 @@ impl<F: FileSystem> Shard<F> {
     /// Starts the copies this shard should run and stops the others: one
     /// per partition of this shard and child of its topic.
     pub(super) fn reconcile_children(self: &Rc<Self>) {
+        if self.is_stopping() {
+            return;
+        }
         let view = self.view();
         let mut wanted = HashMap::new();
         for parent in view
@@ -302,6 +305,19 @@ impl<F: FileSystem> Shard<F> {
                 .runtime
                 .spawn(Box::pin(async move { shard.run_copy(key, state).await }));
         }
+    }
+
+    /// Wakes every copy to see that the shard stops (each then stores its
+    /// cursor and ends).
+    pub(super) fn stop_copies(&self) {
+        for state in self.copies.borrow().values() {
+            state.wake.notify();
+        }
+    }
+
+    /// Copies that have not ended yet.
+    pub(super) fn copies_running(&self) -> usize {
+        self.copies.borrow().len()
     }
 
     /// The figures of this shard's copies (of `only` these partitions of a

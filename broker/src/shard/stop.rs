@@ -28,6 +28,19 @@ impl<F: FileSystem> Shard<F> {
             )
             .await;
         }
+        // Copies to children end and store their cursors (a graceful
+        // restart copies nothing twice).
+        self.stop_copies();
+        while self.copies_running() > 0 && self.now() < deadline {
+            self.env.runtime.sleep(STOP_DRAIN_POLL).await;
+        }
+        let copies = self.copies_running();
+        if copies > 0 {
+            tracing::warn!(
+                copies,
+                "stopping with copies to children still running; they copy again from their stored cursors"
+            );
+        }
         let left = self.undispatched();
         if left > 0 {
             tracing::warn!(
