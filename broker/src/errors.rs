@@ -56,7 +56,8 @@ pub fn from_meta(error: &MetaError) -> ApiError {
                 | Refused::HasChildren { .. }
                 | Refused::RetentionBreaksDelayChild { .. }
                 | Refused::ReplicaPartitionsFixed { .. }
-                | Refused::RedriveIdTaken(_) => ErrorCode::Conflict,
+                | Refused::RedriveIdTaken(_)
+                | Refused::TooManyRedrives { .. } => ErrorCode::Conflict,
                 Refused::NoSuchUser(_)
                 | Refused::NoSuchToken { .. }
                 | Refused::NoSuchChild { .. }

@@ -149,6 +149,10 @@ pub const CHILD_BEHIND_AFTER_MS: u64 = 10_000;
 /// whenever it catches up, stops or fails): after a crash, at most this
 /// much is copied again.
 pub const CHILD_CURSOR_STORE_INTERVAL: Duration = Duration::from_millis(200);
+/// Sighting marks a delay copy keeps before it halves them (each pair as
+/// its later mark): a long delay on a busy partition stays within memory,
+/// its copies a little later, never earlier.
+pub const CHILD_OBSERVED_MARKS_MAX: usize = 4096;
 /// A delay copy notes when commits became visible at most this often.
 pub const CHILD_OBSERVED_COALESCE_MS: u64 = 50;
 /// Messages a redrive moves per batch (leased, written, acked together).

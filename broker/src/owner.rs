@@ -148,7 +148,7 @@ struct Recent {
     /// Produce time of each unacked offset is in the log; this remembers the
     /// append time of the oldest batches for the age figure.
     commit_times: RefCell<VecDeque<(u64, u64)>>,
-    /// Ids of the records appended last, to drop a repeated commit.
+    /// The records appended last, to drop a repeated commit.
     ids: RefCell<RecentIds>,
 }
 
@@ -201,19 +201,28 @@ fn record_commit_time(times: &mut VecDeque<(u64, u64)>, base: u64, now_ms: u64) 
     times.push_back((base, now_ms));
 }
 
-/// Ids of the last [`RECENT_IDS_MAX`] records appended to a partition.
+/// The last [`RECENT_IDS_MAX`] records appended to a partition, each as
+/// its id and the time it was written (`produced_at_ms`): a commit sent
+/// again carries both unchanged, while the same message written again on
+/// purpose (a dead-letter move, a redrive) has a new write time and is kept.
 #[derive(Debug, Default)]
 struct RecentIds {
-    order: VecDeque<u128>,
-    set: HashSet<u128>,
+    order: VecDeque<RecentKey>,
+    set: HashSet<RecentKey>,
+}
+
+type RecentKey = (u128, u64);
+
+fn recent_key(message: &Message) -> RecentKey {
+    (message.id, message.produced_at_ms)
 }
 
 impl RecentIds {
-    fn contains(&self, id: u128) -> bool {
-        self.set.contains(&id)
+    fn contains(&self, key: RecentKey) -> bool {
+        self.set.contains(&key)
     }
 
-    fn insert(&mut self, id: u128) {
+    fn insert(&mut self, id: RecentKey) {
         if self.set.insert(id) {
             self.order.push_back(id);
             if self.order.len() > RECENT_IDS_MAX {
@@ -301,10 +310,10 @@ impl<F: FileSystem> PartitionOwner<F> {
         let fresh: Vec<Message>;
         let messages = {
             let recent = self.recent.ids.borrow();
-            if messages.iter().any(|m| recent.contains(m.id)) {
+            if messages.iter().any(|m| recent.contains(recent_key(m))) {
                 fresh = messages
                     .iter()
-                    .filter(|m| !recent.contains(m.id))
+                    .filter(|m| !recent.contains(recent_key(m)))
                     .cloned()
                     .collect();
                 tracing::debug!(
@@ -323,7 +332,7 @@ impl<F: FileSystem> PartitionOwner<F> {
         {
             let mut recent = self.recent.ids.borrow_mut();
             for message in messages {
-                recent.insert(message.id);
+                recent.insert(recent_key(message));
             }
         }
         {

@@ -137,3 +137,47 @@ fn a_cancelled_redrive_stops_and_a_killed_one_carries_on_losing_nothing() {
     let missing = dead.iter().filter(|id| !arrived.contains_key(*id)).count();
     assert_eq!(missing, 0, "messages in neither topic after the kill");
 }
+
+/// A message dead-lettered and redriven back where it came from is
+/// delivered there again, and dead-lettered again if it fails again: the
+/// topics' owners take it in each time although they saw its id before.
+#[test]
+fn a_message_redriven_back_to_its_topic_is_delivered_there_again() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let node = Node::start(&tmp.path().join("n"), &[]);
+    node.create_topic("work-dlq", json!({"partitions": 1}));
+    node.create_topic(
+        "work",
+        json!({"partitions": 1, "max_deliveries": 1, "dead_letter_topic": "work-dlq"}),
+    );
+    let id = node.produce("work", "poison");
+    for round in 0..2 {
+        // Its one delivery fails: it moves to the dead-letter topic.
+        let got = node.consume("work", json!({"max_messages": 1, "wait_ms": 5000}));
+        assert_eq!(got.len(), 1, "round {round}: delivered in work");
+        assert_eq!(got[0]["id"], id.as_str());
+        let receipt = got[0]["receipt"].as_str().expect("receipt");
+        let (status, answer) = node.json(
+            "POST",
+            "/v1/topics/work/nack",
+            json!({ "receipt": receipt }),
+        );
+        assert_eq!(status, 204, "{answer}");
+        assert!(
+            eventually(WAIT, || {
+                let (_, dlq) = node.request("GET", "/v1/topics/work-dlq", b"");
+                dlq["partition_stats"][0]["available"] == 1
+            }),
+            "round {round}: dead-lettered"
+        );
+        let task = start(&node, "work-dlq", json!({"to": "work"}));
+        assert!(eventually(WAIT, || task_done(&node, &task)));
+    }
+    let back = node.consume("work", json!({"max_messages": 1, "wait_ms": 5000}));
+    assert_eq!(back.len(), 1, "redriven twice, delivered a third time");
+    assert_eq!(back[0]["id"], id.as_str());
+}
+
+fn task_done(node: &Node, id: &str) -> bool {
+    task(node, "work-dlq", id)["state"] == "done"
+}

@@ -113,6 +113,8 @@ impl RedriveState {
 
 /// Finished redrives a dead-letter topic keeps listed.
 pub const REDRIVES_KEPT: usize = 20;
+/// Redrives of one dead-letter topic that may run at once.
+pub const REDRIVES_RUNNING_MAX: usize = 4;
 
 /// A delay child's parent keeps messages at least this much longer than
 /// the delay.
@@ -415,6 +417,8 @@ pub enum Refused {
     RedriveToItself(String),
     #[error("a redrive with id {0:?} exists")]
     RedriveIdTaken(String),
+    #[error("{dlq:?} has {running} redrives running, the most it may; cancel one or wait for one to end")]
+    TooManyRedrives { dlq: String, running: usize },
     #[error("{topic:?} is in a replica pair with {other:?}; its partition count cannot change")]
     ReplicaPartitionsFixed { topic: String, other: String },
 }
@@ -615,6 +619,17 @@ impl MetaState {
                 }
                 if self.redrives.contains_key(id) {
                     return Err(Refused::RedriveIdTaken(id.clone()));
+                }
+                let running = self
+                    .redrives
+                    .values()
+                    .filter(|r| r.dlq == *dlq && r.state == RedriveState::Running)
+                    .count();
+                if running >= REDRIVES_RUNNING_MAX {
+                    return Err(Refused::TooManyRedrives {
+                        dlq: dlq.clone(),
+                        running,
+                    });
                 }
                 // Keep the last few finished ones of this topic listed.
                 let mut finished: Vec<(u64, String)> = self
@@ -1281,6 +1296,24 @@ mod tests {
             }),
             Err(Refused::NoSuchRedrive { .. })
         ));
+        // A few may run at once.
+        for i in 0..REDRIVES_RUNNING_MAX {
+            state
+                .apply(&start(&format!("run{i}"), "orders", 3))
+                .expect("start");
+        }
+        assert!(matches!(
+            state.apply(&start("one-too-many", "orders", 4)),
+            Err(Refused::TooManyRedrives { .. })
+        ));
+        for i in 0..REDRIVES_RUNNING_MAX {
+            state
+                .apply(&Command::CancelRedrive {
+                    dlq: "dlq".into(),
+                    id: format!("run{i}"),
+                })
+                .expect("cancel");
+        }
         // Only the last few finished ones stay listed.
         for i in 0..(REDRIVES_KEPT as u64 + 5) {
             let id = format!("x{i}");

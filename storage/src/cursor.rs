@@ -98,11 +98,26 @@ impl<F: FileSystem> Cursor<F> {
     /// Creates `dir/name` (and `dir`) holding `position`, whole or not at
     /// all, replacing any file of that name.
     pub async fn create(fs: &F, dir: &Path, name: &str, position: u64) -> Result<Self> {
+        let new_dir = !fs
+            .exists(dir)
+            .await
+            .map_err(|e| StorageError::io("stat", dir, e))?;
         fs.create_dir_all(dir)
             .await
             .map_err(|e| StorageError::io("create dir", dir, e))?;
-        let mut slots = encode_slot(1, position);
-        slots.extend_from_slice(&vec![0u8; block()]);
+        if new_dir {
+            // The folder's own entry, so a power cut does not take it.
+            if let Some(parent) = dir.parent() {
+                fs.sync_dir(parent)
+                    .await
+                    .map_err(|e| StorageError::io("fsync dir", parent, e))?;
+            }
+        }
+        // Sequence 1 in the slot `store` writes sequence 1 to (the second):
+        // the first store (sequence 2) then writes the other slot, never the
+        // only valid one.
+        let mut slots = vec![0u8; block()];
+        slots.extend_from_slice(&encode_slot(1, position));
         create_file_through(fs, dir, name, &slots, 0).await?;
         let path = dir.join(name);
         let file = fs
@@ -168,6 +183,31 @@ mod tests {
         assert_eq!(decode_slot(&slot), Some((7, 1234)));
         slot[24] ^= 1;
         assert_eq!(decode_slot(&slot), None);
+    }
+
+    #[test]
+    fn the_first_store_writes_the_other_slot_than_the_created_one() {
+        // So a first store that goes wrong never damages the only valid
+        // slot: after it, both hold a position.
+        let fs = SimFs::new(4);
+        let dir = Path::new("/p/1/children");
+        let path = dir.join("c-2.cursor");
+        block_on(async {
+            let cursor = Cursor::create(&fs, dir, "c-2.cursor", 10)
+                .await
+                .expect("create");
+            cursor.store(20).await.expect("store");
+            let file = fs
+                .open(&path, OpenMode::EXISTING_DIRECT)
+                .await
+                .expect("open");
+            let bytes = file.read_at(0, 2 * block()).await.expect("read");
+            let slots: Vec<Option<(u64, u64)>> = [bytes.get(..block()), bytes.get(block()..)]
+                .into_iter()
+                .map(|slot| slot.and_then(decode_slot))
+                .collect();
+            assert_eq!(slots, vec![Some((2, 20)), Some((1, 10))]);
+        });
     }
 
     #[test]

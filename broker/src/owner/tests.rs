@@ -265,3 +265,27 @@ fn after_a_restart_leased_messages_are_available_at_once_and_synced_acks_hold() 
         "counts restart with the owner"
     );
 }
+
+#[test]
+fn a_repeated_commit_is_dropped_but_the_same_id_written_again_later_is_kept() {
+    let fs = SimFs::new(11);
+    let clock = ManualClock::new(1_000);
+    let owner = open(&fs, &clock, CONFIG);
+    let first = messages(2);
+    block_on(owner.commit(&first, 1_000)).expect("commit");
+    // The dispatcher sends the same records again (it missed the answer).
+    block_on(owner.commit(&first, 1_001)).expect("again");
+    assert_eq!(owner.high_watermark(), 2, "a repeat is not appended");
+    // The same message written again by a dead-letter move or a redrive:
+    // a new write of it (a new accept time), which must be kept.
+    let again = vec![Message {
+        produced_at_ms: 7,
+        ..first[0].clone()
+    }];
+    block_on(owner.commit(&again, 1_002)).expect("written again");
+    assert_eq!(
+        owner.high_watermark(),
+        3,
+        "a message written again is appended"
+    );
+}

@@ -19,7 +19,8 @@ use crate::controller::place_replica;
 use crate::limits::{
     CHILD_BEHIND_AFTER_MS, CHILD_COPY_BYTES_MAX, CHILD_COPY_RECORDS_MAX,
     CHILD_CURSOR_STORE_INTERVAL, CHILD_IDLE_RECHECK, CHILD_OBSERVED_COALESCE_MS,
-    CHILD_RETRY_BACKOFF_MAX, CHILD_RETRY_BACKOFF_MIN, CHILD_START_CLOCK_SLACK_MS,
+    CHILD_OBSERVED_MARKS_MAX, CHILD_RETRY_BACKOFF_MAX, CHILD_RETRY_BACKOFF_MIN,
+    CHILD_START_CLOCK_SLACK_MS,
 };
 
 /// One copy: a parent partition of this shard to one child.
@@ -92,18 +93,37 @@ impl Observed {
                 *at = now_ms;
             }
             _ if self.from.is_some_and(|from| high_watermark <= from) => {}
-            _ => self.marks.push_back((high_watermark, now_ms, now_ms)),
+            _ => {
+                self.marks.push_back((high_watermark, now_ms, now_ms));
+                self.thin();
+            }
         }
     }
 
-    /// When the owner first saw `offset` (`None`: before this copy started).
-    fn seen_at(&self, offset: u64) -> Option<u64> {
+    /// When the owner first saw `offset` (`None`: before this copy
+    /// started); one it has not noted yet (committed since its last look)
+    /// counts as seen `now`.
+    fn seen_at(&self, offset: u64, now_ms: u64) -> Option<u64> {
         if self.from.is_none_or(|from| offset < from) {
             return None;
         }
         // Marks rise in both fields: the first whose watermark passed it.
         let index = self.marks.partition_point(|(hw, _, _)| *hw <= offset);
-        self.marks.get(index).map(|(_, at, _)| *at)
+        Some(self.marks.get(index).map_or(now_ms, |(_, at, _)| *at))
+    }
+
+    /// Halves the marks when there are too many (a long delay on a busy
+    /// partition): each pair becomes its later mark, so what they cover
+    /// comes due later, never earlier.
+    fn thin(&mut self) {
+        if self.marks.len() < CHILD_OBSERVED_MARKS_MAX {
+            return;
+        }
+        let marks: Vec<(u64, u64, u64)> = self.marks.drain(..).collect();
+        self.marks = marks
+            .chunks(2)
+            .filter_map(|pair| pair.last().copied())
+            .collect();
     }
 
     /// Forgets marks wholly below `offset`.
@@ -115,9 +135,9 @@ impl Observed {
 }
 
 /// When a message may be copied to a delay child.
-fn due_at(message: &StoredMessage, observed: &Observed, delay_ms: u64) -> u64 {
+fn due_at(message: &StoredMessage, observed: &Observed, delay_ms: u64, now_ms: u64) -> u64 {
     let accepted = observed
-        .seen_at(message.offset)
+        .seen_at(message.offset, now_ms)
         .map_or(message.message.produced_at_ms, |seen| {
             seen.max(message.message.produced_at_ms)
         });
@@ -448,6 +468,9 @@ impl<F: FileSystem> Shard<F> {
         // catches up, stops or fails (a crash in between copies those again).
         let mut position = cursor.position();
         let mut stored_at = self.now();
+        // A delay copy whose next message is not due: nothing is read
+        // again before then (commits meanwhile are only noted).
+        let mut waiting_until: Option<u64> = None;
         loop {
             let seen = owner.version();
             let woken = state.wake.version();
@@ -475,6 +498,12 @@ impl<F: FileSystem> Shard<F> {
                 stored_at = now;
             }
             observed.forget_below(position);
+            if let Some(due) = waiting_until.filter(|due| now < *due) {
+                let wait = Duration::from_millis(due - now).min(CHILD_IDLE_RECHECK);
+                self.idle(&owner, seen, state, woken, wait).await;
+                continue;
+            }
+            waiting_until = None;
             if position >= high_watermark {
                 state.lag_messages.set(0);
                 state.lag_ms.set(0);
@@ -507,21 +536,19 @@ impl<F: FileSystem> Shard<F> {
                 ChildKind::Fanout | ChildKind::Replica => None,
             };
             let oldest_due = delay_ms.map_or(first.message.produced_at_ms, |delay| {
-                due_at(first, observed, delay)
+                due_at(first, observed, delay, now)
             });
             state.lag_ms.set(now.saturating_sub(oldest_due));
             let due = match delay_ms {
                 Some(delay) => batch
                     .iter()
-                    .take_while(|m| due_at(m, observed, delay) <= now)
+                    .take_while(|m| due_at(m, observed, delay, now) <= now)
                     .count(),
                 None => batch.len(),
             };
             if due == 0 {
                 tracing::trace!(parent = %key.parent, partition = key.partition, child = %key.child, position, high_watermark, oldest_due, now, "a delay copy waits");
-                let wait = Duration::from_millis(oldest_due.saturating_sub(now).max(1));
-                self.idle(&owner, seen, state, woken, wait.min(CHILD_IDLE_RECHECK))
-                    .await;
+                waiting_until = Some(oldest_due.max(now + 1));
                 continue;
             }
             let copied = batch.get(..due).unwrap_or_default();
@@ -535,7 +562,19 @@ impl<F: FileSystem> Shard<F> {
                 }
                 return Err(error);
             }
-            position = copied.last().map_or(position, |m| m.offset + 1);
+            // Offsets the log skipped (damaged records, or retention that
+            // went past the cursor meanwhile) are counted as dropped.
+            let mut expected = position;
+            let mut skipped = 0;
+            for stored in copied {
+                skipped += stored.offset.saturating_sub(expected);
+                expected = stored.offset + 1;
+            }
+            if skipped > 0 {
+                state.dropped.set(state.dropped.get() + skipped);
+                tracing::warn!(parent = %key.parent, partition = key.partition, child = %key.child, skipped, "a child's copy went past messages its parent's log could not return");
+            }
+            position = expected;
             *state.last_error.borrow_mut() = None;
         }
     }
@@ -604,7 +643,7 @@ impl<F: FileSystem> Shard<F> {
                 .saturating_sub(CHILD_COPY_RECORDS_MAX as u64)
                 .max(start);
             let read = owner
-                .read(from, CHILD_COPY_RECORDS_MAX, usize::MAX)
+                .read(from, CHILD_COPY_RECORDS_MAX, CHILD_COPY_BYTES_MAX)
                 .await
                 .map_err(|e| from_owner(&e))?;
             let older = read
@@ -706,15 +745,16 @@ mod tests {
         let mut observed = Observed::default();
         // What the partition held when the copy started: produce times.
         observed.note(4, 900);
-        assert_eq!(observed.seen_at(3), None);
+        assert_eq!(observed.seen_at(3, 900), None);
         observed.note(10, 1_000);
         // Close marks merge into the later one.
         observed.note(12, 1_020);
         observed.note(20, 2_000);
-        assert_eq!(observed.seen_at(3), None);
-        assert_eq!(observed.seen_at(5), Some(1_020));
-        assert_eq!(observed.seen_at(15), Some(2_000));
-        assert_eq!(observed.seen_at(25), None);
+        assert_eq!(observed.seen_at(3, 2_500), None);
+        assert_eq!(observed.seen_at(5, 2_500), Some(1_020));
+        assert_eq!(observed.seen_at(15, 2_500), Some(2_000));
+        // Committed since the last look: seen now.
+        assert_eq!(observed.seen_at(25, 2_500), Some(2_500));
         // A busy partition: sights every 10 ms still close a mark within
         // the coalescing time, so what it covers comes due.
         let mut busy = Observed::default();
@@ -723,15 +763,23 @@ mod tests {
             busy.note(i, i * 10);
         }
         assert!(busy
-            .seen_at(1)
+            .seen_at(1, 5_000)
             .is_some_and(|at| at < CHILD_OBSERVED_COALESCE_MS + 10));
         assert!(busy.marks.len() > 10);
         // A producer's clock ahead of the owner's: its time counts.
-        assert_eq!(due_at(&stored(15, 2_500), &observed, 100), 2_600);
+        assert_eq!(due_at(&stored(15, 2_500), &observed, 100, 2_500), 2_600);
         // Behind: the owner's first sight counts, never earlier.
-        assert_eq!(due_at(&stored(15, 1_500), &observed, 100), 2_100);
+        assert_eq!(due_at(&stored(15, 1_500), &observed, 100, 2_500), 2_100);
         observed.forget_below(12);
-        assert_eq!(observed.seen_at(15), Some(2_000));
+        assert_eq!(observed.seen_at(15, 2_500), Some(2_000));
+        // Too many marks: halved, each pair as its later one.
+        let mut long = Observed::default();
+        long.note(0, 0);
+        for i in 1..=(CHILD_OBSERVED_MARKS_MAX as u64) {
+            long.note(i, i * 100);
+        }
+        assert!(long.marks.len() <= CHILD_OBSERVED_MARKS_MAX / 2 + 1);
+        assert_eq!(long.seen_at(0, 0), Some(200), "later, never earlier");
     }
 
     #[test]

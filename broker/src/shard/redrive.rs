@@ -288,10 +288,9 @@ impl<F: FileSystem> Shard<F> {
             .collect_for_client(&dlq, request, REDRIVE_VISIBILITY_MS)
             .await?;
         if deliveries.is_empty() {
-            // Leased by a consumer (or by an earlier try of this redrive):
-            // wait for those leases before calling it done.
-            let (stats, _) = self.partition_stats(&dlq).await?;
-            if stats.iter().all(|s| s.available == 0 && s.in_flight == 0) {
+            // Leased by a consumer (or by an earlier try of this redrive),
+            // or on a node that does not answer: wait before calling it done.
+            if self.holds_nothing(&dlq).await? {
                 return Ok(None);
             }
             self.env

@@ -291,6 +291,22 @@ impl<F: FileSystem> Shard<F> {
         Ok((stats, figures.copies))
     }
 
+    /// Whether every partition of `topic` answered and holds nothing
+    /// available and nothing leased (a partition whose owner does not
+    /// answer is not known to be empty).
+    pub(super) async fn holds_nothing(&self, topic: &Topic) -> Result<bool, ApiError> {
+        let op = Stats {
+            topic: TopicRef::of(topic),
+            partitions: (0..topic.config.partitions).collect(),
+        };
+        let figures = self.stats(topic, op, Reach::Cluster).await?;
+        Ok(figures.partitions.len() == topic.config.partitions as usize
+            && figures
+                .partitions
+                .iter()
+                .all(|(_, s)| s.available == 0 && s.in_flight == 0))
+    }
+
     /// Figures of the partitions of `op` within `reach`, from the shards
     /// that own them; other nodes that are dead, recently unreachable or
     /// refuse are left out.
