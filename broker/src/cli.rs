@@ -269,11 +269,7 @@ pub fn topic(args: &ClientArgs, action: &TopicAction) -> Result<(), String> {
             match args.output {
                 Output::Json => print_json(&answer.body),
                 Output::Human => {
-                    let verb = if answer.status == 201 {
-                        "created"
-                    } else {
-                        "updated"
-                    };
+                    let verb = created_or_updated(answer.status);
                     println!(
                         "{verb} topic {name} ({} partitions)",
                         cell(&answer.body["partitions"])
@@ -763,6 +759,15 @@ pub fn schema(args: &ClientArgs, action: &SchemaAction) -> Result<(), String> {
     Ok(())
 }
 
+/// What a `PUT` that answered `status` did.
+fn created_or_updated(status: u16) -> &'static str {
+    if status == 201 {
+        "created"
+    } else {
+        "updated"
+    }
+}
+
 fn children_path(parent: &str) -> String {
     format!("/v1/topics/{}/children", encode_segment(parent))
 }
@@ -825,11 +830,7 @@ pub fn child(args: &ClientArgs, action: &ChildAction) -> Result<(), String> {
             match args.output {
                 Output::Json => print_json(&answer.body),
                 Output::Human => {
-                    let verb = if answer.status == 201 {
-                        "created"
-                    } else {
-                        "updated"
-                    };
+                    let verb = created_or_updated(answer.status);
                     println!(
                         "{verb} {kind} child {child} of {parent} ({} partitions)",
                         cell(&answer.body["partitions"])

@@ -320,39 +320,14 @@ impl<F: FileSystem> Shard<F> {
         topic: &Topic,
         messages: &[Message],
     ) -> Result<(), ApiError> {
-        let mut last = None;
-        for message in messages {
-            let partition = self.pick_partition(topic, message.key.as_deref());
-            let accept_ms = self.now();
-            let record = WalRecordRef {
-                id: message.id,
-                topic: &topic.name,
-                partition,
-                key: message.key.as_deref(),
-                value: &message.value,
-                accept_ms,
-                topic_incarnation: Some(topic.incarnation),
-            };
-            let appended = self.wal.append(&record).map_err(|e| from_storage(&e))?;
-            self.dispatch_once_durable(
-                &topic.name,
-                partition,
-                appended.end,
-                DispatchRecord {
-                    pos: appended.pos,
-                    id: message.id,
-                    key: message.key.clone(),
-                    value: message.value.clone(),
-                    accept_ms,
-                    incarnation: Some(topic.incarnation),
-                },
-            );
-            last = Some(appended.durable);
-        }
-        match last {
-            Some(durable) => durable.await.map_err(|e| from_storage(&e)),
-            None => Ok(()),
-        }
+        let placed = messages
+            .iter()
+            .map(|m| {
+                let partition = self.pick_partition(topic, m.key.as_deref());
+                (partition, m.id, m.key.clone(), m.value.clone())
+            })
+            .collect();
+        self.write_through_wal(topic, placed).await
     }
 
     /// Sweeps every open partition (the periodic lease sweep).

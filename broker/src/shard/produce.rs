@@ -74,15 +74,35 @@ impl<F: FileSystem> Shard<F> {
             self.schemas
                 .check(&view.state, schema, messages.iter().map(|(_, v)| &v[..]))?;
         }
-        let accept_ms = self.now();
-        let placed: Vec<(u32, u128)> = messages
-            .iter()
-            .map(|(key, _)| (self.pick_partition(topic, key.as_deref()), self.next_id()))
+        let placed: Vec<(u32, u128, Option<Vec<u8>>, bytes::Bytes)> = messages
+            .into_iter()
+            .map(|(key, value)| {
+                let partition = self.pick_partition(topic, key.as_deref());
+                (partition, self.next_id(), key, value)
+            })
             .collect();
-        let records: Vec<WalRecordRef<'_>> = messages
+        let ids = placed
             .iter()
-            .zip(&placed)
-            .map(|((key, value), (partition, id))| WalRecordRef {
+            .map(|(_, id, _, _)| format!("{id:032x}"))
+            .collect();
+        self.write_through_wal(topic, placed).await?;
+        Ok(ids)
+    }
+
+    /// Appends records (partition, id, key, value) to this shard's WAL as
+    /// one all-or-nothing batch (a full ring accepts none), queues each for
+    /// dispatch once durable before any await (so a caller dropped while it
+    /// waits changes nothing), and returns once all are durable. Produces,
+    /// dead-letter moves and redrives all write this way.
+    pub(super) async fn write_through_wal(
+        &self,
+        topic: &Topic,
+        placed: Vec<(u32, u128, Option<Vec<u8>>, bytes::Bytes)>,
+    ) -> Result<(), ApiError> {
+        let accept_ms = self.now();
+        let records: Vec<WalRecordRef<'_>> = placed
+            .iter()
+            .map(|(partition, id, key, value)| WalRecordRef {
                 id: *id,
                 topic: &topic.name,
                 partition: *partition,
@@ -92,19 +112,13 @@ impl<F: FileSystem> Shard<F> {
                 topic_incarnation: Some(topic.incarnation),
             })
             .collect();
-        // All or nothing: a full ring answers 429 having accepted none.
         let appended = self
             .wal
             .append_batch(&records)
             .map_err(|e| from_storage(&e))?;
         drop(records);
-        // Handed on before the first await: a record that becomes durable is
-        // dispatched even if this handler is dropped (its client went away).
-        let mut ids = Vec::with_capacity(appended.len());
         let mut last_durable = None;
-        for ((appended, (partition, id)), (key, value)) in
-            appended.into_iter().zip(placed).zip(messages)
-        {
+        for (appended, (partition, id, key, value)) in appended.into_iter().zip(placed) {
             self.dispatch_once_durable(
                 &topic.name,
                 partition,
@@ -118,14 +132,13 @@ impl<F: FileSystem> Shard<F> {
                     incarnation: Some(topic.incarnation),
                 },
             );
-            ids.push(format!("{id:032x}"));
             last_durable = Some(appended.durable);
         }
         // Records become durable in the order they were appended.
         if let Some(durable) = last_durable {
             durable.await.map_err(|e| from_storage(&e))?;
         }
-        Ok(ids)
+        Ok(())
     }
 
     /// Takes over the WAL ring of a shard that no longer exists (the node
