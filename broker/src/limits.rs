@@ -162,6 +162,9 @@ pub const REDRIVE_BATCH_MAX: usize = 100;
 pub const REDRIVE_VISIBILITY_MS: u64 = 30_000;
 /// A redrive that finds only leased messages looks again after this.
 pub const REDRIVE_WAIT_MS: u64 = 200;
+/// A redrive ends once its topic stayed empty this long (messages accepted
+/// just before may still be on their way to their partitions).
+pub const REDRIVE_EMPTY_GRACE: Duration = Duration::from_secs(1);
 /// How often a running redrive records its progress in the metastore.
 pub const REDRIVE_PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
 /// A redrive batch that failed is tried again after this.

@@ -13,8 +13,8 @@ use narad_raft::state::{Redrive, RedriveState};
 
 use super::*;
 use crate::limits::{
-    REDRIVE_BATCH_MAX, REDRIVE_PROGRESS_INTERVAL, REDRIVE_RETRY, REDRIVE_VISIBILITY_MS,
-    REDRIVE_WAIT_MS,
+    REDRIVE_BATCH_MAX, REDRIVE_EMPTY_GRACE, REDRIVE_PROGRESS_INTERVAL, REDRIVE_RETRY,
+    REDRIVE_VISIBILITY_MS, REDRIVE_WAIT_MS,
 };
 
 /// A redrive as `GET /v1/topics/{dlq}/redrive` lists it.
@@ -217,6 +217,10 @@ impl<F: FileSystem> Shard<F> {
         let mut reported = moved;
         let mut reported_at = self.now();
         let mut bucket = start.rate_per_s.map(|rate| Bucket::new(rate, self.now()));
+        // When the topic was first found empty: it must stay so for
+        // REDRIVE_EMPTY_GRACE, since messages accepted just before may not
+        // have reached their partitions yet.
+        let mut empty_since: Option<u64> = None;
         let end = loop {
             if self.is_stopping() {
                 // Carried on by this node's next start.
@@ -248,12 +252,23 @@ impl<F: FileSystem> Shard<F> {
             }
             match self.redrive_batch(&redrive, want).await {
                 Ok(Some(n)) => {
+                    empty_since = None;
                     moved += n;
                     if let Some(bucket) = &mut bucket {
                         bucket.take(n);
                     }
                 }
-                Ok(None) => break Some(RedriveState::Done),
+                Ok(None) => {
+                    let now = self.now();
+                    let since = *empty_since.get_or_insert(now);
+                    if now.saturating_sub(since) >= REDRIVE_EMPTY_GRACE.as_millis() as u64 {
+                        break Some(RedriveState::Done);
+                    }
+                    self.env
+                        .runtime
+                        .sleep(Duration::from_millis(REDRIVE_WAIT_MS))
+                        .await;
+                }
                 Err(error) if error.code == ErrorCode::TopicNotFound => {
                     break Some(RedriveState::Failed(error.message));
                 }
