@@ -45,7 +45,8 @@ pub fn from_meta(error: &MetaError) -> ApiError {
                 | Refused::RetentionBelowDelay { .. }
                 | Refused::ReplicaPartitions { .. }
                 | Refused::ReplicaPlacement { .. }
-                | Refused::RedriveToItself(_) => ErrorCode::InvalidRequest,
+                | Refused::RedriveToItself(_)
+                | Refused::MoveTargetUnfit(_) => ErrorCode::InvalidRequest,
                 Refused::FewerPartitions { .. }
                 | Refused::DeadLetterTopicInUse { .. }
                 | Refused::SchemaInUse { .. }
@@ -57,11 +58,20 @@ pub fn from_meta(error: &MetaError) -> ApiError {
                 | Refused::RetentionBreaksDelayChild { .. }
                 | Refused::ReplicaPartitionsFixed { .. }
                 | Refused::RedriveIdTaken(_)
-                | Refused::TooManyRedrives { .. } => ErrorCode::Conflict,
+                | Refused::TooManyRedrives { .. }
+                | Refused::MoveNotPlanned { .. }
+                | Refused::MoveNotRunning { .. }
+                | Refused::TooManyMoves { .. }
+                | Refused::MoveSourceNotOwner { .. }
+                | Refused::PartitionMoving { .. }
+                | Refused::NodeOwnsPartitions { .. }
+                | Refused::NodeInService(_) => ErrorCode::Conflict,
                 Refused::NoSuchUser(_)
                 | Refused::NoSuchToken { .. }
                 | Refused::NoSuchChild { .. }
-                | Refused::NoSuchRedrive { .. } => ErrorCode::NotFound,
+                | Refused::NoSuchRedrive { .. }
+                | Refused::NoSuchNode(_)
+                | Refused::NoSuchMove(_) => ErrorCode::NotFound,
                 // A topic naming a schema that is gone (a delete raced it).
                 Refused::NoSuchSchema(_) => ErrorCode::InvalidRequest,
                 Refused::OwnersMismatch { .. } => ErrorCode::Internal,

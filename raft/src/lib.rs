@@ -14,6 +14,7 @@
 //!   marks nodes dead and alive, leadership handover; other nodes are
 //!   reached through [`node::PeerCaller`] (the broker's QUIC endpoint).
 
+pub mod moves;
 pub mod node;
 pub mod state;
 pub mod store;

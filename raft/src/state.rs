@@ -7,6 +7,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::moves::{Move, MoveEnd, MovePlan, MoveState};
+
 pub type NodeId = u64;
 
 /// A topic's settings (the body of PUT /v1/topics/{topic}, resolved).
@@ -300,6 +302,46 @@ pub enum Command {
         moved: u64,
         state: Option<RedriveState>,
     },
+    /// Plans moves (a rebalance, or a decommission of `decommission`,
+    /// which also marks that node).
+    PlanMoves {
+        moves: Vec<MovePlan>,
+        decommission: Option<NodeId>,
+        now_ms: u64,
+    },
+    /// The destination starts a planned move, if fewer than `max_running`
+    /// run (`cluster.max_concurrent_moves`).
+    StartMove {
+        id: String,
+        max_running: u32,
+        now_ms: u64,
+    },
+    /// How far a running move copied; `freezing`: its handover began.
+    MoveProgress {
+        id: String,
+        copied_bytes: u64,
+        total_bytes: u64,
+        rate_bytes_per_s: u64,
+        freezing: bool,
+    },
+    /// A move ends: handed over (the destination owns the partition),
+    /// promoted, or abandoned.
+    EndMove {
+        id: String,
+        end: MoveEnd,
+        now_ms: u64,
+    },
+    /// A node asked to join, or an operator admitted it.
+    AdmitNode {
+        id: NodeId,
+        addr: String,
+        now_ms: u64,
+    },
+    /// Forgets a dead or decommissioned node that owns nothing, before it
+    /// leaves the Raft membership.
+    RemoveNode {
+        id: NodeId,
+    },
     CancelRedrive {
         dlq: String,
         id: String,
@@ -313,6 +355,10 @@ pub struct NodeRecord {
     pub alive: bool,
     /// When the state last changed.
     pub since_ms: u64,
+    /// Its partitions are moving off it (or moved: decommissioned); it
+    /// gets no new ones.
+    #[serde(default)]
+    pub decommissioning: bool,
 }
 
 /// What applying a command did.
@@ -340,6 +386,8 @@ pub enum Applied {
     },
     ChildDeleted,
     RedriveChanged(Redrive),
+    MovesPlanned(Vec<Move>),
+    MoveChanged(Move),
     /// A Raft entry with no command (a leader's blank entry, a membership change).
     Nothing,
 }
@@ -419,6 +467,30 @@ pub enum Refused {
     RedriveIdTaken(String),
     #[error("{dlq:?} has {running} redrives running, the most it may; cancel one or wait for one to end")]
     TooManyRedrives { dlq: String, running: usize },
+    #[error("node {0} is not a member of the cluster")]
+    NoSuchNode(NodeId),
+    #[error("there is no move {0:?}")]
+    NoSuchMove(String),
+    #[error("move {id:?} is {state}, not planned")]
+    MoveNotPlanned { id: String, state: String },
+    #[error("move {id:?} is {state}, not running")]
+    MoveNotRunning { id: String, state: String },
+    #[error("{running} moves run already, the most cluster.max_concurrent_moves allows")]
+    TooManyMoves { running: usize },
+    #[error("partition {partition} of {topic:?} is not owned by node {from}")]
+    MoveSourceNotOwner {
+        topic: String,
+        partition: u32,
+        from: NodeId,
+    },
+    #[error("node {0} cannot take partitions (it is dead, decommissioning or unknown)")]
+    MoveTargetUnfit(NodeId),
+    #[error("partition {partition} of {topic:?} is moving already")]
+    PartitionMoving { topic: String, partition: u32 },
+    #[error("node {node} still owns {partitions} partitions or takes part in a move; decommission it first and wait for its moves to end")]
+    NodeOwnsPartitions { node: NodeId, partitions: usize },
+    #[error("node {0} is alive and not decommissioned; decommission it (or stop it) before removing it")]
+    NodeInService(NodeId),
     #[error("{topic:?} is in a replica pair with {other:?}; its partition count cannot change")]
     ReplicaPartitionsFixed { topic: String, other: String },
 }
@@ -450,6 +522,15 @@ pub struct MetaState {
     /// Dead-letter redrives by id.
     #[serde(default)]
     pub redrives: BTreeMap<String, Redrive>,
+    /// Partition moves by id (zero-padded, in plan order).
+    #[serde(default)]
+    pub moves: BTreeMap<String, Move>,
+    #[serde(default)]
+    pub next_move: u64,
+    /// Nodes removed from the cluster: the controller does not record
+    /// them again (until one is admitted anew).
+    #[serde(default)]
+    pub removed_nodes: std::collections::BTreeSet<NodeId>,
 }
 
 impl MetaState {
@@ -475,10 +556,14 @@ impl MetaState {
                 alive,
                 now_ms,
             } => {
+                if self.removed_nodes.contains(id) {
+                    return Ok(Applied::Nothing);
+                }
                 let record = NodeRecord {
                     addr: addr.clone(),
                     alive: *alive,
                     since_ms: *now_ms,
+                    decommissioning: self.decommissioning(*id),
                 };
                 match self.nodes.get(id) {
                     Some(old) if old.alive == *alive && old.addr == *addr => Ok(Applied::Nothing),
@@ -592,6 +677,26 @@ impl MetaState {
                 self.schemas.remove(name);
                 Ok(Applied::SchemaDeleted)
             }
+            Command::PlanMoves {
+                moves,
+                decommission,
+                now_ms,
+            } => self.plan_moves(moves, *decommission, *now_ms),
+            Command::StartMove {
+                id,
+                max_running,
+                now_ms,
+            } => self.start_move(id, *max_running, *now_ms),
+            Command::MoveProgress {
+                id,
+                copied_bytes,
+                total_bytes,
+                rate_bytes_per_s,
+                freezing,
+            } => self.move_progress(id, *copied_bytes, *total_bytes, *rate_bytes_per_s, *freezing),
+            Command::EndMove { id, end, now_ms } => self.end_move(id, end, *now_ms),
+            Command::AdmitNode { id, addr, now_ms } => Ok(self.admit_node(*id, addr, *now_ms)),
+            Command::RemoveNode { id } => self.remove_node(*id),
             Command::PutChild {
                 parent,
                 child,
@@ -918,6 +1023,7 @@ impl MetaState {
         let parent = topic.parent.clone();
         // Its redrives go with it; those into it end.
         self.redrives.retain(|_, r| r.dlq != name);
+        self.abandon_moves_of(name, None);
         for redrive in self.redrives.values_mut() {
             if redrive.to == name && redrive.state == RedriveState::Running {
                 redrive.state = RedriveState::Failed(format!("topic {name:?} was deleted"));
