@@ -82,6 +82,7 @@ const KEYS: &[(&str, Kind, Option<&str>)] = &[
     ),
     ("peer_listen", Kind::Addr, Some("127.0.0.1:9080")),
     ("peers", Kind::Text, None),
+    ("join", Kind::Addr, None),
     ("shards", Kind::U64 { min: 0, max: 1024 }, Some("0")),
     (
         "storage.consumer_offset_commit_interval_ms",
@@ -170,6 +171,27 @@ const KEYS: &[(&str, Kind, Option<&str>)] = &[
             max: 86_400_000,
         },
         Some("30000"),
+    ),
+    (
+        "cluster.move_promote_after_ms",
+        Kind::U64 {
+            min: 100,
+            max: 86_400_000,
+        },
+        Some("120000"),
+    ),
+    (
+        "cluster.max_concurrent_moves",
+        Kind::U64 { min: 1, max: 64 },
+        Some("2"),
+    ),
+    (
+        "cluster.move_bytes_per_s",
+        Kind::U64 {
+            min: 65_536,
+            max: 1 << 40,
+        },
+        Some("104857600"),
     ),
     ("cluster.secret", Kind::Text, None),
     ("cluster.tls.ca_file", Kind::Text, None),
@@ -295,10 +317,6 @@ const NON_CONFIG_ENV: &[&str] = &[
 const NOT_AVAILABLE: &[(&str, &str)] = &[
     ("children.", "remote children"),
     ("remote.", "remote children"),
-    ("cluster.move_promote_after_ms", "partition moves"),
-    ("cluster.max_concurrent_moves", "partition moves"),
-    ("cluster.move_bytes_per_s", "partition moves"),
-    ("join", "joining a running cluster"),
 ];
 
 /// The feature a key belongs to, if this release does not have it.
@@ -586,6 +604,17 @@ impl Config {
                 ))
             }
             _ => {}
+        }
+        if self.text("peers").is_some() && self.text("join").is_some() {
+            return Err(ConfigError::Inconsistent(
+                "give --join (a new node joining a running cluster) or --peers (the initial members), not both".into(),
+            ));
+        }
+        if self.text("join").is_some() && self.text("cluster.secret").is_none() && !has_tls {
+            return Err(ConfigError::Inconsistent(
+                "--join needs --cluster-secret (development) or cluster.tls.ca_file, cert_file and key_file (production)"
+                    .into(),
+            ));
         }
         if self.text("peers").is_some() && self.text("cluster.secret").is_none() && !has_tls {
             return Err(ConfigError::Inconsistent(

@@ -65,7 +65,8 @@ pub fn from_meta(error: &MetaError) -> ApiError {
                 | Refused::MoveSourceNotOwner { .. }
                 | Refused::PartitionMoving { .. }
                 | Refused::NodeOwnsPartitions { .. }
-                | Refused::NodeInService(_) => ErrorCode::Conflict,
+                | Refused::NodeInService(_)
+                | Refused::MemberAddressTaken { .. } => ErrorCode::Conflict,
                 Refused::NoSuchUser(_)
                 | Refused::NoSuchToken { .. }
                 | Refused::NoSuchChild { .. }

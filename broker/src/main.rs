@@ -129,6 +129,9 @@ struct ServeArgs {
     /// The initial members, itself included: 1=HOST:PORT,2=HOST:PORT (`peers`).
     #[arg(long, value_name = "LIST")]
     peers: Option<String>,
+    /// Join a running cluster through any member's peer address (`join`).
+    #[arg(long, value_name = "HOST:PORT")]
+    join: Option<String>,
     /// Shared secret that lets development nodes trust each other (`cluster.secret`).
     #[arg(long, value_name = "SECRET")]
     cluster_secret: Option<String>,
@@ -149,6 +152,7 @@ impl ServeArgs {
             ("node_id", &self.node_id),
             ("peer_listen", &self.peer_listen),
             ("peers", &self.peers),
+            ("join", &self.join),
             ("cluster.secret", &self.cluster_secret),
             ("shards", &self.shards),
         ];

@@ -6,7 +6,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use narad_raft::node::{MetaError, MetaFeed, MetaNode, MetaSnapshot};
+use narad_raft::node::{MemberChange, MetaError, MetaFeed, MetaNode, MetaSnapshot};
 use narad_raft::state::{Applied, Command, NodeId};
 use narad_raft::store::MetaView;
 
@@ -31,8 +31,12 @@ pub trait Metastore {
     fn term(&self) -> u64;
     /// The members, with their peer addresses.
     fn members(&self) -> Vec<(NodeId, String)>;
+    /// Members that are learners: joining, not voting yet.
+    fn learners(&self) -> Vec<NodeId>;
     /// Commits a command and answers once it is applied (at the leader).
     fn propose(&self, command: Command) -> Proposal<'_>;
+    /// Admits or removes a node (at the leader).
+    fn change_members(&self, change: MemberChange) -> Proposal<'_>;
 }
 
 impl Metastore for MetaNode {
@@ -68,8 +72,16 @@ impl Metastore for MetaNode {
         MetaNode::members(self)
     }
 
+    fn learners(&self) -> Vec<NodeId> {
+        MetaNode::learners(self)
+    }
+
     fn propose(&self, command: Command) -> Proposal<'_> {
         Box::pin(MetaNode::propose(self, command))
+    }
+
+    fn change_members(&self, change: MemberChange) -> Proposal<'_> {
+        Box::pin(MetaNode::change_members(self, change))
     }
 }
 
@@ -106,7 +118,15 @@ impl<T: Metastore + ?Sized> Metastore for Arc<T> {
         (**self).members()
     }
 
+    fn learners(&self) -> Vec<NodeId> {
+        (**self).learners()
+    }
+
     fn propose(&self, command: Command) -> Proposal<'_> {
         (**self).propose(command)
+    }
+
+    fn change_members(&self, change: MemberChange) -> Proposal<'_> {
+        (**self).change_members(change)
     }
 }

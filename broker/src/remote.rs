@@ -31,26 +31,17 @@ use crate::rpc::{
 
 // ------------------------------------------------------------ outbound
 
-/// This node's QUIC endpoint and the addresses of the other nodes
-/// (`HOST:PORT`, an IP address or a DNS name the endpoint looks up).
+/// This node's QUIC endpoint and the other nodes (their addresses:
+/// `HOST:PORT`, an IP address or a DNS name the endpoint looks up).
 #[derive(Clone)]
 pub struct QuicNodes {
     endpoint: Arc<PeerEndpoint>,
-    addrs: BTreeMap<NodeId, Arc<str>>,
+    peers: Arc<Peers>,
 }
 
 impl QuicNodes {
-    pub fn new(
-        me: NodeId,
-        endpoint: Arc<PeerEndpoint>,
-        members: &BTreeMap<NodeId, String>,
-    ) -> Self {
-        let addrs = members
-            .iter()
-            .filter(|(id, _)| **id != me)
-            .map(|(id, addr)| (*id, Arc::from(addr.as_str())))
-            .collect();
-        Self { endpoint, addrs }
+    pub fn new(endpoint: Arc<PeerEndpoint>, peers: Arc<Peers>) -> Self {
+        Self { endpoint, peers }
     }
 }
 
@@ -86,9 +77,8 @@ impl Transport for QuicNodes {
     fn deliver(&self, to: Address, envelope: Envelope, timeout: Option<Duration>) -> Delivered<'_> {
         let addr = match to {
             Address::Node(node) => self
-                .addrs
-                .get(&node)
-                .cloned()
+                .peers
+                .addr(node)
                 .ok_or_else(|| CallError::Unreachable(format!("node {node} is not a peer"))),
             Address::Shard(shard) => Err(CallError::Unreachable(format!(
                 "shard {shard} is not a node"
@@ -133,44 +123,115 @@ impl Hint {
 /// the stale ones.
 const EMPTY_HINTS_MAX: usize = 1024;
 
+/// Another node: where it listens and what this node knows of its messages.
+#[derive(Debug)]
+struct PeerNode {
+    addr: Arc<str>,
+    hint: Hint,
+}
+
 /// The other nodes, by id, and what this node knows of their messages.
+/// Nodes join and leave: the table follows the metastore's node records.
 pub struct Peers {
     me: NodeId,
-    hints: BTreeMap<NodeId, Hint>,
+    nodes: std::sync::RwLock<BTreeMap<NodeId, Arc<PeerNode>>>,
 }
 
 impl Peers {
-    /// The members other than `me`.
-    pub fn new(me: NodeId, members: impl IntoIterator<Item = NodeId>) -> Self {
-        let hints = members
-            .into_iter()
-            .filter(|id| *id != me)
-            .map(|id| (id, Hint::default()))
+    /// The members other than `me`, with their peer addresses.
+    pub fn new(me: NodeId, members: &BTreeMap<NodeId, String>) -> Self {
+        let nodes = members
+            .iter()
+            .filter(|(id, _)| **id != me)
+            .map(|(id, addr)| {
+                let node = PeerNode {
+                    addr: Arc::from(addr.as_str()),
+                    hint: Hint::default(),
+                };
+                (*id, Arc::new(node))
+            })
             .collect();
-        Self { me, hints }
+        Self {
+            me,
+            nodes: std::sync::RwLock::new(nodes),
+        }
     }
 
     pub fn me(&self) -> NodeId {
         self.me
     }
 
+    fn table(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<NodeId, Arc<PeerNode>>> {
+        // A panic elsewhere while holding it leaves addresses, not invariants.
+        self.nodes
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn node(&self, id: NodeId) -> Option<Arc<PeerNode>> {
+        self.table().get(&id).cloned()
+    }
+
     /// Every other node.
-    pub fn others(&self) -> impl Iterator<Item = NodeId> + '_ {
-        self.hints.keys().copied()
+    pub fn others(&self) -> Vec<NodeId> {
+        self.table().keys().copied().collect()
+    }
+
+    /// Where `node` listens for other nodes.
+    pub fn addr(&self, node: NodeId) -> Option<Arc<str>> {
+        self.node(node).map(|n| n.addr.clone())
+    }
+
+    /// Follows the metastore: `nodes` are the recorded nodes with their
+    /// addresses (new ones are added, moved ones get their new address);
+    /// `removed` were removed from the cluster.
+    pub fn learn<'a>(
+        &self,
+        nodes: impl IntoIterator<Item = (NodeId, &'a str)>,
+        removed: impl IntoIterator<Item = NodeId>,
+    ) {
+        let changes: Vec<(NodeId, &str)> = {
+            let table = self.table();
+            nodes
+                .into_iter()
+                .filter(|(id, addr)| {
+                    *id != self.me && table.get(id).is_none_or(|n| &*n.addr != *addr)
+                })
+                .collect()
+        };
+        let removed: Vec<NodeId> = removed.into_iter().collect();
+        if changes.is_empty() && !removed.iter().any(|id| self.table().contains_key(id)) {
+            return;
+        }
+        let mut table = self
+            .nodes
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (id, addr) in changes {
+            tracing::info!(node = id, addr, "learned another node's address");
+            let node = PeerNode {
+                addr: Arc::from(addr),
+                hint: Hint::default(),
+            };
+            table.insert(id, Arc::new(node));
+        }
+        for id in removed {
+            table.remove(&id);
+        }
     }
 
     /// Whether `node` recently failed to answer (skip optional calls).
     pub fn recently_unreachable(&self, node: NodeId, now_ms: u64) -> bool {
-        self.hints
-            .get(&node)
-            .is_some_and(|hint| now_ms < hint.skip_until.load(Ordering::Relaxed))
+        self.node(node)
+            .is_some_and(|n| now_ms < n.hint.skip_until.load(Ordering::Relaxed))
     }
 
     /// Whether an unpinned consume of `topic` should ask `node` now.
     pub fn worth_asking(&self, node: NodeId, topic: &str, now_ms: u64) -> bool {
-        let Some(hint) = self.hints.get(&node) else {
+        let Some(peer) = self.node(node) else {
             return false;
         };
+        let hint = &peer.hint;
         if now_ms < hint.skip_until.load(Ordering::Relaxed) {
             return false;
         }
@@ -183,7 +244,8 @@ impl Peers {
 
     /// A consume of `topic` that began at `asked_at_ms` found nothing there.
     pub fn found_empty(&self, node: NodeId, topic: &str, asked_at_ms: u64) {
-        if let Some(hint) = self.hints.get(&node) {
+        if let Some(peer) = self.node(node) {
+            let hint = &peer.hint;
             let mut empties = hint.empties();
             // Forget stale ones now and then (topics come and go).
             if empties.len() >= EMPTY_HINTS_MAX {
@@ -194,13 +256,15 @@ impl Peers {
     }
 
     pub fn found_messages(&self, node: NodeId, topic: &str) {
-        if let Some(hint) = self.hints.get(&node) {
+        if let Some(peer) = self.node(node) {
+            let hint = &peer.hint;
             hint.empties().remove(topic);
         }
     }
 
     pub fn unreachable(&self, node: NodeId, now_ms: u64) {
-        if let Some(hint) = self.hints.get(&node) {
+        if let Some(peer) = self.node(node) {
+            let hint = &peer.hint;
             hint.skip_until
                 .store(now_ms + UNREACHABLE_BACKOFF_MS, Ordering::Relaxed);
         }
@@ -208,7 +272,8 @@ impl Peers {
 
     /// `node` said messages became available there.
     pub fn heard_available(&self, node: NodeId, now_ms: u64) {
-        if let Some(hint) = self.hints.get(&node) {
+        if let Some(peer) = self.node(node) {
+            let hint = &peer.hint;
             hint.available_at.store(now_ms, Ordering::Relaxed);
             hint.skip_until.store(0, Ordering::Relaxed);
         }

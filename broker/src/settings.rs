@@ -20,6 +20,8 @@ pub struct Settings {
     pub peer_listen: String,
     /// `1=HOST:PORT,2=HOST:PORT`; unset for a single node.
     pub peers: Option<String>,
+    /// A member's peer address to join a running cluster through.
+    pub join: Option<String>,
     /// 0: one per core.
     pub shards: u64,
     pub storage: Storage,
@@ -89,6 +91,9 @@ pub struct Leases {
 pub struct Cluster {
     pub heartbeat_interval_ms: u64,
     pub node_dead_after_ms: u64,
+    pub move_promote_after_ms: u64,
+    pub max_concurrent_moves: u64,
+    pub move_bytes_per_s: u64,
     pub secret: Option<String>,
     pub tls: ClusterTls,
 }

@@ -93,8 +93,12 @@ pub enum MoveEnd {
     Done,
     /// The source died: the destination's copy, which holds the source's
     /// log up to `offset`, takes over.
-    Promoted { offset: u64 },
-    Abandoned { reason: String },
+    Promoted {
+        offset: u64,
+    },
+    Abandoned {
+        reason: String,
+    },
 }
 
 impl MetaState {
@@ -244,14 +248,14 @@ impl MetaState {
         if running >= max_running as usize {
             return Err(Refused::TooManyMoves { running });
         }
-        let stale = self
-            .topics
-            .get(&found.topic)
-            .is_none_or(|t| {
-                t.incarnation != found.incarnation
-                    || t.owners.get(found.partition as usize) != Some(&found.from)
-            });
-        let record = self.moves.get_mut(id).ok_or(Refused::NoSuchMove(id.into()))?;
+        let stale = self.topics.get(&found.topic).is_none_or(|t| {
+            t.incarnation != found.incarnation
+                || t.owners.get(found.partition as usize) != Some(&found.from)
+        });
+        let record = self
+            .moves
+            .get_mut(id)
+            .ok_or(Refused::NoSuchMove(id.into()))?;
         if stale {
             record.state = MoveState::Abandoned;
             record.reason = Some("the partition's owner or topic changed".into());
@@ -502,7 +506,8 @@ pub fn plan_balance(
     };
     // Same-topic spread: prefer moving a partition of the topic the source
     // holds most of, relative to the target.
-    let per_topic = |held: &[(String, u32)], topic: &str| held.iter().filter(|k| k.0 == topic).count();
+    let per_topic =
+        |held: &[(String, u32)], topic: &str| held.iter().filter(|k| k.0 == topic).count();
     // Drain first: each partition to the least loaded node that fits.
     for (from, keys) in draining {
         for key in keys {
@@ -549,7 +554,10 @@ pub fn plan_balance(
             .max_by_key(|key| {
                 let there = per_topic(&load[&from], &key.0);
                 let here = per_topic(&load[&to], &key.0);
-                (there.saturating_sub(here), std::cmp::Reverse((*key).clone()))
+                (
+                    there.saturating_sub(here),
+                    std::cmp::Reverse((*key).clone()),
+                )
             })
             .cloned();
         let Some(key) = pick else {

@@ -10,7 +10,7 @@
 //! single-member cluster on its first start; with peers, the member with the
 //! smallest id bootstraps the whole initial membership once.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -26,7 +26,7 @@ use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
 };
-use openraft::{BasicNode, Config, Raft, SnapshotPolicy};
+use openraft::{BasicNode, ChangeMembers, Config, Raft, SnapshotPolicy};
 use tokio::sync::{oneshot, watch};
 
 use crate::state::{Applied, Command, Refused};
@@ -44,6 +44,26 @@ pub const KIND_PROBE: u8 = 5;
 pub const KIND_HEARTBEAT: u8 = 7;
 /// "Stand for election now": a leaving leader's request to its successor.
 pub const KIND_ELECT: u8 = 6;
+/// A change of the membership ([`MemberChange`]), done by the leader.
+pub const KIND_MEMBER_CHANGE: u8 = 8;
+/// How often a joining node asks to be admitted until it is a member.
+const JOIN_RETRY_INTERVAL: Duration = Duration::from_secs(1);
+/// A learner this many entries or fewer behind the leader's log is caught
+/// up and becomes a voter.
+const LEARNER_CAUGHT_UP_LAG: u64 = 10;
+/// How long a membership change may take before it is reported failed.
+const MEMBER_CHANGE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A change of who belongs to the cluster.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum MemberChange {
+    /// Add a node as a learner (it becomes a voter once caught up) and
+    /// record it. `--join` sends this; so does `POST /v1/cluster/nodes`.
+    Admit { id: NodeId, addr: String },
+    /// Forget a dead or decommissioned node that owns nothing and take it
+    /// out of the membership.
+    Remove { id: NodeId },
+}
 /// How long a leaving leader waits for a follower to catch up and take
 /// over. Its shards drain meanwhile, and the node's stop waits for both:
 /// this must stay well under `dispatcher.reroute_after_ms` (3 s), or other
@@ -98,6 +118,9 @@ pub struct MetaNodeConfig {
     /// The initial members with their peer addresses, this node included;
     /// empty for a single-node cluster.
     pub members: BTreeMap<NodeId, String>,
+    /// A member's peer address to join through (`--join`): the node does
+    /// not bootstrap, and asks to be admitted until it is a member.
+    pub join: Option<String>,
     /// The peer network (none for a single-node cluster).
     pub caller: Option<Arc<dyn PeerCaller>>,
     /// Take a snapshot (and purge the log) after this many entries.
@@ -121,6 +144,7 @@ impl MetaNodeConfig {
             dir,
             peer_addr,
             members: BTreeMap::new(),
+            join: None,
             caller: None,
             snapshot_after_entries: 1000,
             // openraft gives an AppendEntries one heartbeat interval to
@@ -333,6 +357,133 @@ async fn propose_at_leader(
     }
 }
 
+/// Makes a membership change on the leader: this node if it leads, else
+/// the leader it knows of (retried while leadership moves).
+async fn change_members_at_leader(
+    raft: Raft<TypeConfig>,
+    caller: Option<Arc<dyn PeerCaller>>,
+    change: MemberChange,
+) -> Result<Applied, MetaError> {
+    loop {
+        let (leader, leader_addr, me) = {
+            let metrics = raft.metrics();
+            let metrics = metrics.borrow();
+            let addr = metrics.current_leader.and_then(|l| {
+                metrics
+                    .membership_config
+                    .membership()
+                    .get_node(&l)
+                    .map(|n| n.addr.clone())
+            });
+            (metrics.current_leader, addr, metrics.id)
+        };
+        match leader {
+            Some(leader) if leader == me => return change_members_here(&raft, &change).await,
+            Some(_) => {
+                let (Some(addr), Some(caller)) = (leader_addr, &caller) else {
+                    return Err(MetaError::NoQuorum(
+                        "the leader's address is unknown".into(),
+                    ));
+                };
+                let payload =
+                    serde_json::to_vec(&change).map_err(|e| MetaError::Failed(e.to_string()))?;
+                match caller
+                    .call(&addr, KIND_MEMBER_CHANGE, payload, MEMBER_CHANGE_TIMEOUT)
+                    .await
+                {
+                    Ok(answer) => {
+                        return serde_json::from_slice::<Result<Applied, MetaError>>(&answer)
+                            .map_err(|e| MetaError::Failed(format!("the leader's answer: {e}")))?
+                    }
+                    Err(error) => {
+                        tracing::debug!(%error, "a membership change got no answer; trying again");
+                        let _ = raft
+                            .wait(Some(FORWARD_RETRY_WAIT))
+                            .metrics(|m| m.current_leader != leader.into(), "another leader")
+                            .await;
+                    }
+                }
+            }
+            None => {
+                let _ = raft
+                    .wait(Some(FORWARD_RETRY_WAIT))
+                    .metrics(|m| m.current_leader.is_some(), "a leader")
+                    .await;
+            }
+        }
+    }
+}
+
+/// A membership change on this node, the leader.
+async fn change_members_here(
+    raft: &Raft<TypeConfig>,
+    change: &MemberChange,
+) -> Result<Applied, MetaError> {
+    let failed = |e: &dyn std::fmt::Display| MetaError::NoQuorum(e.to_string());
+    let write = |command: Command| async move {
+        match raft.client_write(command).await {
+            Ok(response) => response.data.map_err(MetaError::from),
+            Err(error) => Err(failed(&error)),
+        }
+    };
+    match change {
+        MemberChange::Admit { id, addr } => {
+            let known = raft
+                .metrics()
+                .borrow()
+                .membership_config
+                .membership()
+                .get_node(id)
+                .map(|n| n.addr.clone());
+            match known {
+                Some(known) if known != *addr => {
+                    return Err(MetaError::Refused(Refused::MemberAddressTaken {
+                        id: *id,
+                        addr: known,
+                    }))
+                }
+                Some(_) => {}
+                None => {
+                    raft.add_learner(*id, BasicNode { addr: addr.clone() }, false)
+                        .await
+                        .map_err(|e| failed(&e))?;
+                    tracing::info!(node = id, %addr, "admitted a node as a learner");
+                }
+            }
+            write(Command::AdmitNode {
+                id: *id,
+                addr: addr.clone(),
+                now_ms: wall_ms(),
+            })
+            .await
+        }
+        MemberChange::Remove { id } => {
+            let applied = write(Command::RemoveNode { id: *id }).await?;
+            let (voter, member) = {
+                let metrics = raft.metrics();
+                let metrics = metrics.borrow();
+                let membership = metrics.membership_config.membership();
+                (
+                    membership.voter_ids().any(|v| v == *id),
+                    membership.get_node(id).is_some(),
+                )
+            };
+            let ids = BTreeSet::from([*id]);
+            if voter {
+                raft.change_membership(ChangeMembers::RemoveVoters(ids), false)
+                    .await
+                    .map_err(|e| failed(&e))?;
+            } else if member {
+                raft.change_membership(ChangeMembers::RemoveNodes(ids), false)
+                    .await
+                    .map_err(|e| failed(&e))?;
+            }
+            tracing::info!(node = id, "removed a node from the cluster");
+            Ok(applied)
+        }
+    }
+}
+
 /// One reader's copy of the applied metadata (a shard keeps one): reading
 /// it costs an atomic load while nothing changed, and it is refreshed from
 /// the metastore the first time it is read after an apply, so it is never
@@ -419,6 +570,8 @@ struct Controller {
     dead_after: Duration,
     heard: Heard,
     leaving: Leaving,
+    /// `--join`: the member to ask for admission until this node is one.
+    join: Option<String>,
 }
 
 impl Controller {
@@ -439,11 +592,86 @@ impl Controller {
             };
             if leader != Some(self.node_id) {
                 leading_since = None;
+                if !members.iter().any(|(id, _)| *id == self.node_id) {
+                    self.ask_to_join(leader, &members).await;
+                }
                 self.send_heartbeat(leader, &members).await;
                 continue;
             }
             let since = *leading_since.get_or_insert_with(std::time::Instant::now);
             self.judge(since, &members).await;
+            self.promote_learners().await;
+        }
+    }
+
+    /// A joining node that is not a member yet asks (the leader it knows
+    /// of, else the `--join` address) to be admitted.
+    async fn ask_to_join(&self, leader: Option<NodeId>, members: &[(NodeId, String)]) {
+        let Some(caller) = &self.caller else {
+            return;
+        };
+        let leader_addr = leader.and_then(|l| members.iter().find(|(id, _)| *id == l));
+        let Some(addr) = leader_addr.map(|(_, a)| a.clone()).or(self.join.clone()) else {
+            return;
+        };
+        let change = MemberChange::Admit {
+            id: self.node_id,
+            addr: self.addr.clone(),
+        };
+        let Ok(payload) = serde_json::to_vec(&change) else {
+            return;
+        };
+        match caller
+            .call(&addr, KIND_MEMBER_CHANGE, payload, MEMBER_CHANGE_TIMEOUT)
+            .await
+        {
+            Ok(answer) => match serde_json::from_slice::<Result<Applied, MetaError>>(&answer) {
+                Ok(Ok(_)) => {
+                    tracing::info!(through = %addr, "admitted to the cluster as a learner")
+                }
+                Ok(Err(error)) => tracing::warn!(through = %addr, %error, "not admitted yet"),
+                Err(error) => tracing::warn!(through = %addr, %error, "a bad answer to joining"),
+            },
+            Err(error) => {
+                tracing::warn!(through = %addr, %error, "could not reach the member to join through; trying again")
+            }
+        }
+        tokio::time::sleep(JOIN_RETRY_INTERVAL.saturating_sub(self.interval)).await;
+    }
+
+    /// On the leader: a learner whose log caught up with the leader's
+    /// becomes a voter (unless it is being decommissioned).
+    async fn promote_learners(&self) {
+        let ready: BTreeSet<NodeId> = {
+            let metrics = self.raft.metrics();
+            let metrics = metrics.borrow();
+            let membership = metrics.membership_config.membership();
+            let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+            let last = metrics.last_log_index.unwrap_or(0);
+            let view = self.view.borrow().clone();
+            membership
+                .learner_ids()
+                .filter(|id| !voters.contains(id) && !view.state.decommissioning(*id))
+                .filter(|id| {
+                    metrics
+                        .replication
+                        .as_ref()
+                        .and_then(|r| r.get(id).copied().flatten())
+                        .is_some_and(|matched| matched.index + LEARNER_CAUGHT_UP_LAG >= last)
+                })
+                .collect()
+        };
+        if ready.is_empty() {
+            return;
+        }
+        tracing::info!(?ready, "learners caught up: making them voters");
+        match self
+            .raft
+            .change_membership(ChangeMembers::AddVoterIds(ready), true)
+            .await
+        {
+            Ok(_) => {}
+            Err(error) => tracing::warn!(%error, "could not make caught-up learners voters"),
         }
     }
 
@@ -617,6 +845,7 @@ impl MetaNode {
                                 dead_after: Duration::from_millis(config.node_dead_after_ms),
                                 heard: heard.clone(),
                                 leaving: controller_leaving,
+                                join: config.join.clone(),
                             };
                             tokio::spawn(controller.run());
                             let _ = ready_sender.send(Ok((
@@ -705,11 +934,12 @@ impl MetaNode {
         } else {
             0
         };
-        let bootstraps = config
-            .members
-            .keys()
-            .next()
-            .is_none_or(|first| *first == config.node_id);
+        let bootstraps = config.join.is_none()
+            && config
+                .members
+                .keys()
+                .next()
+                .is_none_or(|first| *first == config.node_id);
         if bootstraps && !initialized && !peers_initialized {
             let members: BTreeMap<NodeId, BasicNode> = if config.members.is_empty() {
                 BTreeMap::from([(
@@ -741,7 +971,9 @@ impl MetaNode {
             .members
             .iter()
             .filter(|(id, _)| **id != config.node_id)
-            .map(|(_, addr)| {
+            .map(|(_, addr)| addr)
+            .chain(config.join.as_ref())
+            .map(|addr| {
                 let (caller, addr) = (caller.clone(), addr.clone());
                 tokio::spawn(async move {
                     caller
@@ -793,9 +1025,41 @@ impl MetaNode {
             .map_err(|e| MetaError::Failed(format!("the metastore thread: {e}")))?
     }
 
+    /// Changes the membership ([`MemberChange`]) at the leader, forwarded
+    /// there if another node leads; answers once applied.
+    pub async fn change_members(&self, change: MemberChange) -> Result<Applied, MetaError> {
+        let (raft, caller) = (self.raft.clone(), self.caller.clone());
+        let task = self.runtime.spawn(async move {
+            tokio::time::timeout(
+                MEMBER_CHANGE_TIMEOUT,
+                change_members_at_leader(raft, caller, change),
+            )
+            .await
+            .unwrap_or_else(|_| {
+                Err(MetaError::NoQuorum(format!(
+                    "no leader made the membership change within {MEMBER_CHANGE_TIMEOUT:?}"
+                )))
+            })
+        });
+        task.await
+            .map_err(|e| MetaError::Failed(format!("the metastore thread: {e}")))?
+    }
+
+    /// Members that are learners (joining: not voters yet).
+    pub fn learners(&self) -> Vec<NodeId> {
+        let metrics = self.raft.metrics();
+        let metrics = metrics.borrow();
+        metrics
+            .membership_config
+            .membership()
+            .learner_ids()
+            .collect()
+    }
+
     /// Answers a request from another node (see the `KIND_` constants).
     pub fn serve(&self, kind: u8, payload: Vec<u8>) -> BoxFuture<Result<Vec<u8>, String>> {
         let raft = self.raft.clone();
+        let caller = self.caller.clone();
         let heard = self.heard.clone();
         let refuse_votes_up_to = self.refuse_votes_up_to;
         let leaving = self.leaving.clone();
@@ -860,6 +1124,20 @@ impl MetaNode {
                             "the node forwarded to could not take the write: {error}"
                         ))),
                     };
+                    serde_json::to_vec(&result)
+                }
+                KIND_MEMBER_CHANGE => {
+                    let change: MemberChange = serde_json::from_slice(&payload).map_err(bad)?;
+                    let result = tokio::time::timeout(
+                        MEMBER_CHANGE_TIMEOUT,
+                        change_members_at_leader(raft, caller, change),
+                    )
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(MetaError::NoQuorum(
+                            "the membership change took too long".into(),
+                        ))
+                    });
                     serde_json::to_vec(&result)
                 }
                 other => return Err(format!("no metastore request of kind {other}")),

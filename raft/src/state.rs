@@ -467,6 +467,8 @@ pub enum Refused {
     RedriveIdTaken(String),
     #[error("{dlq:?} has {running} redrives running, the most it may; cancel one or wait for one to end")]
     TooManyRedrives { dlq: String, running: usize },
+    #[error("node {id} is a member at {addr}; remove it before admitting it at another address")]
+    MemberAddressTaken { id: NodeId, addr: String },
     #[error("node {0} is not a member of the cluster")]
     NoSuchNode(NodeId),
     #[error("there is no move {0:?}")]
@@ -489,7 +491,9 @@ pub enum Refused {
     PartitionMoving { topic: String, partition: u32 },
     #[error("node {node} still owns {partitions} partitions or takes part in a move; decommission it first and wait for its moves to end")]
     NodeOwnsPartitions { node: NodeId, partitions: usize },
-    #[error("node {0} is alive and not decommissioned; decommission it (or stop it) before removing it")]
+    #[error(
+        "node {0} is alive and not decommissioned; decommission it (or stop it) before removing it"
+    )]
     NodeInService(NodeId),
     #[error("{topic:?} is in a replica pair with {other:?}; its partition count cannot change")]
     ReplicaPartitionsFixed { topic: String, other: String },
@@ -693,7 +697,13 @@ impl MetaState {
                 total_bytes,
                 rate_bytes_per_s,
                 freezing,
-            } => self.move_progress(id, *copied_bytes, *total_bytes, *rate_bytes_per_s, *freezing),
+            } => self.move_progress(
+                id,
+                *copied_bytes,
+                *total_bytes,
+                *rate_bytes_per_s,
+                *freezing,
+            ),
             Command::EndMove { id, end, now_ms } => self.end_move(id, end, *now_ms),
             Command::AdmitNode { id, addr, now_ms } => Ok(self.admit_node(*id, addr, *now_ms)),
             Command::RemoveNode { id } => self.remove_node(*id),

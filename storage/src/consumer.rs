@@ -155,6 +155,16 @@ impl AckSet {
         self.ranges.iter().map(|(s, e)| e - s).sum()
     }
 
+    /// The set as bytes (a checksummed snapshot), for a partition's move.
+    pub fn encode(&self) -> Vec<u8> {
+        self.encode_snapshot(0)
+    }
+
+    /// A set from [`Self::encode`]'s bytes; `None` when they are damaged.
+    pub fn decode(bytes: &[u8]) -> Option<Self> {
+        Self::decode_snapshot(bytes).map(|(_, set)| set)
+    }
+
     fn encode_snapshot(&self, generation: u64) -> Vec<u8> {
         let mut buf = Vec::with_capacity(SNAPSHOT_FIXED_BYTES + 16 * self.ranges.len());
         put_u32(&mut buf, SNAPSHOT_MAGIC);
@@ -270,6 +280,29 @@ fn check_log_header(bytes: &[u8], path: &Path) -> Result<()> {
         _ => tracing::warn!(path = %path.display(), "ack log header is missing or damaged"),
     }
     Ok(())
+}
+
+/// Writes a consumer state that holds `acks` into the empty folder `dir`
+/// (made if missing), durably: a moved partition's new owner opens it with
+/// [`ConsumerState::open`].
+pub async fn write_initial<F: FileSystem>(fs: &F, dir: &Path, acks: &AckSet) -> Result<()> {
+    fs.create_dir_all(dir)
+        .await
+        .map_err(|e| StorageError::io("create dir", dir, e))?;
+    let path = dir.join(snapshot_name(0));
+    let file = fs
+        .open(&path, OpenMode::CREATE_BUFFERED)
+        .await
+        .map_err(|e| StorageError::io("create snapshot", &path, e))?;
+    file.write_at(&acks.encode_snapshot(0), 0)
+        .await
+        .map_err(|e| StorageError::io("write", &path, e))?;
+    file.sync_data()
+        .await
+        .map_err(|e| StorageError::io("fdatasync", &path, e))?;
+    fs.sync_dir(dir)
+        .await
+        .map_err(|e| StorageError::io("fsync dir", dir, e))
 }
 
 impl<F: FileSystem> ConsumerState<F> {

@@ -110,7 +110,7 @@ fn unknown_keys_and_bad_values_are_refused_naming_the_key() {
 #[test]
 fn keys_of_features_not_in_this_release_are_refused_from_every_source() {
     for (key, value) in [
-        ("cluster.move_promote_after_ms", "120000"),
+        ("remote.rate_bytes_per_s", "1000"),
         ("children.remote_max_in_flight", "4"),
     ] {
         let flag = Config::resolve(None, Vec::new(), &flags(&[(key, value)])).expect_err("flag");
@@ -227,4 +227,34 @@ fn addresses_are_ip_or_dns_names_with_a_port() {
     ] {
         assert!(check_host_port(bad).is_err(), "{bad}");
     }
+}
+
+#[test]
+fn join_is_refused_beside_peers_and_without_trust_between_nodes() {
+    let both = Config::resolve(
+        None,
+        Vec::new(),
+        &flags(&[
+            ("join", "127.0.0.1:9080"),
+            ("peers", "1=127.0.0.1:9080"),
+            ("cluster.secret", "s"),
+        ]),
+    )
+    .expect_err("join and peers");
+    assert!(both.to_string().contains("--join"), "{both}");
+    let untrusted = Config::resolve(None, Vec::new(), &flags(&[("join", "127.0.0.1:9080")]))
+        .expect_err("no secret");
+    assert!(
+        untrusted.to_string().contains("cluster-secret"),
+        "{untrusted}"
+    );
+    let bad = Config::resolve(None, Vec::new(), &flags(&[("join", "no-port")]))
+        .expect_err("not HOST:PORT");
+    assert!(bad.to_string().contains("join"), "{bad}");
+    Config::resolve(
+        None,
+        Vec::new(),
+        &flags(&[("join", "narad-0.narad:9080"), ("cluster.secret", "s")]),
+    )
+    .expect("a DNS name to join through");
 }

@@ -241,7 +241,12 @@ pub fn run(config: Config) -> Result<(), String> {
     let key = receipt_key(&blocking_fs, &data_dir)?;
     let peer = bind_address("peer_listen", &settings.peer_listen)?;
     let members = parse_peers(&settings, node_id)?;
-    let clustered = !members.is_empty();
+    // A node with peers or joining a cluster may start before the cluster
+    // has a leader; one with only the peer trust set (a secret or
+    // certificates) runs alone until others join it.
+    let clustered = !members.is_empty() || settings.join.is_some();
+    let peer_network =
+        clustered || settings.cluster.secret.is_some() || settings.cluster.tls.ca_file.is_some();
     let mut meta_config =
         MetaNodeConfig::single(u64::from(node_id), data_dir.join("raft"), peer.to_string());
     meta_config.snapshot_after_entries = settings.raft.snapshot_after_entries;
@@ -255,7 +260,7 @@ pub fn run(config: Config) -> Result<(), String> {
     let inbox = Arc::new(DataInbox::new());
     let mut peers = None;
     let mut nodes = None;
-    let endpoint = if clustered {
+    let endpoint = if peer_network {
         let tls = peer_tls(&settings)?;
         let handler_meta = served_meta.clone();
         let handler_inbox = inbox.clone();
@@ -270,16 +275,25 @@ pub fn run(config: Config) -> Result<(), String> {
         });
         let endpoint = PeerEndpoint::start(peer, &tls, handler)
             .map_err(|e| format!("starting QUIC on {peer}: {e}"))?;
-        nodes = Some(QuicNodes::new(
-            u64::from(node_id),
-            endpoint.clone(),
-            &members,
-        ));
-        peers = Some(Arc::new(Peers::new(
-            u64::from(node_id),
-            members.keys().copied(),
-        )));
+        let known = Arc::new(Peers::new(u64::from(node_id), &members));
+        nodes = Some(QuicNodes::new(endpoint.clone(), known.clone()));
+        peers = Some(known);
+        // Other nodes reach this one at the address it was told to listen
+        // on (a DNS name stays a name), or where it bound port 0.
+        let advertised = if settings.peer_listen.ends_with(":0") {
+            endpoint.local_addr().to_string()
+        } else {
+            settings.peer_listen.clone()
+        };
+        if settings.join.is_some() && endpoint.local_addr().ip().is_unspecified() {
+            return Err(format!(
+                "--join: --peer-listen {} is not an address other nodes can reach; name this host",
+                settings.peer_listen
+            ));
+        }
+        meta_config.peer_addr = advertised;
         meta_config.members = members;
+        meta_config.join = settings.join.clone();
         meta_config.caller = Some(Arc::new(QuicCaller(endpoint.clone())));
         Some(endpoint)
     } else {

@@ -106,7 +106,8 @@ fn a_request_reaches_the_shard_that_owns_its_first_partition_and_its_reply_comes
 
 #[test]
 fn a_topic_found_empty_at_a_node_hides_only_that_topic_there_and_only_a_while() {
-    let peers = Peers::new(1, [1, 2, 3]);
+    let members = (1..=3).map(|id| (id, format!("n{id}:9080"))).collect();
+    let peers = Peers::new(1, &members);
     assert!(peers.worth_asking(2, "a", 1_000));
     peers.found_empty(2, "a", 1_000);
     assert!(!peers.worth_asking(2, "a", 1_500), "found empty just now");
@@ -125,4 +126,19 @@ fn a_topic_found_empty_at_a_node_hides_only_that_topic_there_and_only_a_while() 
     peers.found_empty(2, "a", 1_400);
     peers.found_messages(2, "a");
     assert!(peers.worth_asking(2, "a", 1_450));
+}
+
+#[test]
+fn the_peer_table_follows_nodes_that_join_move_and_leave() {
+    let members = (1..=2).map(|id| (id, format!("n{id}:9080"))).collect();
+    let peers = Peers::new(1, &members);
+    assert_eq!(peers.others(), vec![2]);
+    peers.learn([(1, "n1:9080"), (2, "n2:9080"), (3, "n3:9080")], []);
+    assert_eq!(peers.others(), vec![2, 3], "a joined node, never itself");
+    assert_eq!(peers.addr(3).as_deref(), Some("n3:9080"));
+    peers.learn([(3, "n3-new:9080")], []);
+    assert_eq!(peers.addr(3).as_deref(), Some("n3-new:9080"));
+    peers.learn([], [2]);
+    assert_eq!(peers.others(), vec![3]);
+    assert_eq!(peers.addr(2), None);
 }

@@ -52,13 +52,38 @@ impl<F: FileSystem> Shard<F> {
         members
     }
 
+    /// The nodes new partitions may go to: alive, not joining (a learner
+    /// still catching up), not being decommissioned.
     pub(super) fn live_nodes(&self) -> Vec<NodeId> {
+        let view = self.view();
+        let learners = self.env.meta.learners();
         let mut nodes = vec![self.me()];
         if let Some(peers) = &self.remote.peers {
-            nodes.extend(peers.others().filter(|n| !self.is_dead(*n)));
+            nodes.extend(peers.others());
+        }
+        nodes.retain(|n| {
+            !self.is_dead(*n) && !view.state.decommissioning(*n) && !learners.contains(n)
+        });
+        if nodes.is_empty() {
+            // A node being decommissioned alone: it still takes topics.
+            nodes.push(self.me());
         }
         nodes.sort_unstable();
         nodes
+    }
+
+    /// Follows nodes joining, moving and leaving: the peer table takes
+    /// the metastore's node records.
+    pub(super) fn learn_peers(&self) {
+        let Some(peers) = &self.remote.peers else {
+            return;
+        };
+        let view = self.view();
+        let state = &view.state;
+        peers.learn(
+            state.nodes.iter().map(|(id, r)| (*id, r.addr.as_str())),
+            state.removed_nodes.iter().copied(),
+        );
     }
 
     pub(super) fn owner_dead(node: NodeId) -> ApiError {

@@ -215,7 +215,9 @@ impl<F: FileSystem> Shard<F> {
         let mut changes = self.env.meta.subscribe();
         self.reconcile_children();
         self.reap_deleted_topics().await;
+        self.learn_peers();
         while changes.changed().await.is_ok() {
+            self.learn_peers();
             self.reconcile_owners();
             self.reconcile_children();
             self.reap_deleted_topics().await;

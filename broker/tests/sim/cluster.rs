@@ -23,7 +23,7 @@ use narad_broker::settings::Settings;
 use narad_broker::shard::{Shard, ShardEnv, ShardIdentity, ShardParts};
 use narad_net::http_server::NodeBudget;
 use narad_net::{ApiError, ErrorCode};
-use narad_raft::node::{meta_feed, MetaError, MetaFeed, MetaPublisher, MetaSnapshot};
+use narad_raft::node::{meta_feed, MemberChange, MetaError, MetaFeed, MetaPublisher, MetaSnapshot};
 use narad_raft::state::{Applied, Command, MetaState, NodeId};
 use narad_raft::store::MetaView;
 use narad_storage::clock::SharedClock;
@@ -210,9 +210,21 @@ impl Metastore for NodeMeta {
         self.standin.members.clone()
     }
 
+    fn learners(&self) -> Vec<NodeId> {
+        Vec::new()
+    }
+
     fn propose(&self, command: Command) -> Proposal<'_> {
         let applied = self.standin.apply(&command);
         Box::pin(async move { applied })
+    }
+
+    fn change_members(&self, _change: MemberChange) -> Proposal<'_> {
+        Box::pin(async {
+            Err(MetaError::Failed(
+                "the simulation's membership is fixed".into(),
+            ))
+        })
     }
 }
 
@@ -454,8 +466,13 @@ impl SimCluster {
                 standin.catch_up(node);
             }),
         );
-        let members: Vec<NodeId> = self.standin.members.iter().map(|(id, _)| *id).collect();
-        let peers = Arc::new(Peers::new(node, members));
+        let members: std::collections::BTreeMap<NodeId, String> = self
+            .standin
+            .members
+            .iter()
+            .map(|(id, addr)| (*id, addr.clone()))
+            .collect();
+        let peers = Arc::new(Peers::new(node, &members));
         let wal_failed = Arc::new(AtomicBool::new(false));
         let mut shards = Vec::with_capacity(SHARDS);
         sim.latency.instant.set(true);

@@ -19,6 +19,7 @@
 //!   one first, so the next offset survives a restart.
 
 pub mod batch;
+pub mod copy;
 
 use std::cell::{Cell, RefCell};
 use std::path::{Path, PathBuf};
@@ -71,6 +72,15 @@ pub struct LogRecovery {
     pub corrupt_records: u64,
     /// Whether a torn tail was truncated.
     pub torn_tail: bool,
+}
+
+/// One segment file as a partition's move copies it: its name and how
+/// many of its bytes (from the start, a multiple of the block size) hold
+/// its header and batches. Those bytes never change once written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SegmentExtent {
+    pub name: String,
+    pub written: u64,
 }
 
 /// What one retention pass did.
@@ -683,6 +693,50 @@ impl<F: FileSystem> PartitionLog<F> {
             }
         }
         Ok(out)
+    }
+
+    /// Every segment file, oldest first, with the bytes that hold batches.
+    pub fn segment_extents(&self) -> Vec<SegmentExtent> {
+        let state = self.state.borrow();
+        state
+            .segments
+            .iter()
+            .map(|s| SegmentExtent {
+                name: segment_name(s.seq, s.base_offset),
+                written: s.write_pos,
+            })
+            .collect()
+    }
+
+    /// Up to `len` bytes of segment `name` from `pos` (a multiple of the
+    /// block size), no further than its written bytes; empty past them.
+    pub async fn read_segment(&self, name: &str, pos: u64, len: u64) -> Result<Vec<u8>> {
+        let (file, path, written) = {
+            let state = self.state.borrow();
+            let segment = state
+                .segments
+                .iter()
+                .find(|s| segment_name(s.seq, s.base_offset) == name)
+                .ok_or_else(|| StorageError::BadFormat {
+                    path: self.dir.join(name),
+                    detail: "no such segment (retention may have deleted it)".into(),
+                })?;
+            (
+                segment.file.clone(),
+                segment.path.clone(),
+                segment.write_pos,
+            )
+        };
+        if pos % BLOCK_BYTES != 0 {
+            return Err(StorageError::InvalidConfig(format!(
+                "a segment read at {pos} is not block-aligned"
+            )));
+        }
+        let len = round_up(len.min(written.saturating_sub(pos)), BLOCK_BYTES);
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        read_exact_or_short(&*file, &path, pos, len, RECOVERY_READ_CHUNK_BYTES).await
     }
 
     /// Where each batch lies: (segment path, position, length, base offset,

@@ -1,0 +1,165 @@
+//! Copying a partition log to another node, as a move does: the source
+//! lists its segments ([`PartitionLog::segment_extents`]) and serves their
+//! bytes ([`PartitionLog::read_segment`]); the destination keeps a
+//! [`CopyProgress`] of what it holds, asks for the rest a chunk at a time,
+//! and writes what it gets with [`write_copied`]. Written segment bytes
+//! never change, so a copy made while the source keeps appending needs
+//! only the bytes written since, and a copy that the source's retention
+//! overtook drops the segments the source deleted. The copy opens like
+//! any log: [`PartitionLog::open`] verifies every batch it holds.
+//!
+//! [`PartitionLog::segment_extents`]: super::PartitionLog::segment_extents
+//! [`PartitionLog::read_segment`]: super::PartitionLog::read_segment
+//! [`PartitionLog::open`]: super::PartitionLog::open
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use super::SegmentExtent;
+use crate::error::{Result, StorageError};
+use crate::io::{FileSystem, OpenMode, StorageFile};
+
+/// What a destination holds of a source's segments: bytes copied of each.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct CopyProgress {
+    copied: BTreeMap<String, u64>,
+}
+
+/// One read a copy still needs: `len` bytes of segment `name` from `pos`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CopyRead {
+    pub name: String,
+    pub pos: u64,
+    pub len: u64,
+}
+
+impl CopyProgress {
+    /// The next read against the source's `extents`, at most `chunk`
+    /// bytes (a multiple of the block size); `None` once caught up.
+    pub fn next_read(&self, extents: &[SegmentExtent], chunk: u64) -> Option<CopyRead> {
+        extents.iter().find_map(|extent| {
+            let have = self.copied.get(&extent.name).copied().unwrap_or(0);
+            (have < extent.written).then(|| CopyRead {
+                name: extent.name.clone(),
+                pos: have,
+                len: (extent.written - have).min(chunk),
+            })
+        })
+    }
+
+    /// `bytes` of segment `name` were written at `pos`.
+    pub fn record(&mut self, name: &str, pos: u64, bytes: u64) {
+        let have = self.copied.entry(name.to_string()).or_insert(0);
+        *have = (*have).max(pos + bytes);
+    }
+
+    /// Bytes the source holds that the copy lacks.
+    pub fn remaining(&self, extents: &[SegmentExtent]) -> u64 {
+        extents
+            .iter()
+            .map(|e| {
+                e.written
+                    .saturating_sub(self.copied.get(&e.name).copied().unwrap_or(0))
+            })
+            .sum()
+    }
+
+    /// Bytes copied so far, over every segment.
+    pub fn copied_bytes(&self) -> u64 {
+        self.copied.values().sum()
+    }
+
+    /// Segments the copy holds that the source no longer has (retention
+    /// deleted them there): forgotten here; the caller removes the files.
+    pub fn drop_stale(&mut self, extents: &[SegmentExtent]) -> Vec<String> {
+        let stale: Vec<String> = self
+            .copied
+            .keys()
+            .filter(|name| !extents.iter().any(|e| e.name == **name))
+            .cloned()
+            .collect();
+        for name in &stale {
+            self.copied.remove(name);
+        }
+        stale
+    }
+
+    /// The segment files the copy holds.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.copied.keys().map(String::as_str)
+    }
+}
+
+/// Writes copied bytes of segment `name` into `dir` at `pos` (the file is
+/// made if missing). Not durable until [`sync_copied`].
+pub async fn write_copied<F: FileSystem>(
+    fs: &F,
+    dir: &Path,
+    name: &str,
+    pos: u64,
+    bytes: &[u8],
+) -> Result<()> {
+    let path = dir.join(name);
+    let file = fs
+        .open(&path, OpenMode::CREATE_BUFFERED)
+        .await
+        .map_err(|e| StorageError::io("open copy", &path, e))?;
+    file.write_at(bytes, pos)
+        .await
+        .map_err(|e| StorageError::io("write copy", &path, e))
+}
+
+/// Makes every copied segment of `names` in `dir`, and the folder's
+/// entries, durable.
+pub async fn sync_copied<'a, F: FileSystem>(
+    fs: &F,
+    dir: &Path,
+    names: impl IntoIterator<Item = &'a str>,
+) -> Result<()> {
+    for name in names {
+        let path = dir.join(name);
+        let file = fs
+            .open(&path, OpenMode::EXISTING_BUFFERED)
+            .await
+            .map_err(|e| StorageError::io("open copy", &path, e))?;
+        file.sync_data()
+            .await
+            .map_err(|e| StorageError::io("fdatasync", &path, e))?;
+    }
+    fs.sync_dir(dir)
+        .await
+        .map_err(|e| StorageError::io("fsync dir", dir, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn extent(name: &str, written: u64) -> SegmentExtent {
+        SegmentExtent {
+            name: name.into(),
+            written,
+        }
+    }
+
+    #[test]
+    fn a_copy_reads_only_what_it_lacks_and_forgets_what_retention_deleted() {
+        let mut progress = CopyProgress::default();
+        let extents = vec![extent("a", 8192), extent("b", 4096)];
+        assert_eq!(progress.remaining(&extents), 12288);
+        let read = progress.next_read(&extents, 4096).unwrap();
+        assert_eq!((read.name.as_str(), read.pos, read.len), ("a", 0, 4096));
+        progress.record("a", 0, 4096);
+        let read = progress.next_read(&extents, 1 << 20).unwrap();
+        assert_eq!((read.name.as_str(), read.pos, read.len), ("a", 4096, 4096));
+        progress.record("a", 4096, 4096);
+        progress.record("b", 0, 4096);
+        assert_eq!(progress.next_read(&extents, 4096), None);
+        // The source appended to b and deleted a.
+        let later = vec![extent("b", 12288), extent("c", 4096)];
+        assert_eq!(progress.drop_stale(&later), vec!["a".to_string()]);
+        assert_eq!(progress.remaining(&later), 8192 + 4096);
+        let read = progress.next_read(&later, 1 << 20).unwrap();
+        assert_eq!((read.name.as_str(), read.pos), ("b", 4096));
+    }
+}

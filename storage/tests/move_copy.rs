@@ -1,0 +1,100 @@
+//! A partition log copied segment by segment while its source keeps
+//! appending (as a partition's move does) opens at the destination with
+//! every message at its offset, and appends go on from the same offset.
+
+use std::path::PathBuf;
+use std::rc::Rc;
+
+use futures_lite::future::block_on;
+use narad_storage::clock::{ManualClock, SharedClock};
+use narad_storage::consumer::{write_initial, AckSet, ConsumerConfig, ConsumerState};
+use narad_storage::io::sim::SimFs;
+use narad_storage::io::FileSystem;
+use narad_storage::limits::BLOCK_BYTES;
+use narad_storage::log::copy::{sync_copied, write_copied, CopyProgress};
+use narad_storage::log::{LogConfig, Message, PartitionLog};
+
+fn messages(from: u128, count: u128) -> Vec<Message> {
+    (from..from + count)
+        .map(|id| Message {
+            id,
+            produced_at_ms: 1_000,
+            key: None,
+            value: vec![u8::try_from(id % 251).unwrap(); 900].into(),
+        })
+        .collect()
+}
+
+fn copy_round(
+    fs: &SimFs,
+    source: &PartitionLog<SimFs>,
+    to: &std::path::Path,
+    progress: &mut CopyProgress,
+) {
+    let extents = source.segment_extents();
+    for name in progress.drop_stale(&extents) {
+        block_on(fs.remove_file(&to.join(name))).unwrap();
+    }
+    while let Some(read) = progress.next_read(&extents, 2 * BLOCK_BYTES) {
+        let bytes = block_on(source.read_segment(&read.name, read.pos, read.len)).unwrap();
+        assert!(!bytes.is_empty());
+        block_on(write_copied(fs, to, &read.name, read.pos, &bytes)).unwrap();
+        progress.record(&read.name, read.pos, bytes.len() as u64);
+    }
+}
+
+#[test]
+fn a_log_copied_while_it_grows_opens_whole_at_its_destination() {
+    let fs = SimFs::new(7);
+    let clock: SharedClock = Rc::new(ManualClock::new(1_000_000));
+    let config = LogConfig {
+        segment_bytes: 8 * BLOCK_BYTES,
+        prealloc_step_bytes: 2 * BLOCK_BYTES,
+        retention_ms: 0,
+    };
+    let from = PathBuf::from("/a/partitions/t-1/0");
+    let to = PathBuf::from("/b/partitions/t-1/0.incoming");
+    let (source, _) = block_on(PartitionLog::open(&fs, &from, config, clock.clone())).unwrap();
+    block_on(fs.create_dir_all(&to)).unwrap();
+    let mut progress = CopyProgress::default();
+    let mut id = 1;
+    for round in 0..5 {
+        for _ in 0..(3 + round) {
+            block_on(source.append(&messages(id, 3))).unwrap();
+            id += 3;
+        }
+        copy_round(&fs, &source, &to, &mut progress);
+    }
+    assert!(
+        source.segment_count() > 2,
+        "the copy spans several segments"
+    );
+    assert_eq!(progress.remaining(&source.segment_extents()), 0);
+    block_on(sync_copied(&fs, &to, progress.names())).unwrap();
+    let mut acks = AckSet::new(4);
+    acks.ack(10);
+    acks.ack(11);
+    let decoded = AckSet::decode(&acks.encode()).expect("the ack set survives its bytes");
+    assert_eq!(decoded, acks);
+    block_on(write_initial(&fs, &to.join("consumer"), &decoded)).unwrap();
+
+    let (copy, recovery) = block_on(PartitionLog::open(&fs, &to, config, clock.clone())).unwrap();
+    assert_eq!(recovery.corrupt_records, 0);
+    assert_eq!(copy.high_watermark(), source.high_watermark());
+    let all = block_on(copy.read(0, 10_000, usize::MAX)).unwrap();
+    let expected = block_on(source.read(0, 10_000, usize::MAX)).unwrap();
+    assert_eq!(all.len(), expected.len());
+    assert!(all.iter().zip(&expected).all(|(a, b)| a == b));
+    // Appends go on from the source's next offset.
+    let next = block_on(copy.append(&messages(id, 1))).unwrap();
+    assert_eq!(next, source.high_watermark());
+    let consumer = block_on(ConsumerState::open(
+        &fs,
+        &to.join("consumer"),
+        ConsumerConfig::default(),
+        clock,
+    ))
+    .unwrap();
+    assert_eq!(consumer.frontier(), 4);
+    assert!(consumer.is_acked(10) && consumer.is_acked(11) && !consumer.is_acked(5));
+}
