@@ -7,6 +7,8 @@
 
 use std::rc::Rc;
 
+mod cluster;
+
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::{Method, StatusCode};
@@ -80,6 +82,27 @@ pub const ROUTES: &[RouteSpec] = &[
     spec("readyz", "/readyz", &[(Method::GET, Need::Open)]),
     spec("metrics", "/metrics", &[(Method::GET, Need::Open)]),
     spec("cluster", "/v1/cluster", &[(Method::GET, Need::Anyone)]),
+    spec(
+        "cluster_nodes",
+        "/v1/cluster/nodes",
+        &[(Method::POST, Need::Cluster)],
+    ),
+    spec(
+        "cluster_node",
+        "/v1/cluster/nodes/{node}",
+        &[(Method::DELETE, Need::Cluster)],
+    ),
+    spec(
+        "decommission",
+        "/v1/cluster/nodes/{node}/decommission",
+        &[(Method::POST, Need::Cluster)],
+    ),
+    spec(
+        "rebalance",
+        "/v1/cluster/rebalance",
+        &[(Method::POST, Need::Cluster)],
+    ),
+    spec("moves", "/v1/cluster/moves", &[(Method::GET, Need::Anyone)]),
     spec("topics", "/v1/topics", &[(Method::GET, Need::Anyone)]),
     spec(
         "topic",
@@ -207,6 +230,7 @@ struct Route<'a> {
     schema: Option<&'a str>,
     user: Option<&'a str>,
     token: Option<&'a str>,
+    node: Option<&'a str>,
 }
 
 impl Route<'_> {
@@ -255,6 +279,7 @@ fn route(path: &str) -> Option<Route<'_>> {
             schema: None,
             user: None,
             token: None,
+            node: None,
         };
         for (want, got) in pattern.split('/').zip(path.split('/')) {
             match want {
@@ -264,6 +289,7 @@ fn route(path: &str) -> Option<Route<'_>> {
                 "{schema}" => route.schema = Some(got),
                 "{user}" => route.user = Some(got),
                 "{token}" => route.token = Some(got),
+                "{node}" => route.node = Some(got),
                 literal if literal == got => {}
                 _ => return None,
             }
@@ -455,6 +481,34 @@ async fn dispatch(
         },
         ("metrics", _) => Ok(metrics(shard).await),
         ("cluster", _) => Ok(json_response(StatusCode::OK, &cluster_json(shard))),
+        ("cluster_nodes", _) => {
+            let (id, addr) = cluster::parse_admit(&body)?;
+            shard.admit_node(id, addr).await?;
+            Ok(json_response(StatusCode::OK, &cluster_json(shard)))
+        }
+        ("cluster_node", _) => {
+            shard.remove_node(cluster::node_id(route.node)?).await?;
+            Ok(empty_response(StatusCode::NO_CONTENT))
+        }
+        ("decommission", _) => {
+            let moves = shard.decommission(cluster::node_id(route.node)?).await?;
+            Ok(json_response(
+                StatusCode::ACCEPTED,
+                &cluster::moves_json(&moves),
+            ))
+        }
+        ("rebalance", _) => {
+            let moves = shard.rebalance().await?;
+            Ok(json_response(
+                StatusCode::ACCEPTED,
+                &cluster::moves_json(&moves),
+            ))
+        }
+        ("moves", _) => {
+            let view = shard.meta().view();
+            let moves: Vec<_> = view.state.moves.values().cloned().collect();
+            Ok(json_response(StatusCode::OK, &cluster::moves_json(&moves)))
+        }
         ("topics", _) => {
             let topics: Vec<Value> = shard
                 .topics()
@@ -882,11 +936,13 @@ fn cluster_json(shard: &Shard) -> Value {
     let meta = shard.meta();
     let view = meta.view();
     let state = &view.state;
+    let learners = meta.learners();
     let nodes: Vec<Value> = meta
         .members()
         .into_iter()
         .map(|(id, addr)| {
-            let alive = state.nodes.get(&id).is_none_or(|record| record.alive);
+            let record = state.nodes.get(&id);
+            let alive = record.is_none_or(|record| record.alive);
             let partitions = state
                 .topics
                 .values()
@@ -896,7 +952,7 @@ fn cluster_json(shard: &Shard) -> Value {
             json!({
                 "id": id,
                 "addr": addr,
-                "state": if alive { "alive" } else { "dead" },
+                "state": cluster::node_state(alive, record.is_some_and(|r| r.decommissioning), learners.contains(&id), partitions),
                 "partitions": partitions,
             })
         })

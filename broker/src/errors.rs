@@ -95,6 +95,10 @@ pub fn from_owner(error: &OwnerError) -> ApiError {
             "the lease already ended; the message is or will be delivered again",
         ),
         OwnerError::Storage(storage) => from_storage(storage),
+        OwnerError::Frozen => ApiError::new(
+            ErrorCode::PartitionMoving,
+            "the partition is being handed over to another node; retry",
+        ),
     }
 }
 

@@ -195,3 +195,23 @@ const _: () = assert!(RECENT_IDS_MAX > CHILD_COPY_RECORDS_MAX);
 const _: () = assert!(CHILD_COPY_RECORDS_MAX as u64 <= BATCH_RECORDS_MAX as u64);
 const _: () = assert!((CHILD_COPY_BYTES_MAX as u64) < BATCH_BYTES_MAX);
 const _: () = assert!(CHILD_RETRY_BACKOFF_MIN.as_millis() <= CHILD_RETRY_BACKOFF_MAX.as_millis());
+
+/// A move reads at most this many bytes of its source in one call.
+pub const MOVE_CHUNK_BYTES: u64 = 1 << 20;
+/// A move freezes its partition once it lacks less than this of the
+/// source's log: what the freeze copies is short.
+pub const MOVE_FREEZE_BELOW_BYTES: u64 = 512 * 1024;
+/// A source frozen this long without a handover abandons the move and
+/// serves the partition again.
+pub const MOVE_FREEZE_MAX: Duration = Duration::from_secs(10);
+/// How often each shard looks for moves to start or resume.
+pub const MOVE_POLL_INTERVAL: Duration = Duration::from_millis(500);
+/// How often a running move records its progress in the metastore.
+pub const MOVE_PROGRESS_INTERVAL_MS: u64 = 1_000;
+/// How long one call of a move to its source may take.
+pub const MOVE_CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// A move whose source does not answer tries again after this, doubling.
+pub const MOVE_RETRY_BACKOFF_MIN: Duration = Duration::from_millis(200);
+pub const MOVE_RETRY_BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// Moves one plan may hold.
+pub const MOVES_PER_PLAN_MAX: usize = 10_000;

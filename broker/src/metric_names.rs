@@ -22,6 +22,12 @@ pub const FANOUT_CHILD_DROPPED_MESSAGES: &str = "narad_fanout_child_dropped_mess
 pub const FANOUT_CHILD_LAG_MESSAGES: &str = "narad_fanout_child_lag_messages";
 /// Age of the oldest message not yet copied to a child.
 pub const FANOUT_CHILD_LAG_SECONDS: &str = "narad_fanout_child_lag_seconds";
+/// Partition moves this node runs as their destination.
+pub const MOVES_IN_PROGRESS: &str = "narad_moves_in_progress";
+/// Bytes partition moves copied to this node.
+pub const MOVE_COPIED_BYTES_TOTAL: &str = "narad_move_copied_bytes_total";
+/// How long a move's partition stayed frozen for its handover (histogram).
+pub const MOVE_FREEZE_SECONDS: &str = "narad_move_freeze_seconds";
 /// Accepted records not yet committed.
 pub const DISPATCHER_PENDING_RECORDS: &str = "narad_dispatcher_pending_records";
 /// Records rerouted around an unavailable owner.

@@ -37,6 +37,9 @@ pub enum OwnerError {
     LeaseGone(#[from] LeaseGone),
     #[error(transparent)]
     Storage(#[from] StorageError),
+    /// Frozen for a move's handover: nothing is appended.
+    #[error("the partition is frozen for a move's handover")]
+    Frozen,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -188,6 +191,9 @@ pub struct PartitionOwner<F: FileSystem> {
     /// Parked offsets out of deliveries, waiting to be moved to the
     /// dead-letter topic.
     dead_pending: RefCell<BTreeSet<u64>>,
+    /// Frozen for a move's handover: commits are refused once they have
+    /// their turn, so none lands after the freeze's last look.
+    frozen: Cell<bool>,
 }
 
 fn record_commit_time(times: &mut VecDeque<(u64, u64)>, base: u64, now_ms: u64) {
@@ -250,6 +256,7 @@ impl<F: FileSystem> PartitionOwner<F> {
             max_deliveries: Cell::new(config.max_deliveries),
             recent: Recent::default(),
             dead_pending: RefCell::default(),
+            frozen: Cell::new(false),
         }
     }
 
@@ -305,6 +312,9 @@ impl<F: FileSystem> PartitionOwner<F> {
     /// a time.
     pub async fn commit(&self, messages: &[Message], now_ms: u64) -> Result<u64, OwnerError> {
         let _turn = self.take_append_turn().await;
+        if self.frozen.get() {
+            return Err(OwnerError::Frozen);
+        }
         // A dispatcher that did not hear the answer to a commit sends the
         // same records again: append only those not appended recently.
         let fresh: Vec<Message>;
@@ -592,6 +602,52 @@ impl<F: FileSystem> PartitionOwner<F> {
                 .forget_below(outcome.log_start_offset);
         }
         Ok(skipped)
+    }
+
+    /// Every segment file of the log, for a move's copy.
+    pub fn segment_extents(&self) -> Vec<narad_storage::log::SegmentExtent> {
+        self.log.segment_extents()
+    }
+
+    /// Bytes of one segment file, for a move's copy.
+    pub async fn read_segment(
+        &self,
+        name: &str,
+        pos: u64,
+        len: u64,
+    ) -> Result<Vec<u8>, OwnerError> {
+        Ok(self.log.read_segment(name, pos, len).await?)
+    }
+
+    /// Which offsets are acked now.
+    pub fn ack_set(&self) -> narad_storage::consumer::AckSet {
+        self.acks.ack_set()
+    }
+
+    /// Freezes the partition for a move's handover and waits until no
+    /// append is under way: no commit appends after this returns.
+    pub async fn freeze(&self) {
+        self.frozen.set(true);
+        drop(self.take_append_turn().await);
+    }
+
+    /// The move was abandoned: commits append again.
+    pub fn thaw(&self) {
+        self.frozen.set(false);
+    }
+
+    /// The ids and write times of the last records appended.
+    pub fn recent_ids(&self) -> Vec<(u128, u64)> {
+        self.recent.ids.borrow().order.iter().copied().collect()
+    }
+
+    /// Remembers records another owner appended last (a moved partition's
+    /// new owner), so a commit sent again is not appended twice.
+    pub fn remember_recent(&self, ids: &[(u128, u64)]) {
+        let mut recent = self.recent.ids.borrow_mut();
+        for id in ids {
+            recent.insert(*id);
+        }
     }
 
     /// Writes every ack to disk now (graceful stop).

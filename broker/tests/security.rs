@@ -98,7 +98,8 @@ fn start_secured(dir: &std::path::Path) -> Node {
 fn documented_need(label: &str, method: &Method) -> Need {
     match (label, method.as_str()) {
         ("healthz" | "readyz" | "metrics", _) => Need::Open,
-        ("cluster" | "topics" | "schemas", _) | ("schema", "GET") => Need::Anyone,
+        ("cluster" | "topics" | "schemas" | "moves", _) | ("schema", "GET") => Need::Anyone,
+        ("cluster_nodes" | "cluster_node" | "decommission" | "rebalance", _) => Need::Cluster,
         ("topic" | "children" | "child" | "redrive" | "redrive_task", _) => {
             Need::Topic(Action::Admin)
         }
@@ -126,8 +127,11 @@ fn fixture(
         .replace("{task}", token_id)
         .replace("{schema}", "order")
         .replace("{user}", caller)
-        .replace("{token}", token_id);
+        .replace("{token}", token_id)
+        .replace("{node}", "1");
     let body = match (label, method.as_str()) {
+        ("cluster_nodes", _) => json!({"id": 1, "addr": "127.0.0.1:1"}),
+        ("cluster_node" | "decommission" | "rebalance" | "moves", _) => json!({}),
         ("healthz" | "readyz" | "metrics" | "cluster" | "topics" | "schemas" | "users", _)
         | ("topic" | "schema" | "user_grants" | "children" | "child", "GET" | "DELETE")
         | ("user", "DELETE")
@@ -312,10 +316,22 @@ fn every_route_answers_401_401_401_403_then_succeeds() {
                 spec.label,
                 "ack" | "nack" | "extend" | "ack_batch" | "nack_batch" | "extend_batch"
             );
+            // A lone node cannot admit a second node 1, remove itself or
+            // hand its partitions to nobody: past the grant, the cluster
+            // refuses.
+            let lone_node_refuses = matches!(
+                spec.label,
+                "cluster_nodes" | "cluster_node" | "decommission"
+            );
             if receipt_route {
                 assert!(
                     status == 400 || status == 200,
                     "{what} with the grant reaches the receipt check: {status} {answer}"
+                );
+            } else if lone_node_refuses {
+                assert_eq!(
+                    status, 409,
+                    "{what} with the grant reaches the cluster: {answer}"
                 );
             } else {
                 assert!(status < 300, "{what} with the grant: {status} {answer}");

@@ -366,9 +366,19 @@ fn bad_input_gets_the_right_code_and_the_node_keeps_serving() {
         "method_not_allowed",
     );
     expect(
-        code(node.request("GET", "/v1/cluster/moves", b"")),
+        code(node.request("GET", "/v1/cluster/movez", b"")),
         404,
         "not_found",
+    );
+    expect(
+        code(node.json("POST", "/v1/cluster/nodes", json!({"id": 2}))),
+        400,
+        "invalid_request",
+    );
+    expect(
+        code(node.request("POST", "/v1/cluster/nodes/x/decommission", b"")),
+        400,
+        "invalid_request",
     );
     expect(
         code(node.json("POST", "/v1/topics/a/consume", json!({"wait_ms": 20001}))),

@@ -35,11 +35,15 @@ pub enum ErrorCode {
     /// Acks cannot be made durable on this node: an ack, nack or extend
     /// did not land.
     AckStateFailed,
+    /// The partition is in a move's handover: an ack, nack or extend did
+    /// not land; retried, it reaches the new owner (which answers 410: the
+    /// message is delivered again).
+    PartitionMoving,
 }
 
 impl ErrorCode {
     /// Every code, for tables and tests.
-    pub const ALL: [ErrorCode; 24] = [
+    pub const ALL: [ErrorCode; 25] = [
         Self::InvalidRequest,
         Self::InvalidTopicName,
         Self::InvalidReceipt,
@@ -64,6 +68,7 @@ impl ErrorCode {
         Self::NoLeader,
         Self::CatchingUp,
         Self::AckStateFailed,
+        Self::PartitionMoving,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -92,6 +97,7 @@ impl ErrorCode {
             Self::NoLeader => "no_leader",
             Self::CatchingUp => "catching_up",
             Self::AckStateFailed => "ack_state_failed",
+            Self::PartitionMoving => "partition_moving",
         }
     }
 
@@ -119,7 +125,8 @@ impl ErrorCode {
             | Self::Stopping
             | Self::NoLeader
             | Self::CatchingUp
-            | Self::AckStateFailed => 503,
+            | Self::AckStateFailed
+            | Self::PartitionMoving => 503,
         }
     }
 
@@ -149,7 +156,8 @@ impl ErrorCode {
             | Self::Stopping
             | Self::NoLeader
             | Self::CatchingUp
-            | Self::AckStateFailed => true,
+            | Self::AckStateFailed
+            | Self::PartitionMoving => true,
         }
     }
 
@@ -266,7 +274,7 @@ mod tests {
     use super::*;
 
     /// The table of docs/status-codes.md, row by row: code, status, retry.
-    const TABLE: [(&str, u16, bool); 24] = [
+    const TABLE: [(&str, u16, bool); 25] = [
         ("invalid_request", 400, false),
         ("invalid_topic_name", 400, false),
         ("invalid_receipt", 400, false),
@@ -291,6 +299,7 @@ mod tests {
         ("no_leader", 503, true),
         ("catching_up", 503, true),
         ("ack_state_failed", 503, true),
+        ("partition_moving", 503, true),
     ];
 
     #[test]

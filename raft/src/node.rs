@@ -399,7 +399,7 @@ async fn change_members_at_leader(
                         tracing::debug!(%error, "a membership change got no answer; trying again");
                         let _ = raft
                             .wait(Some(FORWARD_RETRY_WAIT))
-                            .metrics(|m| m.current_leader != leader.into(), "another leader")
+                            .metrics(|m| m.current_leader != leader, "another leader")
                             .await;
                     }
                 }

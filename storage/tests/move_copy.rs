@@ -20,7 +20,7 @@ fn messages(from: u128, count: u128) -> Vec<Message> {
             id,
             produced_at_ms: 1_000,
             key: None,
-            value: vec![u8::try_from(id % 251).unwrap(); 900].into(),
+            value: vec![u8::try_from(id % 251).expect("ok"); 900].into(),
         })
         .collect()
 }
@@ -33,12 +33,12 @@ fn copy_round(
 ) {
     let extents = source.segment_extents();
     for name in progress.drop_stale(&extents) {
-        block_on(fs.remove_file(&to.join(name))).unwrap();
+        block_on(fs.remove_file(&to.join(name))).expect("ok");
     }
     while let Some(read) = progress.next_read(&extents, 2 * BLOCK_BYTES) {
-        let bytes = block_on(source.read_segment(&read.name, read.pos, read.len)).unwrap();
+        let bytes = block_on(source.read_segment(&read.name, read.pos, read.len)).expect("ok");
         assert!(!bytes.is_empty());
-        block_on(write_copied(fs, to, &read.name, read.pos, &bytes)).unwrap();
+        block_on(write_copied(fs, to, &read.name, read.pos, &bytes)).expect("ok");
         progress.record(&read.name, read.pos, bytes.len() as u64);
     }
 }
@@ -54,13 +54,13 @@ fn a_log_copied_while_it_grows_opens_whole_at_its_destination() {
     };
     let from = PathBuf::from("/a/partitions/t-1/0");
     let to = PathBuf::from("/b/partitions/t-1/0.incoming");
-    let (source, _) = block_on(PartitionLog::open(&fs, &from, config, clock.clone())).unwrap();
-    block_on(fs.create_dir_all(&to)).unwrap();
+    let (source, _) = block_on(PartitionLog::open(&fs, &from, config, clock.clone())).expect("ok");
+    block_on(fs.create_dir_all(&to)).expect("ok");
     let mut progress = CopyProgress::default();
     let mut id = 1;
     for round in 0..5 {
         for _ in 0..(3 + round) {
-            block_on(source.append(&messages(id, 3))).unwrap();
+            block_on(source.append(&messages(id, 3))).expect("ok");
             id += 3;
         }
         copy_round(&fs, &source, &to, &mut progress);
@@ -70,23 +70,24 @@ fn a_log_copied_while_it_grows_opens_whole_at_its_destination() {
         "the copy spans several segments"
     );
     assert_eq!(progress.remaining(&source.segment_extents()), 0);
-    block_on(sync_copied(&fs, &to, progress.names())).unwrap();
+    block_on(sync_copied(&fs, &to, progress.names())).expect("ok");
     let mut acks = AckSet::new(4);
     acks.ack(10);
     acks.ack(11);
     let decoded = AckSet::decode(&acks.encode()).expect("the ack set survives its bytes");
     assert_eq!(decoded, acks);
-    block_on(write_initial(&fs, &to.join("consumer"), &decoded)).unwrap();
+    block_on(write_initial(&fs, &to.join("consumer"), &decoded)).expect("ok");
 
-    let (copy, recovery) = block_on(PartitionLog::open(&fs, &to, config, clock.clone())).unwrap();
+    let (copy, recovery) =
+        block_on(PartitionLog::open(&fs, &to, config, clock.clone())).expect("ok");
     assert_eq!(recovery.corrupt_records, 0);
     assert_eq!(copy.high_watermark(), source.high_watermark());
-    let all = block_on(copy.read(0, 10_000, usize::MAX)).unwrap();
-    let expected = block_on(source.read(0, 10_000, usize::MAX)).unwrap();
+    let all = block_on(copy.read(0, 10_000, usize::MAX)).expect("ok");
+    let expected = block_on(source.read(0, 10_000, usize::MAX)).expect("ok");
     assert_eq!(all.len(), expected.len());
     assert!(all.iter().zip(&expected).all(|(a, b)| a == b));
     // Appends go on from the source's next offset.
-    let next = block_on(copy.append(&messages(id, 1))).unwrap();
+    let next = block_on(copy.append(&messages(id, 1))).expect("ok");
     assert_eq!(next, source.high_watermark());
     let consumer = block_on(ConsumerState::open(
         &fs,
@@ -94,7 +95,7 @@ fn a_log_copied_while_it_grows_opens_whole_at_its_destination() {
         ConsumerConfig::default(),
         clock,
     ))
-    .unwrap();
+    .expect("ok");
     assert_eq!(consumer.frontier(), 4);
     assert!(consumer.is_acked(10) && consumer.is_acked(11) && !consumer.is_acked(5));
 }

@@ -110,7 +110,7 @@ fn unknown_keys_and_bad_values_are_refused_naming_the_key() {
 #[test]
 fn keys_of_features_not_in_this_release_are_refused_from_every_source() {
     for (key, value) in [
-        ("remote.rate_bytes_per_s", "1000"),
+        ("cluster.move_promote_after_ms", "120000"),
         ("children.remote_max_in_flight", "4"),
     ] {
         let flag = Config::resolve(None, Vec::new(), &flags(&[(key, value)])).expect_err("flag");
@@ -155,6 +155,7 @@ fn every_accepted_key_has_a_reader() {
         include_str!("../shard/owners.rs"),
         include_str!("../shard/topics.rs"),
         include_str!("../shard/tasks.rs"),
+        include_str!("../shard/moves.rs"),
         include_str!("../settings.rs"),
     ];
     for (key, _) in Config::keys() {

@@ -14,8 +14,8 @@ mod wire;
 
 pub use ops::{
     Available, Collect, Collected, Commit, Committed, CopyFigures, Delivery, Envelope, Figures,
-    Gauges, Operation, Record, Reply, Settle, SettleOutcome, Settled, ShardGauges, Stats,
-    TopicFigures, TopicRef, Visit,
+    Gauges, MoveAction, MoveSource, Operation, Record, Reply, Settle, SettleOutcome, Settled,
+    ShardGauges, SourceAnswer, SourceState, Stats, TopicFigures, TopicRef, Visit,
 };
 pub use transport::{answer_from_wire, call, Address, CallError, Delivered, Links, Transport};
 pub use wire::{decode_answer, encode_refusal, encode_request};

@@ -16,7 +16,8 @@ use narad_storage::log::Message;
 use rkyv::{Archive, Deserialize, Serialize};
 
 use super::wire::{
-    Wire, KIND_AVAILABLE, KIND_COLLECT, KIND_COMMIT, KIND_GAUGES, KIND_SETTLE, KIND_STATS,
+    Wire, KIND_AVAILABLE, KIND_COLLECT, KIND_COMMIT, KIND_GAUGES, KIND_MOVE_SOURCE, KIND_SETTLE,
+    KIND_STATS,
 };
 use crate::owner::PartitionStats;
 
@@ -197,6 +198,47 @@ pub struct ShardGauges {
     pub copies: Vec<CopyFigures>,
 }
 
+/// A move's destination asks the partition's source (its owner) for what
+/// it copies, and to freeze or thaw the partition.
+#[derive(Debug, Clone, PartialEq, Eq, Archive, Serialize, Deserialize)]
+pub struct MoveSource {
+    pub topic: TopicRef,
+    pub partition: u32,
+    /// The move, as the metastore names it.
+    pub move_id: String,
+    pub action: MoveAction,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Archive, Serialize, Deserialize)]
+pub enum MoveAction {
+    /// The source's state, and these bytes of a segment if any:
+    /// (segment name, position, length).
+    Read(Option<(String, u64, u64)>),
+    /// Commits to the partition wait from now on, acks and nacks are
+    /// refused (retryably), consumes find nothing there; then the state.
+    Freeze,
+    /// The move was abandoned: the partition serves again.
+    Thaw,
+}
+
+/// What the source holds of a moving partition.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Archive, Serialize, Deserialize)]
+pub struct SourceState {
+    /// Every segment file and its written bytes, oldest first.
+    pub extents: Vec<(String, u64)>,
+    /// The bytes asked for.
+    pub bytes: Vec<u8>,
+    /// The ack set, encoded (`AckSet::encode`).
+    pub acks: Vec<u8>,
+    pub high_watermark: u64,
+    /// The cursor of each copy to a child: (child, child incarnation, next offset).
+    pub cursors: Vec<(String, u64, u64)>,
+    /// The ids and write times of the last records appended, so that the
+    /// new owner drops a commit sent again after its answer was lost.
+    pub recent: Vec<(u128, u64)>,
+}
+pub type SourceAnswer = Result<SourceState, ApiError>;
+
 /// Messages became available at the sender: wake long polls.
 #[derive(Debug, Clone, PartialEq, Eq, Archive, Serialize, Deserialize)]
 pub struct Available {
@@ -213,6 +255,7 @@ pub enum Envelope {
     Stats(Stats, Reply<Figures>),
     Gauges(Gauges, Reply<ShardGauges>),
     Available(Available, Reply<()>),
+    MoveSource(MoveSource, Reply<SourceAnswer>),
 }
 
 /// Something done with an envelope's typed operation and reply.
@@ -230,6 +273,7 @@ impl Envelope {
             Self::Stats(..) => Stats::KIND,
             Self::Gauges(..) => Gauges::KIND,
             Self::Available(..) => Available::KIND,
+            Self::MoveSource(..) => MoveSource::KIND,
         }
     }
 
@@ -242,6 +286,7 @@ impl Envelope {
             Self::Stats(op, reply) => visitor.visit(op, reply),
             Self::Gauges(op, reply) => visitor.visit(op, reply),
             Self::Available(op, reply) => visitor.visit(op, reply),
+            Self::MoveSource(op, reply) => visitor.visit(op, reply),
         }
     }
 
@@ -253,6 +298,7 @@ impl Envelope {
             Self::Collect(op, _) => Some((&op.topic.name, first(&op.partitions))),
             Self::Stats(op, _) => Some((&op.topic.name, first(&op.partitions))),
             Self::Settle(op, _) => Some((&op.topic.name, 0)),
+            Self::MoveSource(op, _) => Some((&op.topic.name, op.partition)),
             Self::Gauges(..) | Self::Available(..) => None,
         }
     }
@@ -280,3 +326,4 @@ operation!(Settle, Settled, KIND_SETTLE);
 operation!(Stats, Figures, KIND_STATS);
 operation!(Gauges, ShardGauges, KIND_GAUGES);
 operation!(Available, (), KIND_AVAILABLE);
+operation!(MoveSource, SourceAnswer, KIND_MOVE_SOURCE);

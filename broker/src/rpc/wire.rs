@@ -13,7 +13,9 @@ use rkyv::rancor::{Error as RkyvError, Strategy};
 use rkyv::ser::allocator::ArenaHandle;
 use rkyv::util::AlignedVec;
 
-use super::ops::{Available, Collect, Commit, Envelope, Gauges, Operation, Settle, Stats};
+use super::ops::{
+    Available, Collect, Commit, Envelope, Gauges, MoveSource, Operation, Settle, Stats,
+};
 
 /// The version of this form. A node refuses a request of another version
 /// with a clear error rather than misreading it.
@@ -28,10 +30,11 @@ pub const KIND_SETTLE: u8 = 34;
 pub const KIND_STATS: u8 = 35;
 pub const KIND_AVAILABLE: u8 = 36;
 pub const KIND_GAUGES: u8 = 37;
+pub const KIND_MOVE_SOURCE: u8 = 38;
 
 /// Whether `kind` is an operation of the data plane.
 pub fn is_operation_kind(kind: u8) -> bool {
-    (KIND_COMMIT..=KIND_GAUGES).contains(&kind)
+    (KIND_COMMIT..=KIND_MOVE_SOURCE).contains(&kind)
 }
 
 const ANSWERED: u8 = 0;
@@ -119,6 +122,7 @@ pub fn open(kind: u8, payload: &[u8]) -> Result<(Envelope, EncodedReply), String
         KIND_STATS => open_as::<Stats>(payload),
         KIND_AVAILABLE => open_as::<Available>(payload),
         KIND_GAUGES => open_as::<Gauges>(payload),
+        KIND_MOVE_SOURCE => open_as::<MoveSource>(payload),
         other => Err(format!("no operation of kind {other}")),
     }
 }

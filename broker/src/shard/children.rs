@@ -43,6 +43,8 @@ pub(super) struct CopyState {
     stop: Cell<bool>,
     /// Raised to stop the copy.
     wake: Signal,
+    /// Set once the copy ended (its cursor stored, if it could be).
+    ended: Cell<bool>,
 }
 
 /// The copies this shard runs.
@@ -282,7 +284,11 @@ impl<F: FileSystem> Shard<F> {
         {
             let placement = self.placement(parent);
             for partition in 0..parent.config.partitions {
-                if placement.locate(partition) != Location::Here {
+                // A partition frozen for its handover copies nothing more
+                // here: its cursors go with it.
+                if placement.locate(partition) != Location::Here
+                    || self.is_frozen(parent, partition)
+                {
                     continue;
                 }
                 for (name, link) in &parent.children {
@@ -332,6 +338,26 @@ impl<F: FileSystem> Shard<F> {
     pub(super) fn stop_copies(&self) {
         for state in self.copies.borrow().values() {
             state.wake.notify();
+        }
+    }
+
+    /// Stops the copies of one partition (each stores its cursor as it
+    /// ends) and waits, up to `wait`, until they ended.
+    pub(super) async fn stop_copies_of(&self, key: &(String, u64, u32), wait: Duration) {
+        let mut stopped = Vec::new();
+        self.copies.borrow_mut().retain(|copy, state| {
+            let stop =
+                copy.parent == key.0 && copy.parent_incarnation == key.1 && copy.partition == key.2;
+            if stop {
+                state.stop.set(true);
+                state.wake.notify();
+                stopped.push(state.clone());
+            }
+            !stop
+        });
+        let deadline = self.now() + u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+        while stopped.iter().any(|s| !s.ended.get()) && self.now() < deadline {
+            self.env.runtime.sleep(Duration::from_millis(2)).await;
         }
     }
 
@@ -392,6 +418,7 @@ impl<F: FileSystem> Shard<F> {
             }
         }
         tracing::debug!(parent = %key.parent, partition = key.partition, child = %key.child, "a copy ended");
+        state.ended.set(true);
         // Ended but still listed (its topics were not in view for a moment):
         // leave the slot so the next reconcile starts it again.
         {

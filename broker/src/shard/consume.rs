@@ -195,6 +195,10 @@ impl<F: FileSystem> Shard<F> {
             if out.len() >= max {
                 break;
             }
+            // Being handed over: its messages come from the new owner.
+            if self.is_frozen(topic, partition) {
+                continue;
+            }
             let owner = self.owner(topic, partition).await?;
             self.sweep_owner(&owner);
             let deliveries = owner

@@ -210,10 +210,15 @@ impl<F: FileSystem> Shard<F> {
         messages: Vec<Message>,
     ) -> Result<(), ApiError> {
         let owner = self.owner(topic, partition).await?;
-        owner
-            .commit(&messages, self.now())
-            .await
-            .map_err(|e| from_owner(&e))?;
+        loop {
+            self.wait_unfrozen(topic, partition).await?;
+            match owner.commit(&messages, self.now()).await {
+                // Frozen after it looked: wait for the handover's outcome.
+                Err(OwnerError::Frozen) => continue,
+                result => result.map_err(|e| from_owner(&e))?,
+            };
+            break;
+        }
         self.announce_available();
         Ok(())
     }

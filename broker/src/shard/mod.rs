@@ -48,7 +48,7 @@ use crate::limits::{
     STATS_CALL_TIMEOUT, STOP_DRAIN_POLL, STOP_DRAIN_TIMEOUT, TAIL_CACHE_BYTES,
 };
 use crate::metastore::Metastore;
-use crate::owner::{OwnerConfig, PartitionOwner, PartitionStats};
+use crate::owner::{OwnerConfig, OwnerError, PartitionOwner, PartitionStats};
 use crate::partitioner::partition_for_key;
 use crate::receipt::{Receipt, ReceiptKey};
 use crate::remote::Peers;
@@ -69,6 +69,7 @@ mod children;
 mod consume;
 mod dispatch;
 mod health;
+mod moves;
 mod nodes;
 mod owners;
 mod produce;
@@ -207,6 +208,8 @@ pub struct Shard<F: FileSystem = NodeFs> {
     schemas: CompiledSchemas,
     /// The copies to children of this shard's partitions.
     copies: children::Copies,
+    /// Partitions frozen for a handover here, and moves run here.
+    moves: moves::Moves,
 }
 
 /// What the node gives each of its shards.
@@ -330,6 +333,7 @@ impl<F: FileSystem> Shard<F> {
             hashing: Cell::new(0),
             schemas: CompiledSchemas::default(),
             copies: RefCell::default(),
+            moves: moves::Moves::default(),
         })
     }
 

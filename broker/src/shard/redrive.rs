@@ -28,14 +28,14 @@ pub struct RedriveStatus {
 }
 
 /// Tokens of a rate limit: `rate` a second, at most a second's worth saved.
-struct Bucket {
+pub(super) struct Bucket {
     rate: u64,
     tokens: f64,
     at_ms: u64,
 }
 
 impl Bucket {
-    fn new(rate: u64, now_ms: u64) -> Self {
+    pub(super) fn new(rate: u64, now_ms: u64) -> Self {
         Self {
             rate,
             tokens: rate as f64,
@@ -50,17 +50,17 @@ impl Bucket {
     }
 
     /// Whole tokens now.
-    fn available(&mut self, now_ms: u64) -> u64 {
+    pub(super) fn available(&mut self, now_ms: u64) -> u64 {
         self.refill(now_ms);
         self.tokens.max(0.0) as u64
     }
 
-    fn take(&mut self, n: u64) {
+    pub(super) fn take(&mut self, n: u64) {
         self.tokens -= n as f64;
     }
 
     /// Milliseconds until one token is there.
-    fn wait_ms(&self) -> u64 {
+    pub(super) fn wait_ms(&self) -> u64 {
         let missing = (1.0 - self.tokens).max(0.0);
         ((missing * 1000.0) / self.rate.max(1) as f64).ceil() as u64
     }

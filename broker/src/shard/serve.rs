@@ -76,6 +76,9 @@ impl<F: FileSystem> Shard<F> {
                 self.heard_available(&op, from);
                 let _ = reply.send(());
             }
+            Envelope::MoveSource(op, reply) => {
+                let _ = reply.send(self.serve_move_source(op).await);
+            }
         }
     }
 

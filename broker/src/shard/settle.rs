@@ -113,6 +113,9 @@ impl<F: FileSystem> Shard<F> {
             .into_iter()
             .map(|text| {
                 let receipt = self.check_receipt(topic, &text)?;
+                if self.is_frozen(topic, receipt.partition) {
+                    return Err(Self::moving_error(topic, receipt.partition));
+                }
                 let key = (topic.name.clone(), topic.incarnation, receipt.partition);
                 let owner = match self.owners.slots.borrow().get(&key) {
                     Some(OwnerSlot::Ready(owner)) => owner.clone(),

@@ -44,6 +44,7 @@ impl<F: FileSystem> Shard<F> {
         ));
 
         runtime.spawn(Box::pin(self.clone().watch_topics()));
+        runtime.spawn(Box::pin(self.clone().run_moves()));
         runtime.spawn(Box::pin(self.clone().notify_peers()));
         runtime.spawn(Box::pin(self.clone().run_dead_letters()));
         let sweep = Duration::from_millis(self.settings.leases.sweep_interval_ms);

@@ -219,6 +219,7 @@ impl<F: FileSystem> Shard<F> {
         while changes.changed().await.is_ok() {
             self.learn_peers();
             self.reconcile_owners();
+            self.reconcile_moves();
             self.reconcile_children();
             self.reap_deleted_topics().await;
         }

@@ -23,13 +23,13 @@ fn cluster(nodes: &[NodeId]) -> MetaState {
                 alive: true,
                 now_ms: 1,
             })
-            .unwrap();
+            .expect("applied");
     }
     state
 }
 
 fn topic(state: &mut MetaState, name: &str, owners: &[NodeId]) {
-    let partitions = u32::try_from(owners.len()).unwrap();
+    let partitions = u32::try_from(owners.len()).expect("few");
     state
         .apply(&Command::PutTopic {
             name: name.into(),
@@ -37,7 +37,7 @@ fn topic(state: &mut MetaState, name: &str, owners: &[NodeId]) {
             new_owners: owners.to_vec(),
             now_ms: 1,
         })
-        .unwrap();
+        .expect("applied");
 }
 
 fn counts(state: &MetaState, nodes: &[NodeId]) -> Vec<usize> {
@@ -52,7 +52,7 @@ fn carry_out(state: &mut MetaState, plans: Vec<MovePlan>) {
             decommission: None,
             now_ms: 2,
         })
-        .unwrap()
+        .expect("applied")
     else {
         panic!("not planned")
     };
@@ -62,13 +62,13 @@ fn carry_out(state: &mut MetaState, plans: Vec<MovePlan>) {
             max_running: 1,
             now_ms: 3,
         };
-        state.apply(&start).unwrap();
+        state.apply(&start).expect("applied");
         let end = Command::EndMove {
             id: planned.id,
             end: MoveEnd::Done,
             now_ms: 4,
         };
-        state.apply(&end).unwrap();
+        state.apply(&end).expect("applied");
     }
 }
 
@@ -126,9 +126,9 @@ fn a_move_hands_the_partition_over_once_and_only_from_its_owner() {
         max_running: 2,
         now_ms: 3,
     };
-    state.apply(&start).unwrap();
+    state.apply(&start).expect("applied");
     assert_eq!(state.moves[&id].state, MoveState::Copying);
-    state.apply(&done).unwrap();
+    state.apply(&done).expect("applied");
     assert_eq!(state.topics["t"].owners, vec![2, 1]);
     assert_eq!(state.moves[&id].state, MoveState::Done);
     // Ended: neither a second handover nor an abandon changes it.
@@ -168,8 +168,8 @@ fn no_more_moves_run_than_allowed_and_an_abandoned_one_changes_no_owner() {
         max_running: 2,
         now_ms: 3,
     };
-    state.apply(&start(&moves[0].id)).unwrap();
-    state.apply(&start(&moves[1].id)).unwrap();
+    state.apply(&start(&moves[0].id)).expect("applied");
+    state.apply(&start(&moves[1].id)).expect("applied");
     assert_eq!(
         state.apply(&start(&moves[2].id)),
         Err(Refused::TooManyMoves { running: 2 })
@@ -182,16 +182,16 @@ fn no_more_moves_run_than_allowed_and_an_abandoned_one_changes_no_owner() {
             },
             now_ms: 4,
         })
-        .unwrap();
+        .expect("applied");
     assert_eq!(state.topics["t"].owners, vec![1, 1, 1]);
-    state.apply(&start(&moves[2].id)).unwrap();
+    state.apply(&start(&moves[2].id)).expect("applied");
     state
         .apply(&Command::EndMove {
             id: moves[2].id.clone(),
             end: MoveEnd::Promoted { offset: 7 },
             now_ms: 5,
         })
-        .unwrap();
+        .expect("applied");
     assert_eq!(state.topics["t"].owners, vec![1, 1, 2]);
     assert_eq!(state.moves[&moves[2].id].promoted_at_offset, Some(7));
 }
@@ -228,7 +228,7 @@ fn a_drain_moves_every_partition_off_and_keeps_replica_pairs_apart() {
             new_owners: vec![2, 3, 1],
             now_ms: 1,
         })
-        .unwrap();
+        .expect("applied");
     let plans = plan_balance(&state, &[2, 3], &[1], 1000);
     assert_eq!(plans.len(), 2, "{plans:?}");
     carry_out(&mut state, plans);
@@ -271,16 +271,18 @@ fn only_a_dead_or_decommissioned_node_that_owns_nothing_is_removed() {
                 max_running: 2,
                 now_ms: 3,
             })
-            .unwrap();
+            .expect("applied");
         state
             .apply(&Command::EndMove {
                 id: planned.id,
                 end: MoveEnd::Done,
                 now_ms: 4,
             })
-            .unwrap();
+            .expect("applied");
     }
-    state.apply(&Command::RemoveNode { id: 2 }).unwrap();
+    state
+        .apply(&Command::RemoveNode { id: 2 })
+        .expect("applied");
     assert!(!state.nodes.contains_key(&2));
     // The controller does not bring it back; admitting it again does.
     let alive = Command::SetNodeState {
@@ -296,7 +298,7 @@ fn only_a_dead_or_decommissioned_node_that_owns_nothing_is_removed() {
             addr: "n2:7000".into(),
             now_ms: 6,
         })
-        .unwrap();
+        .expect("applied");
     assert!(state.nodes[&2].alive && !state.nodes[&2].decommissioning);
     // An alive node in service is not removed.
     assert_eq!(

@@ -147,10 +147,10 @@ mod tests {
         let mut progress = CopyProgress::default();
         let extents = vec![extent("a", 8192), extent("b", 4096)];
         assert_eq!(progress.remaining(&extents), 12288);
-        let read = progress.next_read(&extents, 4096).unwrap();
+        let read = progress.next_read(&extents, 4096).expect("a read");
         assert_eq!((read.name.as_str(), read.pos, read.len), ("a", 0, 4096));
         progress.record("a", 0, 4096);
-        let read = progress.next_read(&extents, 1 << 20).unwrap();
+        let read = progress.next_read(&extents, 1 << 20).expect("a read");
         assert_eq!((read.name.as_str(), read.pos, read.len), ("a", 4096, 4096));
         progress.record("a", 4096, 4096);
         progress.record("b", 0, 4096);
@@ -159,7 +159,7 @@ mod tests {
         let later = vec![extent("b", 12288), extent("c", 4096)];
         assert_eq!(progress.drop_stale(&later), vec!["a".to_string()]);
         assert_eq!(progress.remaining(&later), 8192 + 4096);
-        let read = progress.next_read(&later, 1 << 20).unwrap();
+        let read = progress.next_read(&later, 1 << 20).expect("a read");
         assert_eq!((read.name.as_str(), read.pos), ("b", 4096));
     }
 }

@@ -1,0 +1,138 @@
+//! The cluster routes' bodies and answers: admitting a node, node ids in
+//! paths, node states, and moves as JSON.
+
+use narad_net::{ApiError, ErrorCode};
+use narad_raft::state::{Move, NodeId};
+use serde_json::{json, Value};
+
+/// `POST /v1/cluster/nodes` with `{"id": N, "addr": "HOST:PORT"}`.
+pub(super) fn parse_admit(body: &[u8]) -> Result<(NodeId, String), ApiError> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Admit {
+        id: NodeId,
+        addr: String,
+    }
+    let admit: Admit = serde_json::from_slice(body).map_err(|e| {
+        ApiError::new(
+            ErrorCode::InvalidRequest,
+            format!("the body must be {{\"id\": N, \"addr\": \"HOST:PORT\"}}: {e}"),
+        )
+    })?;
+    if admit.id == 0 || admit.id > u64::from(u16::MAX) {
+        return Err(ApiError::new(
+            ErrorCode::InvalidRequest,
+            format!("id {} is not a node id (1 to 65535)", admit.id),
+        ));
+    }
+    crate::config::check_host_port(&admit.addr).map_err(|why| {
+        ApiError::new(
+            ErrorCode::InvalidRequest,
+            format!("addr {:?} is not HOST:PORT: {why}", admit.addr),
+        )
+    })?;
+    Ok((admit.id, admit.addr))
+}
+
+/// The node id a path names.
+pub(super) fn node_id(segment: Option<&str>) -> Result<NodeId, ApiError> {
+    segment
+        .and_then(|s| s.parse::<NodeId>().ok())
+        .filter(|id| (1..=u64::from(u16::MAX)).contains(id))
+        .ok_or_else(|| {
+            ApiError::new(
+                ErrorCode::InvalidRequest,
+                format!("{:?} is not a node id (1 to 65535)", segment.unwrap_or("")),
+            )
+        })
+}
+
+/// A node's state as `GET /v1/cluster` shows it.
+pub(super) fn node_state(
+    alive: bool,
+    decommissioning: bool,
+    learner: bool,
+    partitions: usize,
+) -> &'static str {
+    match (alive, decommissioning, learner) {
+        (false, _, _) => "dead",
+        (true, true, _) if partitions == 0 => "decommissioned",
+        (true, true, _) => "decommissioning",
+        (true, false, true) => "joining",
+        (true, false, false) => "alive",
+    }
+}
+
+/// `{"moves": [...]}`.
+pub(super) fn moves_json(moves: &[Move]) -> Value {
+    let moves: Vec<Value> = moves.iter().map(move_json).collect();
+    json!({ "moves": moves })
+}
+
+fn move_json(m: &Move) -> Value {
+    let remaining = m.total_bytes.saturating_sub(m.copied_bytes);
+    let expected_end_ms = (m.state.is_running() && m.rate_bytes_per_s > 0).then(|| {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        now + remaining.saturating_mul(1000) / m.rate_bytes_per_s
+    });
+    let mut value = json!({
+        "id": m.id,
+        "topic": m.topic,
+        "partition": m.partition,
+        "from": m.from,
+        "to": m.to,
+        "state": m.state.name(),
+        "planned_at_ms": m.planned_at_ms,
+        "started_at_ms": m.started_at_ms,
+        "finished_at_ms": m.finished_at_ms,
+        "copied_bytes": m.copied_bytes,
+        "total_bytes": m.total_bytes,
+        "rate_bytes_per_s": m.rate_bytes_per_s,
+        "expected_end_ms": expected_end_ms,
+    });
+    if let Some(reason) = &m.reason {
+        value["reason"] = json!(reason);
+    }
+    if let Some(offset) = m.promoted_at_offset {
+        value["promoted_at_offset"] = json!(offset);
+    }
+    value
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn admitting_needs_a_node_id_and_a_host_and_port() {
+        assert_eq!(
+            parse_admit(br#"{"id": 4, "addr": "narad-3.narad:9080"}"#).expect("ok"),
+            (4, "narad-3.narad:9080".to_string())
+        );
+        for bad in [
+            &br#"{"id": 0, "addr": "h:1"}"#[..],
+            br#"{"id": 4}"#,
+            br#"{"id": 4, "addr": "no-port"}"#,
+            br#"{"id": 4, "addr": "h:1", "x": 1}"#,
+            b"nope",
+        ] {
+            assert_eq!(
+                parse_admit(bad).expect_err("refused").code,
+                ErrorCode::InvalidRequest
+            );
+        }
+        assert_eq!(node_id(Some("3")).expect("ok"), 3);
+        assert!(node_id(Some("x")).is_err() && node_id(Some("0")).is_err());
+    }
+
+    #[test]
+    fn node_states_follow_liveness_decommission_and_membership() {
+        assert_eq!(node_state(true, false, false, 3), "alive");
+        assert_eq!(node_state(true, false, true, 0), "joining");
+        assert_eq!(node_state(true, true, false, 2), "decommissioning");
+        assert_eq!(node_state(true, true, false, 0), "decommissioned");
+        assert_eq!(node_state(false, true, false, 0), "dead");
+    }
+}
