@@ -68,6 +68,11 @@ impl<F: FileSystem> Cursor<F> {
         if !exists {
             return Ok(None);
         }
+        // Its name may be only in the page cache (a crash right after it
+        // was created): durable before it is stored into.
+        fs.sync_dir(dir)
+            .await
+            .map_err(|e| StorageError::io("fsync dir", dir, e))?;
         let file = fs
             .open(&path, OpenMode::EXISTING_DIRECT)
             .await

@@ -331,6 +331,12 @@ impl<F: FileSystem> Wal<F> {
             header.resize(usize::try_from(BLOCK_BYTES).unwrap_or(4096), 0);
             create_file_through(fs, dir, RING_FILE_NAME, &header, config.ring_bytes).await?;
         }
+        // Files found whose names only the page cache holds (the process
+        // died between creating one and syncing the folder) are made durable
+        // before anything is accepted into them.
+        fs.sync_dir(dir)
+            .await
+            .map_err(|e| StorageError::io("fsync dir", dir, e))?;
         let ring = fs
             .open(&ring_path, OpenMode::EXISTING_DIRECT)
             .await
