@@ -226,6 +226,20 @@ fn cell(value: &Value) -> String {
 pub enum ClusterAction {
     /// The members, their state, the leader and the term.
     Status,
+    /// Partition moves: state, bytes copied of total, rate, start, expected end.
+    Moves,
+    /// Plan moves that even partitions out over the live nodes.
+    Rebalance,
+    /// Move every partition off a node; it takes no new ones.
+    Decommission { id: u64 },
+    /// Admit a node (it then starts with `--join`).
+    Join {
+        id: u64,
+        /// Its peer address, HOST:PORT.
+        addr: String,
+    },
+    /// Remove a decommissioned or dead node that owns nothing.
+    Remove { id: u64 },
 }
 
 pub fn cluster(args: &ClientArgs, action: &ClusterAction) -> Result<(), String> {
@@ -257,8 +271,84 @@ pub fn cluster(args: &ClientArgs, action: &ClusterAction) -> Result<(), String> 
                 }
             }
         }
+        ClusterAction::Moves => {
+            let listing = call(&client, "GET", "/v1/cluster/moves", &Value::Null)?.body;
+            print_moves(args.output, &listing);
+        }
+        ClusterAction::Rebalance => {
+            let planned = call(&client, "POST", "/v1/cluster/rebalance", &json!({}))?.body;
+            print_moves(args.output, &planned);
+        }
+        ClusterAction::Decommission { id } => {
+            let path = format!("/v1/cluster/nodes/{id}/decommission");
+            let planned = call(&client, "POST", &path, &json!({}))?.body;
+            print_moves(args.output, &planned);
+        }
+        ClusterAction::Join { id, addr } => {
+            let body = json!({"id": id, "addr": addr});
+            let status = call(&client, "POST", "/v1/cluster/nodes", &body)?.body;
+            match args.output {
+                Output::Json => print_json(&status),
+                Output::Human => println!(
+                    "node {id} admitted at {addr}; start it with --join (it votes once caught up)"
+                ),
+            }
+        }
+        ClusterAction::Remove { id } => {
+            call(
+                &client,
+                "DELETE",
+                &format!("/v1/cluster/nodes/{id}"),
+                &Value::Null,
+            )?;
+            if args.output == Output::Human {
+                println!("node {id} removed from the cluster");
+            }
+        }
     }
     Ok(())
+}
+
+/// A list of moves: as JSON, or a table.
+fn print_moves(output: Output, listing: &Value) {
+    if output == Output::Json {
+        print_json(listing);
+        return;
+    }
+    let moves = listing["moves"].as_array().cloned().unwrap_or_default();
+    if moves.is_empty() {
+        println!("no moves");
+        return;
+    }
+    let rows: Vec<Vec<String>> = moves
+        .iter()
+        .map(|m| {
+            let copied = format!("{} / {}", cell(&m["copied_bytes"]), cell(&m["total_bytes"]));
+            vec![
+                cell(&m["id"]),
+                format!("{}/{}", cell(&m["topic"]), cell(&m["partition"])),
+                format!("{} -> {}", cell(&m["from"]), cell(&m["to"])),
+                cell(&m["state"]),
+                copied,
+                cell(&m["rate_bytes_per_s"]),
+                cell(&m["started_at_ms"]),
+                cell(&m["expected_end_ms"]),
+            ]
+        })
+        .collect();
+    print_table(
+        &[
+            "ID",
+            "PARTITION",
+            "FROM -> TO",
+            "STATE",
+            "BYTES",
+            "RATE/S",
+            "STARTED",
+            "EXPECTED END",
+        ],
+        &rows,
+    );
 }
 
 pub fn topic(args: &ClientArgs, action: &TopicAction) -> Result<(), String> {

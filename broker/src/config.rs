@@ -173,6 +173,14 @@ const KEYS: &[(&str, Kind, Option<&str>)] = &[
         Some("30000"),
     ),
     (
+        "cluster.move_promote_after_ms",
+        Kind::U64 {
+            min: 100,
+            max: 86_400_000,
+        },
+        Some("120000"),
+    ),
+    (
         "cluster.max_concurrent_moves",
         Kind::U64 { min: 1, max: 64 },
         Some("2"),
@@ -307,10 +315,6 @@ const NON_CONFIG_ENV: &[&str] = &[
 /// that enforced nothing would leave a node open while its operator
 /// believes it closed). A prefix ends with `.`.
 const NOT_AVAILABLE: &[(&str, &str)] = &[
-    (
-        "cluster.move_promote_after_ms",
-        "promoting a move whose source died",
-    ),
     ("children.", "remote children"),
     ("remote.", "remote children"),
 ];

@@ -28,6 +28,9 @@ pub const MOVES_IN_PROGRESS: &str = "narad_moves_in_progress";
 pub const MOVE_COPIED_BYTES_TOTAL: &str = "narad_move_copied_bytes_total";
 /// How long a move's partition stayed frozen for its handover (histogram).
 pub const MOVE_FREEZE_SECONDS: &str = "narad_move_freeze_seconds";
+/// Partitions this node quarantined: it held messages of a partition
+/// promoted elsewhere while it was away.
+pub const QUARANTINED_PARTITIONS_TOTAL: &str = "narad_quarantined_partitions_total";
 /// Accepted records not yet committed.
 pub const DISPATCHER_PENDING_RECORDS: &str = "narad_dispatcher_pending_records";
 /// Records rerouted around an unavailable owner.

@@ -631,6 +631,12 @@ impl<F: FileSystem> PartitionOwner<F> {
         drop(self.take_append_turn().await);
     }
 
+    /// Freezes without waiting (a restarted source taking a handover's
+    /// freeze up again; nothing was appending yet).
+    pub fn mark_frozen(&self) {
+        self.frozen.set(true);
+    }
+
     /// The move was abandoned: commits append again.
     pub fn thaw(&self) {
         self.frozen.set(false);

@@ -91,6 +91,7 @@ pub struct Leases {
 pub struct Cluster {
     pub heartbeat_interval_ms: u64,
     pub node_dead_after_ms: u64,
+    pub move_promote_after_ms: u64,
     pub max_concurrent_moves: u64,
     pub move_bytes_per_s: u64,
     pub secret: Option<String>,

@@ -13,6 +13,19 @@ use support::{consume_all, eventually, Node, Producers};
 
 const MOVES_DEADLINE: Duration = Duration::from_secs(90);
 
+fn narad(node: &Node, args: &[&str]) -> (bool, String, String) {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_narad"))
+        .args(args)
+        .env("NARAD_URL", format!("http://{}", node.addr))
+        .output()
+        .expect("run narad");
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).to_string(),
+        String::from_utf8_lossy(&output.stderr).to_string(),
+    )
+}
+
 fn free_udp_port() -> u16 {
     std::net::UdpSocket::bind("127.0.0.1:0")
         .and_then(|s| s.local_addr())
@@ -97,8 +110,10 @@ fn a_joined_node_takes_partitions_in_a_rebalance_and_a_decommission_empties_a_no
 
     let producers = Producers::start(&cluster.nodes[2].addr, "load", 4);
     assert!(eventually(MOVES_DEADLINE, || producers.accepted_count() > 100));
-    let (status, planned) = first.json("POST", "/v1/cluster/rebalance", json!({}));
-    assert_eq!(status, 202, "{planned}");
+    // The rebalance through the CLI.
+    let (ok, out, err) = narad(first, &["cluster", "rebalance", "--output", "json"]);
+    assert!(ok, "{err}");
+    let planned: Value = serde_json::from_str(&out).expect("the plan as JSON");
     let ids = move_ids(&planned);
     assert!(!ids.is_empty(), "a fourth node gets partitions: {planned}");
     assert!(
@@ -124,7 +139,17 @@ fn a_joined_node_takes_partitions_in_a_rebalance_and_a_decommission_empties_a_no
         "node 3 is decommissioned: {:?}",
         node_state(first, 3)
     );
-    // The moves are listed with their figures.
+    // The moves are listed with their figures, also by the CLI.
+    let (ok, out, err) = narad(first, &["cluster", "moves"]);
+    assert!(
+        ok && out.contains("done") && out.contains("load/"),
+        "{out}{err}"
+    );
+    let (ok, _, err) = narad(first, &["cluster", "decommission", "99"]);
+    assert!(
+        !ok && err.contains("99"),
+        "an unknown node is refused: {err}"
+    );
     let (_, listed) = first.request("GET", "/v1/cluster/moves", b"");
     let done = listed["moves"].as_array().expect("moves");
     assert!(done
@@ -134,8 +159,10 @@ fn a_joined_node_takes_partitions_in_a_rebalance_and_a_decommission_empties_a_no
     let accepted = producers.finish();
     assert!(accepted.len() > 200, "{} accepted", accepted.len());
     // A decommissioned node may be removed; then it is gone from the cluster.
-    let (status, answer) = first.request("DELETE", "/v1/cluster/nodes/3", b"");
-    assert_eq!(status, 204, "{answer}");
+    let (status, answer) = first.request("DELETE", "/v1/cluster/nodes/2", b"");
+    assert_eq!(status, 409, "an alive node in service stays: {answer}");
+    let (ok, out, err) = narad(first, &["cluster", "remove", "3"]);
+    assert!(ok && out.contains("removed"), "{out}{err}");
     assert!(eventually(MOVES_DEADLINE, || node_state(first, 3).is_none()));
     cluster.nodes[2].terminate();
 

@@ -35,7 +35,7 @@ use narad_net::types::{
 };
 use narad_net::value::JsonValue;
 use narad_net::ApiError;
-use narad_raft::state::NodeId;
+use narad_raft::state::{Applied, Command, MovePlan, MoveState, NodeId};
 use narad_storage::io::sim::{FaultError, FaultOp, FaultRule};
 use narad_storage::rng::SimRng;
 
@@ -90,6 +90,9 @@ struct Scenario {
     /// The topic has a fanout and a delay child, read by a client of
     /// their own: each must get every message, the delay child none early.
     children: bool,
+    /// Partitions move between nodes among the faults; their sources and
+    /// destinations crash mid-move.
+    moves: bool,
 }
 
 const CHURN: Scenario = Scenario {
@@ -98,6 +101,13 @@ const CHURN: Scenario = Scenario {
     full_disks: false,
     dead_letters: false,
     children: false,
+    moves: false,
+};
+
+const MOVES_SCENARIO: Scenario = Scenario {
+    moves: true,
+    children: true,
+    ..CHURN
 };
 
 const CHILDREN_SCENARIO: Scenario = Scenario {
@@ -597,6 +607,76 @@ fn create_children(cluster: &SimCluster, clients: &Rc<Clients>) {
     }
 }
 
+/// Moves one partition of the topic to another node. A third of the time
+/// its source crashes once the handover began, a third its destination
+/// crashes mid-copy; each comes back within two seconds. Then waits (a
+/// while) for the move to end.
+fn move_among_faults(
+    cluster: &mut SimCluster,
+    clients: &Clients,
+    rng: &mut SimRng,
+    faults: bool,
+) -> Option<MoveState> {
+    let executor = cluster.executor.clone();
+    let standin = cluster.standin.clone();
+    let view = standin.view();
+    let topic = view.state.topics.get(TOPIC)?;
+    let partition = u32::try_from(rng.below(u64::from(PARTITIONS))).unwrap_or(0);
+    let from = topic.owners[partition as usize];
+    let to = 1 + (from + rng.below(NODES - 1)) % NODES;
+    let plan = Command::PlanMoves {
+        moves: vec![MovePlan {
+            topic: TOPIC.into(),
+            partition,
+            from,
+            to,
+        }],
+        decommission: None,
+        now_ms: executor.now_ms(),
+    };
+    let Ok(Applied::MovesPlanned(planned)) = standin.apply(&plan) else {
+        return None;
+    };
+    let id = planned[0].id.clone();
+    let state = {
+        let (standin, id) = (standin.clone(), id.clone());
+        move || standin.view().state.moves.get(&id).map(|m| m.state)
+    };
+    let (victim, when) = match if faults { rng.below(3) } else { 0 } {
+        0 => (None, MoveState::Done),
+        1 => (Some(from), MoveState::Freezing),
+        _ => (Some(to), MoveState::Copying),
+    };
+    if let Some(node) = victim {
+        let reached = {
+            let state = state.clone();
+            executor.run_until(executor.now_ms() + 30_000, move || {
+                state().is_none_or(|s| s == when || !s.is_active())
+            })
+        };
+        if reached && state() == Some(when) {
+            let power = rng.chance(1, 2);
+            let action = if power {
+                NemesisAction::PowerCut
+            } else {
+                NemesisAction::Kill
+            };
+            nemesis_event(clients, action, node);
+            cluster.crash(node, power);
+            executor.run_until(executor.now_ms() + 200 + rng.below(1_800), || false);
+            cluster.start(node);
+            nemesis_event(clients, NemesisAction::Start, node);
+        }
+    }
+    {
+        let state = state.clone();
+        executor.run_until(executor.now_ms() + 30_000, move || {
+            state().is_none_or(|s| !s.is_active())
+        });
+    }
+    state()
+}
+
 fn nemesis_event(clients: &Clients, action: NemesisAction, node: NodeId) {
     let now = clients.now();
     clients.record(
@@ -641,6 +721,12 @@ fn told_missing(op: &Op) -> bool {
 /// One seed: the whole run. Panics with the checker's report on a
 /// violation.
 fn run(seed: u64, scenario: &Scenario) {
+    if let Ok(filter) = std::env::var("NARAD_SIM_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
     let mut rng = SimRng::new(seed);
     let overrides: &[(&str, &str)] = if scenario.wipes {
         &[("dispatcher.reroute_after_ms", "600000")]
@@ -743,12 +829,21 @@ fn run(seed: u64, scenario: &Scenario) {
         );
     }
 
+    // A move with no fault around it hands over.
+    if scenario.moves {
+        let ended = move_among_faults(&mut cluster, &clients, &mut rng, false);
+        assert_eq!(ended, Some(MoveState::Done), "seed {seed}: a quiet move");
+    }
     // Faults, one at a time, each healed before the next.
     let churn_end = executor.now_ms() + CHURN_MS;
     while executor.now_ms() < churn_end {
         let quiet = 500 + rng.below(3_000);
         executor.run_until(executor.now_ms() + quiet, || false);
         let node = 1 + rng.below(NODES);
+        if scenario.moves && rng.chance(1, 2) {
+            move_among_faults(&mut cluster, &clients, &mut rng, true);
+            continue;
+        }
         if scenario.wipes {
             // Back before the controller would mark it dead (which would
             // send its partitions' records elsewhere).
@@ -876,6 +971,24 @@ fn run(seed: u64, scenario: &Scenario) {
         })
     };
     clients.stop.set(true);
+    // Each handover, when the metastore applied it: it ended the leases of
+    // its partition.
+    let moves = cluster.standin.view().state.moves.clone();
+    for done in moves.values() {
+        if let (MoveState::Done, Some(at)) = (done.state, done.finished_at_ms) {
+            clients.events.borrow_mut().push(Event {
+                start_ms: at,
+                end_ms: at,
+                client: "metastore".into(),
+                op: Op::Handover {
+                    topic: done.topic.clone(),
+                    partition: done.partition,
+                    from: format!("n{}", done.from),
+                    to: format!("n{}", done.to),
+                },
+            });
+        }
+    }
     let events = clients.events.borrow().clone();
     let faults: Vec<String> = events
         .iter()
@@ -1043,6 +1156,19 @@ fn a_simulated_clusters_children_get_every_message_under_faults() {
     for_each_seed(
         "a_simulated_clusters_children_get_every_message_under_faults",
         &CHILDREN_SCENARIO,
+        iterations().div_ceil(8),
+    );
+}
+
+/// Partitions move among the faults, their sources crashing during the
+/// handover and their destinations mid-copy: nothing accepted is lost,
+/// nothing acked comes back, and the children (whose cursors move with
+/// the partitions) get every message. An eighth of the seeds.
+#[test]
+fn a_simulated_cluster_moves_partitions_under_faults_and_loses_nothing() {
+    for_each_seed(
+        "a_simulated_cluster_moves_partitions_under_faults_and_loses_nothing",
+        &MOVES_SCENARIO,
         iterations().div_ceil(8),
     );
 }

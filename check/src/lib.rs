@@ -120,13 +120,22 @@ pub enum Op {
     },
     /// Which node owns each partition of `topic`: `owners[p]` names the
     /// node of partition `p`, as the nemesis names nodes (`n1`, ...).
-    /// Recorded once at the start of a run (partitions do not move in the
-    /// suites). A delivery's partition is where its entry is stored (a
-    /// rerouted message is stored in a sibling partition), so this says
-    /// whose crash can lose its ack or end its lease.
+    /// Recorded at the start of a run; a partition that moves later says
+    /// so with [`Op::Handover`]. A delivery's partition is where its entry
+    /// is stored (a rerouted message is stored in a sibling partition), so
+    /// this says whose crash can lose its ack or end its lease.
     Owners {
         topic: String,
         owners: Vec<String>,
+    },
+    /// A partition moved: `to` owns it from the event's end on. The
+    /// handover ends the leases `from` granted (their messages are
+    /// delivered again, counted from 1), never an ack.
+    Handover {
+        topic: String,
+        partition: u32,
+        from: String,
+        to: String,
     },
     /// A produce sent whole, after which the client closed the connection
     /// without reading the answer: it may or may not have been accepted.
@@ -596,7 +605,10 @@ pub fn check(events: &[Event]) -> Report {
     let mut maybe_acked_ids: BTreeSet<&str> = BTreeSet::new();
     // Receipt → nacks that got no answer (or 502): each may have landed.
     let mut maybe_nacked: HashMap<&str, Vec<&Event>> = HashMap::new();
-    let mut owners: HashMap<(&str, u32), &str> = HashMap::new();
+    // Every node that owned a partition during the run (a move adds one):
+    // a crash of any of them may explain what happened to its messages.
+    let mut owners: HashMap<(&str, u32), Vec<&str>> = HashMap::new();
+    let mut handovers: Vec<(&str, u32, u64)> = Vec::new();
     let mut faults: Vec<Fault<'_>> = Vec::new();
     for event in events.iter().copied() {
         match &event.op {
@@ -682,8 +694,22 @@ pub fn check(events: &[Event]) -> Report {
             } => {
                 for (partition, node) in nodes.iter().enumerate() {
                     let partition = u32::try_from(partition).unwrap_or(u32::MAX);
-                    owners.insert((topic, partition), node);
+                    owners.insert((topic, partition), vec![node.as_str()]);
                 }
+            }
+            Op::Handover {
+                topic,
+                partition,
+                from,
+                to,
+            } => {
+                let known = owners.entry((topic, *partition)).or_default();
+                for node in [from, to] {
+                    if !known.contains(&node.as_str()) {
+                        known.push(node);
+                    }
+                }
+                handovers.push((topic, *partition, event.end_ms));
             }
             Op::Nemesis { action, node } => faults.push(Fault {
                 node,
@@ -698,7 +724,7 @@ pub fn check(events: &[Event]) -> Report {
     report.delivered = deliveries.len();
     // The node that owns the partition a delivery's entry is stored in; a
     // partition whose owner the history does not record excuses nothing.
-    let owner_of = |d: &Delivery| owners.get(&(d.topic.as_str(), d.partition)).copied();
+    let owners_of = |d: &Delivery| owners_at(&owners, d);
     // Some node stopped answering (crash, stop or pause) before `to`: a
     // crash replays records above the checkpoint, and a reroute around an
     // unreachable owner stores again what a late commit stored.
@@ -710,20 +736,24 @@ pub fn check(events: &[Event]) -> Report {
     // The owner of `d`'s partition went down (which ends its leases)
     // between `from` and `to`.
     let owner_restarted = |d: &Delivery, from: u64, to: u64| {
-        owner_of(d).is_some_and(|owner| {
-            faults.iter().any(|f| {
-                f.node == owner && f.action.ends_leases() && f.end_ms >= from && f.end_ms <= to
+        let moved = handovers.iter().any(|(topic, p, at)| {
+            *topic == d.topic && *p == d.partition && (from..=to).contains(at)
+        });
+        moved
+            || owners_of(d).iter().any(|owner| {
+                faults.iter().any(|f| {
+                    f.node == *owner && f.action.ends_leases() && f.end_ms >= from && f.end_ms <= to
+                })
             })
-        })
     };
     // A crash of the owner of `d`'s partition may have lost `ack` (answered
     // 204) before the delivery that ended at `until`: it came no earlier
     // than the ack was sent, and no later than the crash's window after
     // the ack's answer.
     let ack_lost = |d: &Delivery, ack: &Event, until: u64| {
-        let owner = owner_of(d)?;
+        let owners = owners_of(d);
         faults.iter().find(|f| {
-            f.node == owner
+            owners.contains(&f.node)
                 && f.start_ms <= until
                 && f.end_ms >= ack.start_ms
                 && f.action
@@ -737,11 +767,13 @@ pub fn check(events: &[Event]) -> Report {
     // wiped node or accepted by it (its WAL went too).
     let on_a_lost_volume = |id: &str, (topic, _, start_ms, partition): &Accepted<'_>| {
         let by = accepted_by(id);
-        let owner = partition.and_then(|p| owners.get(&(*topic, p)).copied());
+        let held_by = partition
+            .and_then(|p| owners.get(&(*topic, p)))
+            .map_or(&[][..], Vec::as_slice);
         faults.iter().any(|f| {
             f.action == NemesisAction::Wipe
                 && *start_ms <= f.end_ms
-                && (by.as_deref() == Some(f.node) || owner == Some(f.node))
+                && (by.as_deref() == Some(f.node) || held_by.contains(&f.node))
         })
     };
     for (id, message) in &accepted {
@@ -887,7 +919,10 @@ pub fn check(events: &[Event]) -> Report {
                         "{} after an ack answered 204 at {}; owner {}",
                         describe(earlier),
                         ack.end_ms,
-                        owner_of(next.delivery).unwrap_or("not recorded")
+                        match owners_of(next.delivery).as_slice() {
+                            [] => "not recorded".to_string(),
+                            nodes => nodes.join(", "),
+                        }
                     )
                 });
                 continue;
@@ -981,3 +1016,11 @@ pub fn check(events: &[Event]) -> Report {
 
 #[cfg(test)]
 mod tests;
+
+/// Every node that owned the partition a delivery's entry is stored in.
+fn owners_at<'a>(owners: &HashMap<(&str, u32), Vec<&'a str>>, d: &Delivery) -> Vec<&'a str> {
+    owners
+        .get(&(d.topic.as_str(), d.partition))
+        .cloned()
+        .unwrap_or_default()
+}

@@ -1105,3 +1105,46 @@ fn children_must_get_every_later_message_and_a_delay_child_none_early() {
     assert_eq!(report.child_early.count, 1);
     assert!(report.child_early.examples[0].contains("b in later"));
 }
+
+#[test]
+fn a_handover_ends_the_partitions_leases_but_never_an_ack() {
+    let first = delivery("a", "t", 0, 1, 30_000);
+    let again = delivery("a", "t", 0, 1, 60_000);
+    let run = |moved: Option<u32>, acked: bool| {
+        let mut h = Builder::default();
+        h.owners("t", &["n1", "n2"])
+            .produce(1, "a", "t")
+            .consume(10, vec![first.clone()]);
+        if acked {
+            h.settle(12, SettleAction::Ack, &first, None);
+        }
+        if let Some(partition) = moved {
+            h.push(
+                15,
+                16,
+                Op::Handover {
+                    topic: "t".into(),
+                    partition,
+                    from: "n1".into(),
+                    to: "n3".into(),
+                },
+            );
+        }
+        h.consume(20, vec![again.clone()])
+            .settle(30, SettleAction::Ack, &again, None);
+        h.report()
+    };
+    // Partition 0 moved: its new owner delivers the leased message again.
+    let report = run(Some(0), false);
+    assert_eq!(
+        report.duplicates_unexplained.count,
+        0,
+        "{}",
+        report.summary()
+    );
+    // Another partition moved: nothing explains it.
+    assert_eq!(run(Some(1), false).duplicates_unexplained.count, 1);
+    assert_eq!(run(None, false).duplicates_unexplained.count, 1);
+    // Acked before the move: delivered again is a violation still.
+    assert_eq!(run(Some(0), true).acked_then_delivered.count, 1);
+}

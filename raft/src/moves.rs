@@ -407,11 +407,15 @@ impl MetaState {
 
     /// Forgets a node before its removal from the Raft membership: only a
     /// dead or decommissioned node that owns no partition.
-    pub(crate) fn remove_node(&mut self, id: NodeId) -> Result<Applied, Refused> {
+    pub(crate) fn remove_node(&mut self, id: NodeId, member: bool) -> Result<Applied, Refused> {
         if self.removed_nodes.contains(&id) && !self.nodes.contains_key(&id) {
             return Ok(Applied::Nothing);
         }
-        let record = self.nodes.get(&id).ok_or(Refused::NoSuchNode(id))?;
+        let record = match self.nodes.get(&id) {
+            Some(record) => record,
+            None if member => return Err(Refused::NodeInService(id)),
+            None => return Err(Refused::NoSuchNode(id)),
+        };
         let owned = self.partitions_of(id);
         if owned > 0 {
             return Err(Refused::NodeOwnsPartitions {

@@ -458,7 +458,14 @@ async fn change_members_here(
             .await
         }
         MemberChange::Remove { id } => {
-            let applied = write(Command::RemoveNode { id: *id }).await?;
+            let member = raft
+                .metrics()
+                .borrow()
+                .membership_config
+                .membership()
+                .get_node(id)
+                .is_some();
+            let applied = write(Command::RemoveNode { id: *id, member }).await?;
             let (voter, member) = {
                 let metrics = raft.metrics();
                 let metrics = metrics.borrow();

@@ -341,6 +341,10 @@ pub enum Command {
     /// leaves the Raft membership.
     RemoveNode {
         id: NodeId,
+        /// Whether the Raft membership holds it (the leader says): a
+        /// member the controller has not judged yet is in service.
+        #[serde(default)]
+        member: bool,
     },
     CancelRedrive {
         dlq: String,
@@ -706,7 +710,7 @@ impl MetaState {
             ),
             Command::EndMove { id, end, now_ms } => self.end_move(id, end, *now_ms),
             Command::AdmitNode { id, addr, now_ms } => Ok(self.admit_node(*id, addr, *now_ms)),
-            Command::RemoveNode { id } => self.remove_node(*id),
+            Command::RemoveNode { id, member } => self.remove_node(*id, *member),
             Command::PutChild {
                 parent,
                 child,

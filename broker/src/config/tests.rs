@@ -110,7 +110,7 @@ fn unknown_keys_and_bad_values_are_refused_naming_the_key() {
 #[test]
 fn keys_of_features_not_in_this_release_are_refused_from_every_source() {
     for (key, value) in [
-        ("cluster.move_promote_after_ms", "120000"),
+        ("remote.rate_bytes_per_s", "1000"),
         ("children.remote_max_in_flight", "4"),
     ] {
         let flag = Config::resolve(None, Vec::new(), &flags(&[(key, value)])).expect_err("flag");

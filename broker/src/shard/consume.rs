@@ -195,8 +195,9 @@ impl<F: FileSystem> Shard<F> {
             if out.len() >= max {
                 break;
             }
-            // Being handed over: its messages come from the new owner.
-            if self.is_frozen(topic, partition) {
+            // Being handed over, or moved away since the consume was
+            // routed: its messages come from the new owner.
+            if self.is_frozen(topic, partition) || !self.serves(topic, partition) {
                 continue;
             }
             let owner = self.owner(topic, partition).await?;

@@ -33,6 +33,31 @@ use crate::limits::{
 use crate::metric_names::{MOVES_IN_PROGRESS, MOVE_COPIED_BYTES_TOTAL};
 use crate::rpc::{MoveAction, MoveSource, SourceAnswer, SourceState};
 
+/// A move this shard runs: where its copy grows, what it copied, and the
+/// source's last answer (its bytes taken out): the ack set, cursors and
+/// recent ids a handover or a promotion installs.
+struct MoveRun {
+    planned: Move,
+    dir: PathBuf,
+    incoming: PathBuf,
+    progress: CopyProgress,
+    latest: SourceState,
+    reported_at: u64,
+}
+
+/// Why a move stopped short of its handover.
+enum Stalled {
+    Failed(ApiError),
+    /// The source has been dead for `cluster.move_promote_after_ms`.
+    SourceGone,
+}
+
+impl From<ApiError> for Stalled {
+    fn from(error: ApiError) -> Self {
+        Stalled::Failed(error)
+    }
+}
+
 /// This shard's part in moves.
 #[derive(Default)]
 pub(super) struct Moves {
@@ -43,10 +68,41 @@ pub(super) struct Moves {
     thawed: Signal,
     /// Moves this shard runs as their destination.
     running: RefCell<HashSet<String>>,
+    /// Partitions whose copy this shard opened for a handover that the
+    /// metastore has not applied yet.
+    installing: RefCell<HashSet<OwnerKey>>,
 }
 
 impl<F: FileSystem> Shard<F> {
     // ------------------------------------------------------------ source
+
+    /// Whether this shard serves a partition now: the metastore says it
+    /// owns it, or it is installing a move's copy of it. A request routed
+    /// here before the partition moved away finds it gone, not its old
+    /// folder.
+    pub(super) fn serves(&self, topic: &Topic, partition: u32) -> bool {
+        let owned = self.topic(&topic.name).is_ok_and(|current| {
+            current.incarnation == topic.incarnation
+                && self.placement(&current).locate(partition) == Location::Here
+        });
+        owned || {
+            let installing = self.moves.installing.borrow();
+            !installing.is_empty()
+                && installing.contains(&(topic.name.clone(), topic.incarnation, partition))
+        }
+    }
+
+    /// Whether a partition moved here (a receipt its old owner issued is
+    /// one of a lease the move ended).
+    pub(super) fn moved_here(&self, topic: &Topic, partition: u32) -> bool {
+        self.view().state.moves.values().any(|m| {
+            m.topic == topic.name
+                && m.incarnation == topic.incarnation
+                && m.partition == partition
+                && m.to == self.me()
+                && matches!(m.state, MoveState::Done | MoveState::Promoted)
+        })
+    }
 
     /// Whether a partition of this shard is frozen for a handover.
     pub(super) fn is_frozen(&self, topic: &Topic, partition: u32) -> bool {
@@ -225,6 +281,7 @@ impl<F: FileSystem> Shard<F> {
     /// abandoned serves again.
     pub(super) fn reconcile_moves(&self) {
         let view = self.view();
+        self.freeze_handovers_under_way(&view.state);
         let mut ended = Vec::new();
         for (key, (id, _)) in self.moves.frozen.borrow().iter() {
             let handed_over = view.state.topics.get(&key.0).is_none_or(|t| {
@@ -241,18 +298,15 @@ impl<F: FileSystem> Shard<F> {
         }
         let mut slots = self.owners.slots.borrow_mut();
         // Partitions this node no longer owns are not served from here.
-        slots.retain(|(name, incarnation, partition), _| {
-            view.state.topics.get(name).is_none_or(|t| {
-                t.incarnation != *incarnation
-                    || t.owners.get(*partition as usize) == Some(&self.me())
-                    || self.moves.running.borrow().iter().any(|id| {
-                        view.state
-                            .moves
-                            .get(id)
-                            .is_some_and(|m| m.topic == *name && m.partition == *partition)
-                    })
+        let installing = self.moves.installing.borrow();
+        slots.retain(|key, _| {
+            view.state.topics.get(&key.0).is_none_or(|t| {
+                t.incarnation != key.1
+                    || t.owners.get(key.2 as usize) == Some(&self.me())
+                    || installing.contains(key)
             })
         });
+        drop(installing);
         drop(slots);
         if ended.is_empty() {
             return;
@@ -268,6 +322,37 @@ impl<F: FileSystem> Shard<F> {
         }
         drop(frozen);
         self.moves.thawed.notify();
+    }
+
+    /// A freeze lives in memory: a source that restarted while its
+    /// partition's handover was under way (the move says `freezing`) takes
+    /// the freeze up again, so nothing is appended there that the
+    /// destination might not copy.
+    fn freeze_handovers_under_way(&self, state: &MetaState) {
+        let shards = usize::from(self.identity.shards);
+        let now = self.now();
+        for handover in state.moves.values().filter(|m| {
+            m.state == MoveState::Freezing
+                && m.from == self.me()
+                && crate::mesh::shard_for(&m.topic, m.partition, shards) == self.shard_index()
+        }) {
+            let key = (
+                handover.topic.clone(),
+                handover.incarnation,
+                handover.partition,
+            );
+            let fresh = !self.moves.frozen.borrow().contains_key(&key);
+            if fresh {
+                tracing::info!(topic = %key.0, partition = key.2, id = handover.id, "the partition's handover is under way: frozen again");
+                self.moves
+                    .frozen
+                    .borrow_mut()
+                    .insert(key.clone(), (handover.id.clone(), now));
+                if let Some(OwnerSlot::Ready(owner)) = self.owners.slots.borrow().get(&key) {
+                    owner.mark_frozen();
+                }
+            }
+        }
     }
 
     // ------------------------------------------------------------ destination
@@ -305,7 +390,7 @@ impl<F: FileSystem> Shard<F> {
             })
             .cloned()
             .collect();
-        for planned in mine {
+        for mut planned in mine {
             if planned.state == MoveState::Planned {
                 let start = Command::StartMove {
                     id: planned.id.clone(),
@@ -314,7 +399,7 @@ impl<F: FileSystem> Shard<F> {
                     now_ms: self.now(),
                 };
                 match self.env.meta.propose(start).await {
-                    Ok(Applied::MoveChanged(m)) if m.state == MoveState::Copying => {}
+                    Ok(Applied::MoveChanged(m)) if m.state == MoveState::Copying => planned = m,
                     Ok(_) | Err(_) => continue,
                 }
             }
@@ -327,6 +412,11 @@ impl<F: FileSystem> Shard<F> {
     }
 
     async fn execute_move(self: Rc<Self>, planned: Move) {
+        let key = (
+            planned.topic.clone(),
+            planned.incarnation,
+            planned.partition,
+        );
         let id = planned.id.clone();
         tracing::info!(id, topic = %planned.topic, partition = planned.partition, from = planned.from, to = planned.to, "move started");
         metrics::gauge!(MOVES_IN_PROGRESS).increment(1.0);
@@ -339,6 +429,7 @@ impl<F: FileSystem> Shard<F> {
                 self.abandon(&planned, &error.message).await;
             }
         }
+        self.moves.installing.borrow_mut().remove(&key);
         self.moves.running.borrow_mut().remove(&id);
     }
 
@@ -395,85 +486,97 @@ impl<F: FileSystem> Shard<F> {
             .map_err(|e| e.to_api(to))?
     }
 
+    /// Whether the move's source has been marked dead for
+    /// `cluster.move_promote_after_ms` (counted from the move's start at
+    /// the earliest): the destination's copy takes over.
+    fn promotion_due(&self, planned: &Move) -> bool {
+        let view = self.view();
+        let Some(record) = view.state.nodes.get(&planned.from) else {
+            return false;
+        };
+        let started = planned.started_at_ms.unwrap_or(planned.planned_at_ms);
+        !record.alive
+            && self.now()
+                >= record
+                    .since_ms
+                    .max(started)
+                    .saturating_add(self.settings.cluster.move_promote_after_ms)
+    }
+
     /// Asks the source, trying again (with backoff) while it does not
-    /// answer, for as long as the move stays this shard's to run.
-    async fn ask_source_patiently(&self, planned: &Move, action: MoveAction) -> SourceAnswer {
+    /// answer, for as long as the move stays this shard's to run, or until
+    /// the source has been dead long enough for a promotion. The answer
+    /// becomes the run's latest.
+    async fn ask_patiently(&self, run: &mut MoveRun, action: MoveAction) -> Result<(), Stalled> {
         let mut backoff = MOVE_RETRY_BACKOFF_MIN;
         loop {
-            match self.ask_source(planned, action.clone()).await {
-                Ok(state) => return Ok(state),
+            match self.ask_source(&run.planned, action.clone()).await {
+                Ok(state) => {
+                    run.latest = state;
+                    return Ok(());
+                }
                 Err(error) if error.code.retry() && !self.is_stopping() => {
                     let still_running = self
                         .view()
                         .state
                         .moves
-                        .get(&planned.id)
+                        .get(&run.planned.id)
                         .is_some_and(|m| m.state.is_running());
                     if !still_running {
-                        return Err(error);
+                        return Err(Stalled::Failed(error));
                     }
-                    tracing::debug!(id = planned.id, %error, "the move's source did not answer; trying again");
+                    if self.promotion_due(&run.planned) {
+                        return Err(Stalled::SourceGone);
+                    }
+                    tracing::debug!(id = run.planned.id, %error, "the move's source did not answer; trying again");
                     self.env.runtime.sleep(backoff).await;
                     backoff = (backoff * 2).min(MOVE_RETRY_BACKOFF_MAX);
                 }
-                Err(error) => return Err(error),
+                Err(error) => return Err(Stalled::Failed(error)),
             }
         }
     }
 
-    /// Copies until less than `until` bytes are missing; answers the
-    /// source's last state.
+    /// Copies until less than `until` bytes are missing.
     async fn copy_from_source(
         &self,
-        planned: &Move,
-        incoming: &Path,
-        progress: &mut CopyProgress,
+        run: &mut MoveRun,
         bucket: &mut Bucket,
         until: u64,
-        mut state: SourceState,
-    ) -> Result<SourceState, ApiError> {
-        let mut reported_at = self.now();
+    ) -> Result<(), Stalled> {
+        let fs = &self.env.fs;
         loop {
-            let extents: Vec<SegmentExtent> = state
-                .extents
-                .iter()
-                .map(|(name, written)| SegmentExtent {
-                    name: name.clone(),
-                    written: *written,
-                })
-                .collect();
-            for name in progress.drop_stale(&extents) {
-                let _ = self.env.fs.remove_file(&incoming.join(name)).await;
+            let extents = extents_of(&run.latest);
+            for name in run.progress.drop_stale(&extents) {
+                let _ = fs.remove_file(&run.incoming.join(name)).await;
             }
-            let remaining = progress.remaining(&extents);
-            if self.now().saturating_sub(reported_at) >= MOVE_PROGRESS_INTERVAL_MS {
-                reported_at = self.now();
-                self.report_progress(planned, progress.copied_bytes(), remaining, false)
+            let remaining = run.progress.remaining(&extents);
+            if self.now().saturating_sub(run.reported_at) >= MOVE_PROGRESS_INTERVAL_MS {
+                run.reported_at = self.now();
+                self.report_progress(&run.planned, run.progress.copied_bytes(), remaining, false)
                     .await;
             }
-            let next = progress.next_read(&extents, MOVE_CHUNK_BYTES);
+            let next = run.progress.next_read(&extents, MOVE_CHUNK_BYTES);
             let Some(read) = next.filter(|_| remaining >= until.max(1)) else {
-                return Ok(state);
+                return Ok(());
             };
             // At most `cluster.move_bytes_per_s`.
-            loop {
-                let now = self.now();
-                if bucket.available(now) >= read.len.min(self.settings.cluster.move_bytes_per_s) {
-                    break;
-                }
+            let wanted = read.len.min(self.settings.cluster.move_bytes_per_s);
+            while bucket.available(self.now()) < wanted {
                 let wait = bucket.wait_ms().max(1);
                 self.env.runtime.sleep(Duration::from_millis(wait)).await;
             }
             bucket.take(read.len);
             let asked = MoveAction::Read(Some((read.name.clone(), read.pos, read.len)));
-            state = self.ask_source_patiently(planned, asked).await?;
-            if !state.bytes.is_empty() {
-                write_copied(&self.env.fs, incoming, &read.name, read.pos, &state.bytes)
+            self.ask_patiently(run, asked).await?;
+            let bytes = std::mem::take(&mut run.latest.bytes);
+            if !bytes.is_empty() {
+                write_copied(fs, &run.incoming, &read.name, read.pos, &bytes)
                     .await
-                    .map_err(|e| from_storage(&e))?;
-                progress.record(&read.name, read.pos, state.bytes.len() as u64);
-                metrics::counter!(MOVE_COPIED_BYTES_TOTAL).increment(state.bytes.len() as u64);
-                state.bytes = Vec::new();
+                    .map_err(|e| Stalled::Failed(from_storage(&e)))?;
+                run.progress
+                    .record(&read.name, read.pos, bytes.len() as u64);
+                metrics::counter!(MOVE_COPIED_BYTES_TOTAL).increment(bytes.len() as u64);
             }
         }
     }
@@ -502,50 +605,142 @@ impl<F: FileSystem> Shard<F> {
             .filter(|t| t.incarnation == planned.incarnation)
             .ok_or_else(|| ApiError::new(ErrorCode::Conflict, "the topic was deleted"))?;
         let (dir, incoming) = self.move_dirs(planned);
-        let fs = &self.env.fs;
-        fs.remove_dir_all(&incoming)
+        let internal = |e: std::io::Error| ApiError::new(ErrorCode::Internal, e.to_string());
+        self.env
+            .fs
+            .remove_dir_all(&incoming)
             .await
-            .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
-        fs.create_dir_all(&incoming)
+            .map_err(internal)?;
+        self.env
+            .fs
+            .create_dir_all(&incoming)
             .await
-            .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
-        let mut progress = CopyProgress::default();
-        let rate = self.settings.cluster.move_bytes_per_s;
-        let mut bucket = Bucket::new(rate, self.now());
+            .map_err(internal)?;
+        let mut run = MoveRun {
+            planned: planned.clone(),
+            dir,
+            incoming,
+            progress: CopyProgress::default(),
+            latest: SourceState::default(),
+            reported_at: self.now(),
+        };
+        match self.copy_and_hand_over(&topic, &mut run).await {
+            Ok(()) => Ok(()),
+            Err(Stalled::Failed(error)) => Err(error),
+            Err(Stalled::SourceGone) => self.promote(&topic, &mut run).await,
+        }
+    }
+
+    async fn copy_and_hand_over(&self, topic: &Topic, run: &mut MoveRun) -> Result<(), Stalled> {
+        let mut bucket = Bucket::new(self.settings.cluster.move_bytes_per_s, self.now());
         // While the source serves.
-        let state = self
-            .ask_source_patiently(planned, MoveAction::Read(None))
+        self.ask_patiently(run, MoveAction::Read(None)).await?;
+        self.copy_from_source(run, &mut bucket, MOVE_FREEZE_BELOW_BYTES)
             .await?;
-        self.copy_from_source(
-            planned,
-            &incoming,
-            &mut progress,
-            &mut bucket,
-            MOVE_FREEZE_BELOW_BYTES,
-            state,
-        )
-        .await?;
-        // The handover.
-        self.report_progress(planned, progress.copied_bytes(), 0, true)
+        // The handover. A source that restarted since it froze took the
+        // freeze up again (the move says `freezing`), but may have served
+        // a moment before: freeze once more, and copy again, until a frozen
+        // source holds nothing the copy lacks.
+        self.report_progress(&run.planned, run.progress.copied_bytes(), 0, true)
             .await;
         let froze_at = self.now();
-        let frozen = self.ask_source(planned, MoveAction::Freeze).await?;
-        let recent = frozen.recent.clone();
         let mut unlimited = Bucket::new(u64::MAX / 4, self.now());
-        let last = self
-            .copy_from_source(planned, &incoming, &mut progress, &mut unlimited, 0, frozen)
-            .await?;
-        sync_copied(fs, &incoming, progress.names())
-            .await
-            .map_err(|e| from_storage(&e))?;
-        let acks = AckSet::decode(&last.acks).ok_or_else(|| {
-            ApiError::new(ErrorCode::Internal, "the source's ack set arrived damaged")
+        loop {
+            self.ask_patiently(run, MoveAction::Freeze).await?;
+            let extents = extents_of(&run.latest);
+            let stale = run
+                .progress
+                .names()
+                .any(|n| !extents.iter().any(|e| e.name == n));
+            if run.progress.remaining(&extents) == 0 && !stale {
+                break;
+            }
+            self.copy_from_source(run, &mut unlimited, 0).await?;
+        }
+        let owner = self.install(topic, run, true).await?;
+        if owner.high_watermark() != run.latest.high_watermark {
+            return Err(Stalled::Failed(ApiError::new(
+                ErrorCode::Internal,
+                format!(
+                    "the copy ends at offset {}, the source at {}",
+                    owner.high_watermark(),
+                    run.latest.high_watermark
+                ),
+            )));
+        }
+        self.hand_over(&run.planned, MoveEnd::Done).await?;
+        let freeze_ms = self.now().saturating_sub(froze_at);
+        metrics::histogram!(crate::metric_names::MOVE_FREEZE_SECONDS)
+            .record(freeze_ms as f64 / 1000.0);
+        tracing::info!(
+            id = run.planned.id,
+            freeze_ms,
+            bytes = run.progress.copied_bytes(),
+            "partition handed over"
+        );
+        Ok(())
+    }
+
+    /// The source has been dead for `cluster.move_promote_after_ms`: what
+    /// the copy holds takes over, with the acks and cursors the source last
+    /// answered. What the source committed after the copy's last read is
+    /// not here; if the source returns, it quarantines it.
+    async fn promote(&self, topic: &Topic, run: &mut MoveRun) -> Result<(), ApiError> {
+        tracing::warn!(
+            id = run.planned.id, topic = %topic.name, partition = run.planned.partition,
+            source = run.planned.from,
+            "the move's source has been dead for cluster.move_promote_after_ms: promoting the copy"
+        );
+        let owner = self.install(topic, run, false).await.map_err(|e| match e {
+            Stalled::Failed(error) => error,
+            Stalled::SourceGone => ApiError::new(ErrorCode::Internal, "the source is gone"),
         })?;
-        write_initial(fs, &incoming.join("consumer"), &acks)
+        let offset = owner.high_watermark();
+        self.hand_over(&run.planned, MoveEnd::Promoted { offset })
             .await
-            .map_err(|e| from_storage(&e))?;
-        let children = incoming.join("children");
-        for (child, incarnation, position) in &last.cursors {
+            .map_err(|e| match e {
+                Stalled::Failed(error) => error,
+                Stalled::SourceGone => ApiError::new(ErrorCode::Internal, "the source is gone"),
+            })?;
+        tracing::warn!(
+            id = run.planned.id,
+            offset,
+            "move promoted: the copy owns the partition"
+        );
+        Ok(())
+    }
+
+    /// Makes the copy the partition's folder here and opens it: the segments
+    /// synced, the ack set and the children's cursors the source last
+    /// answered written (`exact`: the handover's, which must be there), the
+    /// source's recent ids remembered.
+    async fn install(
+        &self,
+        topic: &Topic,
+        run: &MoveRun,
+        exact: bool,
+    ) -> Result<Owner<F>, Stalled> {
+        let fs = &self.env.fs;
+        let failed = |e: StorageError| Stalled::Failed(from_storage(&e));
+        sync_copied(fs, &run.incoming, run.progress.names())
+            .await
+            .map_err(failed)?;
+        let acks = match AckSet::decode(&run.latest.acks) {
+            Some(acks) => acks,
+            None if exact => {
+                return Err(Stalled::Failed(ApiError::new(
+                    ErrorCode::Internal,
+                    "the source's ack set arrived damaged",
+                )))
+            }
+            // Never heard: every message it holds is delivered again.
+            None => AckSet::new(0),
+        };
+        write_initial(fs, &run.incoming.join("consumer"), &acks)
+            .await
+            .map_err(failed)?;
+        let children = run.incoming.join("children");
+        for (child, incarnation, position) in &run.latest.cursors {
             Cursor::create(
                 fs,
                 &children,
@@ -553,58 +748,46 @@ impl<F: FileSystem> Shard<F> {
                 *position,
             )
             .await
-            .map_err(|e| from_storage(&e))?;
+            .map_err(failed)?;
         }
-        // The copy takes the partition's place here, and opens.
-        let internal = |e: std::io::Error| ApiError::new(ErrorCode::Internal, e.to_string());
-        fs.remove_dir_all(&dir).await.map_err(internal)?;
-        fs.rename(&incoming, &dir).await.map_err(internal)?;
-        if let Some(parent) = dir.parent() {
+        let internal =
+            |e: std::io::Error| Stalled::Failed(ApiError::new(ErrorCode::Internal, e.to_string()));
+        fs.remove_dir_all(&run.dir).await.map_err(internal)?;
+        fs.rename(&run.incoming, &run.dir).await.map_err(internal)?;
+        if let Some(parent) = run.dir.parent() {
             fs.sync_dir(parent).await.map_err(internal)?;
         }
-        let owner = self.owner(&topic, planned.partition).await?;
-        owner.remember_recent(&recent);
-        if owner.high_watermark() != last.high_watermark {
-            return Err(ApiError::new(
-                ErrorCode::Internal,
-                format!(
-                    "the copy ends at offset {}, the source at {}",
-                    owner.high_watermark(),
-                    last.high_watermark
-                ),
-            ));
-        }
-        self.hand_over(planned).await?;
-        let freeze_ms = self.now().saturating_sub(froze_at);
-        metrics::histogram!(crate::metric_names::MOVE_FREEZE_SECONDS)
-            .record(freeze_ms as f64 / 1000.0);
-        tracing::info!(
-            id = planned.id,
-            freeze_ms,
-            bytes = progress.copied_bytes(),
-            "partition handed over"
-        );
-        Ok(())
+        let key = (topic.name.clone(), topic.incarnation, run.planned.partition);
+        self.moves.installing.borrow_mut().insert(key);
+        let owner = self.owner(topic, run.planned.partition).await?;
+        owner.remember_recent(&run.latest.recent);
+        Ok(owner)
     }
 
-    /// Proposes the handover until the metastore says how the move ended.
-    async fn hand_over(&self, planned: &Move) -> Result<(), ApiError> {
+    /// Proposes how the move ends until the metastore says how it ended:
+    /// `Ok` once it ended as proposed; else the copy goes.
+    async fn hand_over(&self, planned: &Move, end: MoveEnd) -> Result<(), Stalled> {
+        let wanted = match end {
+            MoveEnd::Done => MoveState::Done,
+            MoveEnd::Promoted { .. } => MoveState::Promoted,
+            MoveEnd::Abandoned { .. } => MoveState::Abandoned,
+        };
         loop {
-            let end = Command::EndMove {
+            let command = Command::EndMove {
                 id: planned.id.clone(),
-                end: MoveEnd::Done,
+                end: end.clone(),
                 now_ms: self.now(),
             };
-            match self.env.meta.propose(end).await {
+            match self.env.meta.propose(command).await {
                 Ok(_) => return Ok(()),
                 Err(narad_raft::node::MetaError::Refused(refused)) => {
-                    let done = self
+                    let ended_so = self
                         .view()
                         .state
                         .moves
                         .get(&planned.id)
-                        .is_some_and(|m| m.state == MoveState::Done);
-                    if done {
+                        .is_some_and(|m| m.state == wanted);
+                    if ended_so {
                         return Ok(());
                     }
                     // The copy must not stay where a later owner may look.
@@ -615,44 +798,104 @@ impl<F: FileSystem> Shard<F> {
                     );
                     self.owners.slots.borrow_mut().remove(&key);
                     let _ = self.env.fs.remove_dir_all(&self.move_dirs(planned).0).await;
-                    return Err(from_meta(&narad_raft::node::MetaError::Refused(refused)));
+                    return Err(Stalled::Failed(from_meta(
+                        &narad_raft::node::MetaError::Refused(refused),
+                    )));
                 }
-                // Unknown outcome: ask again (a second handover is refused
-                // and the state says which happened).
+                // Unknown outcome: ask again (a second end is refused and
+                // the state says which happened).
                 Err(error) => {
-                    tracing::warn!(id = planned.id, %error, "the handover's outcome is unknown; asking again");
+                    tracing::warn!(id = planned.id, %error, "the move's end is unknown; asking again");
                     self.env.runtime.sleep(MOVE_RETRY_BACKOFF_MIN).await;
                 }
             }
         }
     }
 
-    /// Removes the folders of partitions this shard handed over.
+    /// Removes the folders of partitions this shard handed over. A promoted
+    /// move's source that holds more than the copy had quarantines its
+    /// folder (`quarantine/` in the data folder) and never serves it.
     async fn reap_moved_away(&self) {
         let view = self.view();
         let shards = usize::from(self.identity.shards);
-        for done in view.state.moves.values().filter(|m| {
+        for ended in view.state.moves.values().filter(|m| {
             m.from == self.me()
-                && m.state == MoveState::Done
+                && matches!(m.state, MoveState::Done | MoveState::Promoted)
                 && crate::mesh::shard_for(&m.topic, m.partition, shards) == self.shard_index()
         }) {
-            let owned_here = view.state.topics.get(&done.topic).is_some_and(|t| {
-                t.incarnation == done.incarnation
-                    && t.owners.get(done.partition as usize) == Some(&self.me())
+            let owned_here = view.state.topics.get(&ended.topic).is_some_and(|t| {
+                t.incarnation == ended.incarnation
+                    && t.owners.get(ended.partition as usize) == Some(&self.me())
             });
-            if owned_here {
+            let dir = self.move_dirs(ended).0;
+            if owned_here || !self.env.fs.exists(&dir).await.unwrap_or(false) {
                 continue;
             }
-            let dir = self.move_dirs(done).0;
-            if self.env.fs.exists(&dir).await.unwrap_or(false) {
-                match self.env.fs.remove_dir_all(&dir).await {
-                    Ok(()) => {
-                        tracing::info!(dir = %dir.display(), "removed a partition handed over to another node")
+            let key = (ended.topic.clone(), ended.incarnation, ended.partition);
+            self.owners.slots.borrow_mut().remove(&key);
+            if let Some(offset) = ended.promoted_at_offset {
+                match self.holds_past(&dir, offset).await {
+                    Ok(false) => {}
+                    Ok(true) => {
+                        self.quarantine(ended, &dir, offset).await;
+                        continue;
                     }
                     Err(error) => {
-                        tracing::warn!(dir = %dir.display(), %error, "could not remove a partition handed over")
+                        tracing::error!(dir = %dir.display(), %error, "could not read a promoted move's old copy; it stays");
+                        continue;
                     }
                 }
+            }
+            match self.env.fs.remove_dir_all(&dir).await {
+                Ok(()) => {
+                    tracing::info!(dir = %dir.display(), "removed a partition handed over to another node")
+                }
+                Err(error) => {
+                    tracing::warn!(dir = %dir.display(), %error, "could not remove a partition handed over")
+                }
+            }
+        }
+    }
+
+    /// Whether the partition log in `dir` holds offsets at or past `offset`.
+    async fn holds_past(&self, dir: &Path, offset: u64) -> Result<bool, StorageError> {
+        let config = LogConfig {
+            segment_bytes: self.settings.storage.segment_bytes,
+            prealloc_step_bytes: SEGMENT_PREALLOC_STEP_BYTES_DEFAULT
+                .min(self.settings.storage.segment_bytes),
+            retention_ms: 0,
+        };
+        let (log, _) =
+            PartitionLog::open(&self.env.fs, dir, config, self.env.clock.clone()).await?;
+        Ok(log.high_watermark() > offset)
+    }
+
+    async fn quarantine(&self, ended: &Move, dir: &Path, offset: u64) {
+        let root = self.env.data_dir.join("quarantine");
+        let to = root.join(format!(
+            "{}-{}-{}-move-{}",
+            ended.topic, ended.incarnation, ended.partition, ended.id
+        ));
+        let moved = async {
+            self.env.fs.create_dir_all(&root).await?;
+            self.env.fs.rename(dir, &to).await?;
+            self.env.fs.sync_dir(&root).await?;
+            if let Some(parent) = dir.parent() {
+                self.env.fs.sync_dir(parent).await?;
+            }
+            Ok::<(), std::io::Error>(())
+        };
+        match moved.await {
+            Ok(()) => {
+                metrics::counter!(crate::metric_names::QUARANTINED_PARTITIONS_TOTAL).increment(1);
+                tracing::error!(
+                    topic = %ended.topic, partition = ended.partition, id = ended.id,
+                    promoted_at = offset, folder = %to.display(),
+                    "this node holds messages of a partition that was promoted elsewhere while it was away: quarantined, never served (see the docs on recovering them)"
+                );
+            }
+            Err(error) => {
+                tracing::error!(dir = %dir.display(), %error, "could not quarantine a promoted move's old copy; it stays")
             }
         }
     }
@@ -679,7 +922,8 @@ impl<F: FileSystem> Shard<F> {
     /// node moves to the others; it takes no new ones.
     pub async fn decommission(&self, node: NodeId) -> Result<Vec<Move>, ApiError> {
         let view = self.view();
-        if !view.state.nodes.contains_key(&node) {
+        let member = self.env.meta.members().iter().any(|(id, _)| *id == node);
+        if !member && !view.state.nodes.contains_key(&node) {
             return Err(ApiError::new(
                 ErrorCode::NotFound,
                 format!("node {node} is not a member of the cluster"),
@@ -744,4 +988,16 @@ impl<F: FileSystem> Shard<F> {
             .map(|_| ())
             .map_err(|e| from_meta(&e))
     }
+}
+
+/// The source's segments as the copy's bookkeeping takes them.
+fn extents_of(state: &SourceState) -> Vec<SegmentExtent> {
+    state
+        .extents
+        .iter()
+        .map(|(name, written)| SegmentExtent {
+            name: name.clone(),
+            written: *written,
+        })
+        .collect()
 }

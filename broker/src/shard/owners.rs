@@ -10,6 +10,9 @@ impl<F: FileSystem> Shard<F> {
             self.placement(topic).shard_of(partition) == self.shard_index(),
             "a shard opens only its own partitions"
         );
+        if !self.serves(topic, partition) {
+            return Err(Self::moving_error(topic, partition));
+        }
         let key = (topic.name.clone(), topic.incarnation, partition);
         loop {
             let seen = self.owners.changed.version();
@@ -37,6 +40,10 @@ impl<F: FileSystem> Shard<F> {
         let result = match opened {
             Ok(owner) => {
                 let owner = Rc::new(owner);
+                // A partition frozen for a handover before it opened.
+                if self.is_frozen(topic, partition) {
+                    owner.mark_frozen();
+                }
                 owners.insert(key, OwnerSlot::Ready(owner.clone()));
                 Ok(owner)
             }

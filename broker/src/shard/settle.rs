@@ -88,7 +88,16 @@ impl<F: FileSystem> Shard<F> {
     /// Decodes a receipt: 400 if forged or of another topic, 410 if it comes
     /// from an earlier start of the node or names a partition that is gone.
     pub(super) fn check_receipt(&self, topic: &Topic, text: &str) -> Result<Receipt, ApiError> {
-        let receipt = Receipt::decode(text, &topic.name, &self.env.receipt_key)?;
+        let receipt = match Receipt::decode(text, &topic.name, &self.env.receipt_key) {
+            Ok(receipt) => receipt,
+            // Issued by the partition's owner before it moved here (another
+            // node's key): that lease ended with the move.
+            Err(error) => {
+                let moved = Receipt::peek(text, &topic.name)
+                    .is_ok_and(|r| self.moved_here(topic, r.partition));
+                return Err(if moved { Self::lease_gone() } else { error });
+            }
+        };
         if receipt.owner_epoch != self.identity.incarnation
             || receipt.partition >= topic.config.partitions
         {

@@ -216,6 +216,7 @@ impl<F: FileSystem> Shard<F> {
         self.reconcile_children();
         self.reap_deleted_topics().await;
         self.learn_peers();
+        self.reconcile_moves();
         while changes.changed().await.is_ok() {
             self.learn_peers();
             self.reconcile_owners();

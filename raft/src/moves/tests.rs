@@ -246,7 +246,10 @@ fn only_a_dead_or_decommissioned_node_that_owns_nothing_is_removed() {
     let mut state = cluster(&[1, 2]);
     topic(&mut state, "t", &[1, 2]);
     assert_eq!(
-        state.apply(&Command::RemoveNode { id: 2 }),
+        state.apply(&Command::RemoveNode {
+            id: 2,
+            member: true
+        }),
         Err(Refused::NodeOwnsPartitions {
             node: 2,
             partitions: 1
@@ -261,7 +264,10 @@ fn only_a_dead_or_decommissioned_node_that_owns_nothing_is_removed() {
     };
     assert!(state.nodes[&2].decommissioning);
     assert!(matches!(
-        state.apply(&Command::RemoveNode { id: 2 }),
+        state.apply(&Command::RemoveNode {
+            id: 2,
+            member: true
+        }),
         Err(Refused::NodeOwnsPartitions { .. })
     ));
     for planned in moves {
@@ -281,7 +287,10 @@ fn only_a_dead_or_decommissioned_node_that_owns_nothing_is_removed() {
             .expect("applied");
     }
     state
-        .apply(&Command::RemoveNode { id: 2 })
+        .apply(&Command::RemoveNode {
+            id: 2,
+            member: true,
+        })
         .expect("applied");
     assert!(!state.nodes.contains_key(&2));
     // The controller does not bring it back; admitting it again does.
@@ -300,9 +309,28 @@ fn only_a_dead_or_decommissioned_node_that_owns_nothing_is_removed() {
         })
         .expect("applied");
     assert!(state.nodes[&2].alive && !state.nodes[&2].decommissioning);
+    // A member the controller has not judged is in service; a stranger is
+    // not a member.
+    assert_eq!(
+        state.apply(&Command::RemoveNode {
+            id: 7,
+            member: true
+        }),
+        Err(Refused::NodeInService(7))
+    );
+    assert_eq!(
+        state.apply(&Command::RemoveNode {
+            id: 8,
+            member: false
+        }),
+        Err(Refused::NoSuchNode(8))
+    );
     // An alive node in service is not removed.
     assert_eq!(
-        state.apply(&Command::RemoveNode { id: 1 }),
+        state.apply(&Command::RemoveNode {
+            id: 1,
+            member: true
+        }),
         Err(Refused::NodeOwnsPartitions {
             node: 1,
             partitions: 2

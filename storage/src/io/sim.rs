@@ -593,9 +593,48 @@ impl FileSystem for SimFs {
     }
 
     async fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        let mut disk = self.disk.borrow_mut();
+        let mut guard = self.disk.borrow_mut();
+        let disk = &mut *guard;
         if let Some(e) = disk.check_fault(FaultOp::Rename, from) {
             return Err(e);
+        }
+        if disk.dirs.contains(from) {
+            // A folder moves whole, with what is under it. Like
+            // `remove_dir_all`, the simulation makes it durable at once.
+            let moved = |path: &Path| -> Option<PathBuf> {
+                path.strip_prefix(from).ok().map(|rest| to.join(rest))
+            };
+            if disk.dirs.iter().any(|d| d.starts_with(to))
+                || disk.names.keys().any(|n| n.starts_with(to))
+            {
+                return Err(io::Error::from_raw_os_error(libc::ENOTEMPTY));
+            }
+            let dirs: Vec<PathBuf> = disk
+                .dirs
+                .iter()
+                .filter(|d| d.starts_with(from))
+                .cloned()
+                .collect();
+            for dir in dirs {
+                disk.dirs.remove(&dir);
+                if let Some(new) = moved(&dir) {
+                    disk.dirs.insert(new);
+                }
+            }
+            for table in [&mut disk.names, &mut disk.durable_names] {
+                let entries: Vec<(PathBuf, u64)> = table
+                    .iter()
+                    .filter(|(n, _)| n.starts_with(from))
+                    .map(|(n, id)| (n.clone(), *id))
+                    .collect();
+                for (name, id) in entries {
+                    table.remove(&name);
+                    if let Some(new) = moved(&name) {
+                        table.insert(new, id);
+                    }
+                }
+            }
+            return Ok(());
         }
         let id = disk
             .names
@@ -614,6 +653,38 @@ impl FileSystem for SimFs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_folder_renamed_takes_its_files_along_for_good() {
+        let fs = SimFs::new(3);
+        let (from, to) = (Path::new("/d/t-1/0.incoming"), Path::new("/d/t-1/0"));
+        futures_lite::future::block_on(async {
+            fs.create_dir_all(&from.join("consumer"))
+                .await
+                .expect("dir");
+            let file = fs
+                .open(
+                    &from.join("consumer").join("s.ack"),
+                    OpenMode::CREATE_BUFFERED,
+                )
+                .await
+                .expect("open");
+            file.write_at(b"x", 0).await.expect("write");
+            file.sync_data().await.expect("sync");
+            fs.sync_dir(&from.join("consumer")).await.expect("sync dir");
+            fs.rename(from, to).await.expect("rename");
+            fs.power_loss();
+            assert!(fs
+                .exists(&to.join("consumer").join("s.ack"))
+                .await
+                .expect("exists"));
+            assert!(!fs.exists(from).await.expect("exists"));
+            assert_eq!(
+                fs.list_dir(to).await.expect("list"),
+                vec!["consumer".to_string()]
+            );
+        });
+    }
 
     #[test]
     fn remove_dir_all_removes_the_folder_and_only_it_for_good() {
