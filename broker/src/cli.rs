@@ -995,3 +995,100 @@ pub fn dlq(args: &ClientArgs, action: &DlqAction) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// What `narad quarantine` does.
+#[derive(Subcommand, Debug)]
+pub enum QuarantineAction {
+    /// Print every message a quarantined partition folder holds, oldest
+    /// first, one JSON object a line (`offset`, `id`, `produced_at_ms`,
+    /// `key`, and `value` or `value_base64`).
+    Export { folder: String },
+    /// Produce every message of a quarantined partition folder to TOPIC
+    /// (keys kept; each gets a new id). Messages already delivered from the
+    /// promoted copy arrive again: this is at-least-once.
+    Replay {
+        folder: String,
+        #[arg(long)]
+        topic: String,
+    },
+}
+
+/// Messages per batch a replay produces.
+const REPLAY_BATCH: usize = 100;
+
+pub fn quarantine(args: &ClientArgs, action: &QuarantineAction) -> Result<(), String> {
+    match action {
+        QuarantineAction::Export { folder } => {
+            for message in quarantined(folder)? {
+                println!("{}", message_json(&message));
+            }
+            Ok(())
+        }
+        QuarantineAction::Replay { folder, topic } => {
+            let messages = quarantined(folder)?;
+            let client = client(args)?;
+            let path = format!("/v1/topics/{}/messages/batch", encode_segment(topic));
+            for chunk in messages.chunks(REPLAY_BATCH) {
+                let items: Vec<Value> = chunk
+                    .iter()
+                    .map(|m| {
+                        let mut item = message_json(m);
+                        if let Some(object) = item.as_object_mut() {
+                            object.retain(|k, _| {
+                                ["key", "value", "value_base64"].contains(&k.as_str())
+                            });
+                        }
+                        item
+                    })
+                    .collect();
+                call(&client, "POST", &path, &json!({ "messages": items }))?;
+            }
+            if args.output == Output::Human {
+                println!("{} messages produced to {topic}", messages.len());
+            }
+            Ok(())
+        }
+    }
+}
+
+/// The messages of a partition folder, read from its segment files.
+fn quarantined(folder: &str) -> Result<Vec<narad_storage::log::StoredMessage>, String> {
+    let dir = std::path::Path::new(folder);
+    let entries = std::fs::read_dir(dir).map_err(|e| format!("{folder}: {e}"))?;
+    let mut files = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| format!("{folder}: {e}"))?;
+        let name = entry.file_name().to_string_lossy().to_string();
+        if name.ends_with(".seg") {
+            let bytes = std::fs::read(entry.path()).map_err(|e| format!("{name}: {e}"))?;
+            files.push((name, bytes));
+        }
+    }
+    if files.is_empty() {
+        return Err(format!("{folder} holds no segment files (*.seg)"));
+    }
+    Ok(narad_storage::log::messages_in_segments(
+        files.iter().map(|(n, b)| (n.as_str(), b.as_slice())),
+    ))
+}
+
+fn message_json(stored: &narad_storage::log::StoredMessage) -> Value {
+    use base64::Engine;
+    let message = &stored.message;
+    let mut value = json!({
+        "offset": stored.offset,
+        "id": format!("{:032x}", message.id),
+        "produced_at_ms": message.produced_at_ms,
+    });
+    if let Some(key) = &message.key {
+        value["key"] = json!(String::from_utf8_lossy(key));
+    }
+    match std::str::from_utf8(&message.value) {
+        Ok(text) => value["value"] = json!(text),
+        Err(_) => {
+            value["value_base64"] =
+                json!(base64::engine::general_purpose::STANDARD.encode(&message.value))
+        }
+    }
+    value
+}

@@ -188,7 +188,7 @@ const KEYS: &[(&str, Kind, Option<&str>)] = &[
     (
         "cluster.move_bytes_per_s",
         Kind::U64 {
-            min: 65_536,
+            min: 4_096,
             max: 1 << 40,
         },
         Some("104857600"),

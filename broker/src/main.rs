@@ -4,8 +4,8 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 use narad_broker::cli::{
-    self, ChildAction, ClientArgs, ClusterAction, DlqAction, GrantAction, SchemaAction,
-    TokenAction, TopicAction, UserAction,
+    self, ChildAction, ClientArgs, ClusterAction, DlqAction, GrantAction, QuarantineAction,
+    SchemaAction, TokenAction, TopicAction, UserAction,
 };
 use narad_broker::config::Config;
 
@@ -76,6 +76,14 @@ enum Command {
     Grant {
         #[command(subcommand)]
         action: GrantAction,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Read what a node quarantined (a partition promoted elsewhere while
+    /// it was away), and produce it again.
+    Quarantine {
+        #[command(subcommand)]
+        action: QuarantineAction,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -223,6 +231,7 @@ fn main() -> ExitCode {
         Command::Token { action, client } => cli::token(client, action),
         Command::Grant { action, client } => cli::grant(client, action),
         Command::Schema { action, client } => cli::schema(client, action),
+        Command::Quarantine { action, client } => cli::quarantine(client, action),
         Command::Produce {
             topic,
             value,

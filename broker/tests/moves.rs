@@ -186,3 +186,219 @@ fn a_joined_node_takes_partitions_in_a_rebalance_and_a_decommission_empties_a_no
     );
     drop(fourth);
 }
+
+/// Flags of a cluster whose moves copy slowly (32 KiB/s), so a test can
+/// act mid-copy (the last 512 KiB are copied during the freeze, at once), and that marks a silent node dead and promotes quickly.
+const SLOW_MOVES: [&str; 10] = [
+    "--set",
+    "cluster.move_bytes_per_s=32768",
+    "--set",
+    "cluster.node_dead_after_ms=2000",
+    "--set",
+    "cluster.heartbeat_interval_ms=200",
+    "--set",
+    "cluster.move_promote_after_ms=3000",
+    "--set",
+    "storage.segment_bytes=262144",
+];
+
+/// The high watermark of `topic`'s only partition.
+fn high_watermark(node: &Node, topic: &str) -> u64 {
+    let (_, answer) = node.request("GET", &format!("/v1/topics/{topic}"), b"");
+    answer["partition_stats"][0]["high_watermark"]
+        .as_u64()
+        .unwrap_or(0)
+}
+
+/// Adds `count` 1 KiB messages to the one partition of `topic`, and waits
+/// until its owner committed them.
+fn fill(node: &Node, topic: &str, count: usize) -> Vec<String> {
+    let from = high_watermark(node, topic);
+    let mut ids = Vec::new();
+    for chunk in 0..count.div_ceil(100) {
+        let messages: Vec<Value> = (0..100.min(count - chunk * 100))
+            .map(|i| json!({"value": format!("{chunk:04}-{i:04}-{}", "x".repeat(1000))}))
+            .collect();
+        let (status, answer) = node.json(
+            "POST",
+            &format!("/v1/topics/{topic}/messages/batch"),
+            json!({ "messages": messages }),
+        );
+        assert_eq!(status, 202, "{answer}");
+        ids.extend(
+            answer["ids"]
+                .as_array()
+                .expect("ids")
+                .iter()
+                .filter_map(|id| id.as_str().map(str::to_string)),
+        );
+    }
+    assert!(
+        eventually(MOVES_DEADLINE, || high_watermark(node, topic)
+            >= from + ids.len() as u64),
+        "the partition holds the messages"
+    );
+    ids
+}
+
+fn owner_of(node: &Node, topic: &str) -> u64 {
+    let (_, answer) = node.request("GET", &format!("/v1/topics/{topic}"), b"");
+    answer["partition_stats"][0]["owner"]
+        .as_u64()
+        .expect("the partition's owner")
+}
+
+fn the_move(node: &Node, id: &str) -> Value {
+    let (_, answer) = node.request("GET", "/v1/cluster/moves", b"");
+    answer["moves"]
+        .as_array()
+        .and_then(|moves| moves.iter().find(|m| m["id"] == id).cloned())
+        .unwrap_or(Value::Null)
+}
+
+/// The move's id, planned by decommissioning the owner of `topic`'s only
+/// partition.
+fn decommission_owner(node: &Node, topic: &str) -> (u64, String, u64) {
+    let owner = owner_of(node, topic);
+    let (status, planned) = node.json(
+        "POST",
+        &format!("/v1/cluster/nodes/{owner}/decommission"),
+        json!({}),
+    );
+    assert_eq!(status, 202, "{planned}");
+    let planned = planned["moves"][0].clone();
+    let id = planned["id"].as_str().expect("a move").to_string();
+    (owner, id, planned["to"].as_u64().expect("to"))
+}
+
+fn copying_some(node: &Node, id: &str) -> bool {
+    let state = the_move(node, id);
+    state["state"] == "copying" && state["copied_bytes"].as_u64().unwrap_or(0) > 0
+}
+
+#[test]
+fn a_move_whose_source_dies_is_promoted_and_the_source_quarantines_what_it_held() {
+    let mut cluster = Cluster::start_with(3, &SLOW_MOVES);
+    cluster.nodes[0].create_topic("big", json!({"partitions": 1}));
+    let owner = owner_of(&cluster.nodes[0], "big");
+    let writer = (0..3)
+        .find(|i| *i as u64 + 1 != owner)
+        .expect("another node");
+    fill(&cluster.nodes[writer], "big", 700);
+    let (source, id, to) = decommission_owner(&cluster.nodes[writer], "big");
+    assert!(
+        eventually(MOVES_DEADLINE, || copying_some(&cluster.nodes[writer], &id)),
+        "the move copies: {}",
+        the_move(&cluster.nodes[writer], &id)
+    );
+    // The source dies mid-copy and stays away.
+    let source_index = usize::try_from(source - 1).expect("index");
+    cluster.nodes[source_index].kill();
+    let survivor = &cluster.nodes[usize::try_from(to - 1).expect("index")];
+    assert!(
+        eventually(MOVES_DEADLINE, || the_move(survivor, &id)["state"]
+            == "promoted"),
+        "promoted after the source was dead a while: {}",
+        the_move(survivor, &id)
+    );
+    assert_eq!(owner_of(survivor, "big"), to);
+    // The partition takes new messages on its new owner.
+    let after = fill(survivor, "big", 5);
+    let seen = consume_all(survivor, "big");
+    assert!(
+        after.iter().all(|id| seen.contains_key(id)),
+        "new messages arrive"
+    );
+    assert!(!seen.is_empty());
+    let copied = the_move(survivor, &id)["promoted_at_offset"]
+        .as_u64()
+        .expect("offset");
+    assert!(copied < 700, "the copy was partial: {copied}");
+
+    // The source comes back: it holds what the copy lacked, quarantines it
+    // and never serves it.
+    cluster.nodes[source_index].restart();
+    let returned = &cluster.nodes[source_index];
+    let quarantine = returned.data_dir.join("quarantine");
+    assert!(
+        eventually(MOVES_DEADLINE, || std::fs::read_dir(&quarantine)
+            .is_ok_and(|mut d| d.next().is_some())),
+        "a quarantine folder: {}",
+        returned.stderr()
+    );
+    assert!(support::metric(returned, "narad_quarantined_partitions_total") >= 1.0);
+    assert!(returned.stderr().contains("quarantined"));
+    // The quarantined folder holds the source's whole log; the CLI reads it.
+    let folder = std::fs::read_dir(&quarantine)
+        .expect("quarantine")
+        .next()
+        .expect("a folder")
+        .expect("entry")
+        .path();
+    let (ok, out, err) = narad(
+        returned,
+        &["quarantine", "export", folder.to_str().expect("path")],
+    );
+    assert!(ok, "{err}");
+    let exported = out.lines().count();
+    assert_eq!(exported, 700, "every message the source held");
+    // What the partition serves now comes from its new owner only.
+    assert_eq!(owner_of(returned, "big"), to);
+}
+
+#[test]
+fn a_move_survives_its_destinations_restart_and_a_change_of_raft_leader() {
+    let mut cluster = Cluster::start_with(3, &SLOW_MOVES);
+    cluster.nodes[0].create_topic("big", json!({"partitions": 1}));
+    let owner = owner_of(&cluster.nodes[0], "big");
+    let writer = (0..3)
+        .find(|i| *i as u64 + 1 != owner)
+        .expect("another node");
+    let mut accepted = fill(&cluster.nodes[writer], "big", 700);
+    let (_, id, to) = decommission_owner(&cluster.nodes[writer], "big");
+    let destination = usize::try_from(to - 1).expect("index");
+    let observer = (0..3)
+        .find(|i| *i != destination && *i as u64 + 1 != owner)
+        .expect("a third node");
+    assert!(eventually(MOVES_DEADLINE, || copying_some(
+        &cluster.nodes[observer],
+        &id
+    )));
+    // The destination restarts mid-copy: it copies again from the start.
+    cluster.nodes[destination].kill();
+    cluster.nodes[destination].restart();
+    // The Raft leader stops and starts again while the move copies.
+    let leader = cluster.leader(&[0, 1, 2]).expect("a leader");
+    cluster.nodes[leader].terminate();
+    cluster.nodes[leader].restart();
+    accepted.extend(fill(&cluster.nodes[observer], "big", 20));
+    let ended = |id: &str| {
+        let mut state = Value::Null;
+        let over = eventually(MOVES_DEADLINE, || {
+            state = the_move(&cluster.nodes[observer], id)["state"].clone();
+            state == "done" || state == "abandoned"
+        });
+        assert!(
+            over,
+            "the move ended: {}",
+            the_move(&cluster.nodes[observer], id)
+        );
+        state
+    };
+    // It ends done or (a restart during its freeze) abandoned cleanly; the
+    // decommission then plans it again.
+    let mut id = id;
+    while ended(&id) == "abandoned" {
+        let path = format!("/v1/cluster/nodes/{owner}/decommission");
+        let (status, planned) = cluster.nodes[observer].json("POST", &path, json!({}));
+        assert_eq!(status, 202, "{planned}");
+        id = planned["moves"][0]["id"]
+            .as_str()
+            .expect("a move")
+            .to_string();
+    }
+    assert_ne!(owner_of(&cluster.nodes[observer], "big"), owner);
+    let seen = consume_all(&cluster.nodes[observer], "big");
+    let missing = accepted.iter().filter(|id| !seen.contains_key(*id)).count();
+    assert_eq!(missing, 0, "{missing} of {} lost", accepted.len());
+}

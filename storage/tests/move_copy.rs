@@ -86,6 +86,22 @@ fn a_log_copied_while_it_grows_opens_whole_at_its_destination() {
     let expected = block_on(source.read(0, 10_000, usize::MAX)).expect("ok");
     assert_eq!(all.len(), expected.len());
     assert!(all.iter().zip(&expected).all(|(a, b)| a == b));
+    // A tool reads the same messages from the files alone.
+    let mut files = Vec::new();
+    for name in progress.names() {
+        let file = block_on(fs.open(
+            &to.join(name),
+            narad_storage::io::OpenMode::EXISTING_BUFFERED,
+        ))
+        .expect("open");
+        let bytes =
+            block_on(narad_storage::io::StorageFile::read_at(&file, 0, 1 << 20)).expect("read");
+        files.push((name.to_string(), bytes));
+    }
+    let read = narad_storage::log::messages_in_segments(
+        files.iter().map(|(n, b)| (n.as_str(), b.as_slice())),
+    );
+    assert_eq!(read, expected, "the files alone hold every message");
     // Appends go on from the source's next offset.
     let next = block_on(copy.append(&messages(id, 1))).expect("ok");
     assert_eq!(next, source.high_watermark());

@@ -556,13 +556,18 @@ impl<F: FileSystem> Shard<F> {
                 self.report_progress(&run.planned, run.progress.copied_bytes(), remaining, false)
                     .await;
             }
-            let next = run.progress.next_read(&extents, MOVE_CHUNK_BYTES);
+            // A read is never more than a second's worth of the rate (and
+            // at least a block), so the rate holds from the first read on.
+            let block = narad_storage::limits::BLOCK_BYTES;
+            let chunk = MOVE_CHUNK_BYTES
+                .min(bucket.rate() / block * block)
+                .max(block);
+            let next = run.progress.next_read(&extents, chunk);
             let Some(read) = next.filter(|_| remaining >= until.max(1)) else {
                 return Ok(());
             };
             // At most `cluster.move_bytes_per_s`.
-            let wanted = read.len.min(self.settings.cluster.move_bytes_per_s);
-            while bucket.available(self.now()) < wanted {
+            while bucket.available(self.now()) < read.len.min(bucket.rate()) {
                 let wait = bucket.wait_ms().max(1);
                 self.env.runtime.sleep(Duration::from_millis(wait)).await;
             }

@@ -59,6 +59,11 @@ impl Bucket {
         self.tokens -= n as f64;
     }
 
+    /// Tokens a second.
+    pub(super) fn rate(&self) -> u64 {
+        self.rate
+    }
+
     /// Milliseconds until one token is there.
     pub(super) fn wait_ms(&self) -> u64 {
         let missing = (1.0 - self.tokens).max(0.0);

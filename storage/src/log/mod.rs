@@ -22,6 +22,7 @@ pub mod batch;
 pub mod copy;
 
 use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
@@ -163,6 +164,45 @@ fn parse_segment_name(name: &str) -> Option<(u64, u64)> {
     let stem = name.strip_suffix(SEGMENT_SUFFIX)?;
     let (seq, base) = stem.split_once('-')?;
     Some((seq.parse().ok()?, base.parse().ok()?))
+}
+
+/// The messages a partition folder's segment files hold (their bytes, in
+/// name order), oldest first, read without opening the log: for tools that
+/// look into a folder no node serves (a quarantined partition). Damaged
+/// records are left out; a later segment supersedes earlier batches from
+/// its base offset on, as recovery does.
+pub fn messages_in_segments<'a>(
+    segments: impl IntoIterator<Item = (&'a str, &'a [u8])>,
+) -> Vec<StoredMessage> {
+    let mut found: Vec<(u64, u64, &[u8])> = segments
+        .into_iter()
+        .filter_map(|(name, bytes)| parse_segment_name(name).map(|(seq, base)| (seq, base, bytes)))
+        .collect();
+    found.sort_by_key(|(seq, base, _)| (*seq, *base));
+    let mut out: BTreeMap<u64, StoredMessage> = BTreeMap::new();
+    for (_, name_base, bytes) in found {
+        let block = usize::try_from(BLOCK_BYTES).unwrap_or(4096);
+        let base = bytes
+            .get(..block)
+            .and_then(decode_segment_header)
+            .unwrap_or(name_base);
+        // A later segment supersedes what earlier ones hold from its base.
+        out.split_off(&base);
+        for entry in scan_segment(bytes, base).batches {
+            let Some(batch) = usize::try_from(entry.pos)
+                .ok()
+                .and_then(|at| batch::decode_batch(bytes, at))
+            else {
+                continue;
+            };
+            for (offset, record) in (batch.base_offset..).zip(batch.records) {
+                if let Some(message) = record {
+                    out.insert(offset, StoredMessage { offset, message });
+                }
+            }
+        }
+    }
+    out.into_values().collect()
 }
 
 fn encode_segment_header(seq: u64, base_offset: u64, created_ms: u64) -> Vec<u8> {
