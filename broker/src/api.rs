@@ -102,7 +102,11 @@ pub const ROUTES: &[RouteSpec] = &[
         "/v1/cluster/rebalance",
         &[(Method::POST, Need::Cluster)],
     ),
-    spec("moves", "/v1/cluster/moves", &[(Method::GET, Need::Anyone)]),
+    spec(
+        "moves",
+        "/v1/cluster/moves",
+        &[(Method::GET, Need::Anyone), (Method::POST, Need::Cluster)],
+    ),
     spec("topics", "/v1/topics", &[(Method::GET, Need::Anyone)]),
     spec(
         "topic",
@@ -499,6 +503,15 @@ async fn dispatch(
         }
         ("rebalance", _) => {
             let moves = shard.rebalance().await?;
+            Ok(json_response(
+                StatusCode::ACCEPTED,
+                &cluster::moves_json(&moves),
+            ))
+        }
+        ("moves", _) if method == Method::POST => {
+            let (topic, partition, to) = cluster::parse_move(&body)?;
+            let topic = shard.topic(&topic)?;
+            let moves = shard.move_partition(&topic, partition, to).await?;
             Ok(json_response(
                 StatusCode::ACCEPTED,
                 &cluster::moves_json(&moves),

@@ -230,6 +230,14 @@ pub enum ClusterAction {
     Moves,
     /// Plan moves that even partitions out over the live nodes.
     Rebalance,
+    /// Move one partition to another node.
+    Move {
+        topic: String,
+        partition: u32,
+        /// The node to move it to.
+        #[arg(long)]
+        to: u64,
+    },
     /// Move every partition off a node; it takes no new ones.
     Decommission { id: u64 },
     /// Admit a node (it then starts with `--join`).
@@ -277,6 +285,15 @@ pub fn cluster(args: &ClientArgs, action: &ClusterAction) -> Result<(), String> 
         }
         ClusterAction::Rebalance => {
             let planned = call(&client, "POST", "/v1/cluster/rebalance", &json!({}))?.body;
+            print_moves(args.output, &planned);
+        }
+        ClusterAction::Move {
+            topic,
+            partition,
+            to,
+        } => {
+            let body = json!({"topic": topic, "partition": partition, "to": to});
+            let planned = call(&client, "POST", "/v1/cluster/moves", &body)?.body;
             print_moves(args.output, &planned);
         }
         ClusterAction::Decommission { id } => {

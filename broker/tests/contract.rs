@@ -977,6 +977,12 @@ fn suite_2_faults_every_accepted_message_is_acked_in_the_end() {
         let (shared, stop) = (shared.clone(), children_stop.clone());
         std::thread::spawn(move || child_consumer(shared, stop))
     };
+    // Partitions move while nodes crash.
+    let moving_stop = Arc::new(AtomicBool::new(false));
+    let moving = {
+        let (shared, stop) = (shared.clone(), moving_stop.clone());
+        std::thread::spawn(move || mover(shared, seed, stop))
+    };
 
     let started = Instant::now();
     let mut done = Vec::new();
@@ -1032,7 +1038,10 @@ fn suite_2_faults_every_accepted_message_is_acked_in_the_end() {
         }
         done.push(fault);
     }
+    moving_stop.store(true, Ordering::SeqCst);
+    let planned_moves = moving.join().expect("the mover");
     let drained = finish(&shared, producing, consuming, true);
+    let handed_over = record_handovers(&shared);
     let children_done = eventually(SETTLE_DEADLINE, || children_drained(&shared));
     if !children_done {
         for node in 0..CLUSTER_NODES {
@@ -1088,6 +1097,10 @@ fn suite_2_faults_every_accepted_message_is_acked_in_the_end() {
     let report = judge("suite2-faults", seed, &shared, Strictness::Faults);
     assert!(report.accepted > 0, "produces went through between faults");
     assert!(
+        handed_over > 0,
+        "{planned_moves} moves planned, none handed over among the faults (seed {seed})"
+    );
+    assert!(
         children_done && report.child_delivered > 0,
         "the children copied and delivered everything within {SETTLE_DEADLINE:?} (seed {seed})"
     );
@@ -1103,7 +1116,8 @@ fn suite_2_faults_every_accepted_message_is_acked_in_the_end() {
         .count();
     eprintln!(
         "suite2: {} faults in {:.0} s: {} kills, {} power cuts, {} SIGTERMs, {} pauses; \
-         {two_at_once} of them on two nodes at once",
+         {two_at_once} of them on two nodes at once; {planned_moves} moves planned, \
+         {handed_over} handed over",
         done.len(),
         started.elapsed().as_secs_f64(),
         count(NemesisAction::Kill),
@@ -1114,6 +1128,85 @@ fn suite_2_faults_every_accepted_message_is_acked_in_the_end() {
     if done.len() <= 12 {
         eprintln!("suite2: faults {:?}", &plan[..done.len()]);
     }
+}
+
+/// Moves partitions of the topics to other nodes, one every few seconds,
+/// while the nemesis runs (`POST /v1/cluster/moves`; a refusal, such as a
+/// partition moving already or no quorum, is skipped).
+fn mover(shared: Arc<Shared>, seed: u64, stop: Arc<AtomicBool>) -> usize {
+    let mut rng = Rng::new(seed ^ 0x4D0E);
+    let mut planned = 0;
+    while !stop.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(rng.between(1_000, 4_000)));
+        let node = usize::try_from(rng.below(CLUSTER_NODES as u64)).unwrap_or(0);
+        let topic = TOPICS[usize::try_from(rng.below(TOPICS.len() as u64)).unwrap_or(0)];
+        let Ok((200, described)) = try_request(
+            &shared.addr(node),
+            "GET",
+            &format!("/v1/topics/{topic}"),
+            b"",
+            CLIENT_TIMEOUT,
+        ) else {
+            continue;
+        };
+        let partitions = described["partitions"].as_u64().unwrap_or(1);
+        let partition = rng.below(partitions);
+        let owner = described["partition_stats"][partition as usize]["owner"]
+            .as_u64()
+            .unwrap_or(0);
+        let to = 1 + (owner + rng.below(CLUSTER_NODES as u64 - 1)) % CLUSTER_NODES as u64;
+        let body = json!({"topic": topic, "partition": partition, "to": to});
+        if let Ok((202, _)) = try_request(
+            &shared.addr(node),
+            "POST",
+            "/v1/cluster/moves",
+            body.to_string().as_bytes(),
+            CLIENT_TIMEOUT,
+        ) {
+            planned += 1;
+        }
+    }
+    planned
+}
+
+/// Records each handover the cluster made (it ended its partition's
+/// leases); answers how many moves ended done or promoted.
+fn record_handovers(shared: &Shared) -> usize {
+    let listing = (0..CLUSTER_NODES).find_map(|node| {
+        match try_request(
+            &shared.addr(node),
+            "GET",
+            "/v1/cluster/moves",
+            b"",
+            CLIENT_TIMEOUT,
+        ) {
+            Ok((200, listing)) => Some(listing),
+            _ => None,
+        }
+    });
+    let moves = listing
+        .and_then(|l| l["moves"].as_array().cloned())
+        .unwrap_or_default();
+    let mut handed = 0;
+    for done in moves
+        .iter()
+        .filter(|m| m["state"] == "done" || m["state"] == "promoted")
+    {
+        let at = done["finished_at_ms"].as_u64().unwrap_or(0);
+        shared.history.record_at(
+            "metastore",
+            at,
+            at,
+            Op::Handover {
+                topic: done["topic"].as_str().unwrap_or_default().to_string(),
+                partition: u32::try_from(done["partition"].as_u64().unwrap_or(0)).unwrap_or(0),
+                from: format!("n{}", done["from"]),
+                to: format!("n{}", done["to"]),
+            },
+        );
+        handed += 1;
+    }
+    handed
 }
 
 /// Accepted messages to wait for before the volume is lost, and again after

@@ -150,6 +150,13 @@ fn a_joined_node_takes_partitions_in_a_rebalance_and_a_decommission_empties_a_no
         !ok && err.contains("99"),
         "an unknown node is refused: {err}"
     );
+    let (ok, _, err) = narad(first, &["cluster", "move", "load", "0", "--to", "3"]);
+    assert!(
+        !ok && err.contains('3'),
+        "a decommissioned node takes nothing: {err}"
+    );
+    let (ok, _, err) = narad(first, &["cluster", "move", "load", "99", "--to", "1"]);
+    assert!(!ok && err.contains("out of range"), "{err}");
     let (_, listed) = first.request("GET", "/v1/cluster/moves", b"");
     let done = listed["moves"].as_array().expect("moves");
     assert!(done

@@ -98,7 +98,8 @@ fn start_secured(dir: &std::path::Path) -> Node {
 fn documented_need(label: &str, method: &Method) -> Need {
     match (label, method.as_str()) {
         ("healthz" | "readyz" | "metrics", _) => Need::Open,
-        ("cluster" | "topics" | "schemas" | "moves", _) | ("schema", "GET") => Need::Anyone,
+        ("cluster" | "topics" | "schemas", _) | ("schema" | "moves", "GET") => Need::Anyone,
+        ("moves", "POST") => Need::Cluster,
         ("cluster_nodes" | "cluster_node" | "decommission" | "rebalance", _) => Need::Cluster,
         ("topic" | "children" | "child" | "redrive" | "redrive_task", _) => {
             Need::Topic(Action::Admin)
@@ -131,6 +132,7 @@ fn fixture(
         .replace("{node}", "1");
     let body = match (label, method.as_str()) {
         ("cluster_nodes", _) => json!({"id": 1, "addr": "127.0.0.1:1"}),
+        ("moves", "POST") => json!({"topic": "orders", "partition": 0, "to": 1}),
         ("cluster_node" | "decommission" | "rebalance" | "moves", _) => json!({}),
         ("healthz" | "readyz" | "metrics" | "cluster" | "topics" | "schemas" | "users", _)
         | ("topic" | "schema" | "user_grants" | "children" | "child", "GET" | "DELETE")
@@ -320,8 +322,8 @@ fn every_route_answers_401_401_401_403_then_succeeds() {
             // hand its partitions to nobody: past the grant, the cluster
             // refuses.
             let lone_node_refuses = matches!(
-                spec.label,
-                "cluster_nodes" | "cluster_node" | "decommission"
+                (spec.label, m),
+                ("cluster_nodes" | "cluster_node" | "decommission", _) | ("moves", "POST")
             );
             if receipt_route {
                 assert!(

@@ -292,6 +292,20 @@ impl History {
         }
     }
 
+    /// Records an event whose times are known (what the cluster reports
+    /// afterwards, such as when a handover applied).
+    pub fn record_at(&self, client: &str, start_ms: u64, end_ms: u64, op: Op) {
+        let event = Event {
+            start_ms,
+            end_ms,
+            client: client.to_string(),
+            op,
+        };
+        if let Ok(mut events) = self.events.lock() {
+            events.push(event);
+        }
+    }
+
     pub fn events(&self) -> Vec<Event> {
         self.events.lock().map(|e| e.clone()).unwrap_or_default()
     }

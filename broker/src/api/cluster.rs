@@ -34,6 +34,25 @@ pub(super) fn parse_admit(body: &[u8]) -> Result<(NodeId, String), ApiError> {
     Ok((admit.id, admit.addr))
 }
 
+/// `POST /v1/cluster/moves` with `{"topic": T, "partition": P, "to": N}`.
+pub(super) fn parse_move(body: &[u8]) -> Result<(String, u32, NodeId), ApiError> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct MoveRequest {
+        topic: String,
+        partition: u32,
+        to: NodeId,
+    }
+    let request: MoveRequest = serde_json::from_slice(body).map_err(|e| {
+        ApiError::new(
+            ErrorCode::InvalidRequest,
+            format!("the body must be {{\"topic\": T, \"partition\": P, \"to\": N}}: {e}"),
+        )
+    })?;
+    narad_net::names::validate_topic_name(&request.topic)?;
+    Ok((request.topic, request.partition, request.to))
+}
+
 /// The node id a path names.
 pub(super) fn node_id(segment: Option<&str>) -> Result<NodeId, ApiError> {
     segment

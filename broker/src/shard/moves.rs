@@ -974,6 +974,41 @@ impl<F: FileSystem> Shard<F> {
         }
     }
 
+    /// `POST /v1/cluster/moves`: moves one partition to node `to`.
+    pub async fn move_partition(
+        &self,
+        topic: &Topic,
+        partition: u32,
+        to: NodeId,
+    ) -> Result<Vec<Move>, ApiError> {
+        if partition >= topic.config.partitions {
+            return Err(ApiError::new(
+                ErrorCode::InvalidRequest,
+                format!(
+                    "partition {partition} is out of range: {:?} has {}",
+                    topic.name, topic.config.partitions
+                ),
+            ));
+        }
+        let from = self.owner_node(topic, partition);
+        if from == to {
+            return Err(ApiError::new(
+                ErrorCode::Conflict,
+                format!(
+                    "node {to} owns partition {partition} of {:?} already",
+                    topic.name
+                ),
+            ));
+        }
+        let plan = narad_raft::state::MovePlan {
+            topic: topic.name.clone(),
+            partition,
+            from,
+            to,
+        };
+        self.plan(vec![plan], None).await
+    }
+
     /// `POST /v1/cluster/nodes`: admits a node as a learner.
     pub async fn admit_node(&self, id: NodeId, addr: String) -> Result<(), ApiError> {
         self.env
