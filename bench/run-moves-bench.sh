@@ -8,8 +8,8 @@
 #   and read (dd, O_DIRECT, 256 MiB).
 # - latency: produce -> consumable at 2,000 msg/s (8 producers, 20,000
 #   messages) on a 6-partition topic, ROUNDS runs with no move, then ROUNDS
-#   runs while its partitions move between the nodes, one every 0.3 s; the
-#   medians of p50 and p99 and their ratio.
+#   runs during which every partition of the topic moves once to another
+#   node (two at a time); the medians of p50 and p99 and their ratio.
 # - freeze: how long each handover of those moves froze its partition
 #   (`freeze_ms` in the destinations' logs): p50, p99, max.
 set -euo pipefail
@@ -88,6 +88,51 @@ run_latency() { # label
     --producers 8 --messages 20000 | tee -a "$work/$1"
 }
 for r in $(seq 1 "$rounds"); do run_latency quiet; done
+for r in $(seq 1 "$rounds"); do
+  # A rebalance that moves every partition of the topic once (two at a
+  # time, cluster.max_concurrent_moves), started a second into the run.
+  (sleep 1; for p in 0 1 2 3 4 5; do o=$(owner_of lat "$p"); move lat "$p" $(( o % 3 + 1 )) >/dev/null; done) &
+  run_latency moving
+  wait
+  wait_moves
+done
+field() { # id field
+  curl -sf "http://$first/v1/cluster/moves" |
+    python3 -c "import json,sys; print(next((m['$2'] for m in json.load(sys.stdin)['moves'] if m['id']=='$1'), ''))"
+}
+wait_moves() { # waits until no move is planned or running
+  while curl -sf "http://$first/v1/cluster/moves" | grep -qE '"state":"(planned|copying|freezing)"'; do sleep 0.1; done
+}
+
+echo "== disk: sequential write and read, 256 MiB, O_DIRECT"
+dd if=/dev/zero of="$work/dd" bs=1M count=256 oflag=direct conv=fdatasync 2>&1 | tail -1
+dd if="$work/dd" of=/dev/null bs=1M iflag=direct 2>&1 | tail -1
+rm -f "$work/dd"
+
+echo "== copy: one partition filled for $fill s, moved at the default copy rate"
+curl -sf -X PUT "http://$first/v1/topics/bulk" -d '{"partitions": 1}' >/dev/null
+target/release/narad-bench produce --server "http://$first" --topic bulk --seconds "$fill" --connections 64 |
+  tail -1
+from=$(owner_of bulk 0)
+to=$(( from % 3 + 1 ))
+id=$(move bulk 0 "$to")
+wait_moves
+python3 - "$first" "$id" <<'EOF'
+import json, sys, urllib.request
+moves = json.load(urllib.request.urlopen(f"http://{sys.argv[1]}/v1/cluster/moves"))["moves"]
+m = next(m for m in moves if m["id"] == sys.argv[2])
+took = (m["finished_at_ms"] - m["started_at_ms"]) / 1000
+print(f"move {m['id']}: {m['state']}, {m['copied_bytes'] / 2**20:.1f} MiB in {took:.2f} s "
+      f"= {m['copied_bytes'] / 2**20 / took:.1f} MiB/s (node {m['from']} -> {m['to']})")
+EOF
+
+echo "== latency: produce -> consumable at 2000 msg/s, 8 producers, 20000 messages"
+curl -sf -X PUT "http://$first/v1/topics/lat" -d '{"partitions": 6}' >/dev/null
+run_latency() { # label
+  target/release/narad-bench latency --server "http://$first" --topic lat --rate 2000 \
+    --producers 8 --messages 20000 | tee -a "$work/$1"
+}
+for r in $(seq 1 "$rounds"); do run_latency quiet; done
 mover() { # moves a partition of lat to another node every 0.3 s until killed
   while true; do
     p=$(( RANDOM % 6 ))
@@ -111,3 +156,7 @@ done_moves=$(grep -h "partition handed over" "$work"/n*.err | grep -c freeze_ms 
 echo "== freeze: $done_moves handovers"
 grep -ho 'freeze_ms=[0-9]*' "$work"/n*.err | cut -d= -f2 >"$work/freeze"
 echo "freeze p50 $(percentile 0.5 <"$work/freeze") ms, p99 $(percentile 0.99 <"$work/freeze") ms, max $(sort -n "$work/freeze" | tail -1) ms"
+for part in copy_ms install_ms hand_over_ms; do
+  grep -ho "$part=[0-9]*" "$work"/n*.err | cut -d= -f2 >"$work/$part"
+  echo "  of which $part: p50 $(percentile 0.5 <"$work/$part") ms, p99 $(percentile 0.99 <"$work/$part") ms"
+done

@@ -41,6 +41,8 @@ struct MoveRun {
     dir: PathBuf,
     incoming: PathBuf,
     progress: CopyProgress,
+    /// Segment files written since they were last synced.
+    dirty: std::collections::BTreeSet<String>,
     latest: SourceState,
     reported_at: u64,
 }
@@ -581,6 +583,7 @@ impl<F: FileSystem> Shard<F> {
                     .map_err(|e| Stalled::Failed(from_storage(&e)))?;
                 run.progress
                     .record(&read.name, read.pos, bytes.len() as u64);
+                run.dirty.insert(read.name.clone());
                 metrics::counter!(MOVE_COPIED_BYTES_TOTAL).increment(bytes.len() as u64);
             }
         }
@@ -626,6 +629,7 @@ impl<F: FileSystem> Shard<F> {
             dir,
             incoming,
             progress: CopyProgress::default(),
+            dirty: std::collections::BTreeSet::new(),
             latest: SourceState::default(),
             reported_at: self.now(),
         };
@@ -642,6 +646,9 @@ impl<F: FileSystem> Shard<F> {
         self.ask_patiently(run, MoveAction::Read(None)).await?;
         self.copy_from_source(run, &mut bucket, MOVE_FREEZE_BELOW_BYTES)
             .await?;
+        // What is copied so far is synced before the freeze: the freeze
+        // syncs only what it copies itself.
+        self.sync_dirty(run).await?;
         // The handover. A source that restarted since it froze took the
         // freeze up again (the move says `freezing`), but may have served
         // a moment before: freeze once more, and copy again, until a frozen
@@ -662,7 +669,9 @@ impl<F: FileSystem> Shard<F> {
             }
             self.copy_from_source(run, &mut unlimited, 0).await?;
         }
+        let copied_at = self.now();
         let owner = self.install(topic, run, true).await?;
+        let installed_at = self.now();
         if owner.high_watermark() != run.latest.high_watermark {
             return Err(Stalled::Failed(ApiError::new(
                 ErrorCode::Internal,
@@ -680,9 +689,25 @@ impl<F: FileSystem> Shard<F> {
         tracing::info!(
             id = run.planned.id,
             freeze_ms,
+            copy_ms = copied_at.saturating_sub(froze_at),
+            install_ms = installed_at.saturating_sub(copied_at),
+            hand_over_ms = self.now().saturating_sub(installed_at),
             bytes = run.progress.copied_bytes(),
             "partition handed over"
         );
+        Ok(())
+    }
+
+    /// Syncs the segment files written since the last sync.
+    async fn sync_dirty(&self, run: &mut MoveRun) -> Result<(), Stalled> {
+        sync_copied(
+            &self.env.fs,
+            &run.incoming,
+            run.dirty.iter().map(String::as_str),
+        )
+        .await
+        .map_err(|e| Stalled::Failed(from_storage(&e)))?;
+        run.dirty.clear();
         Ok(())
     }
 
@@ -727,7 +752,7 @@ impl<F: FileSystem> Shard<F> {
     ) -> Result<Owner<F>, Stalled> {
         let fs = &self.env.fs;
         let failed = |e: StorageError| Stalled::Failed(from_storage(&e));
-        sync_copied(fs, &run.incoming, run.progress.names())
+        sync_copied(fs, &run.incoming, run.dirty.iter().map(String::as_str))
             .await
             .map_err(failed)?;
         let acks = match AckSet::decode(&run.latest.acks) {
