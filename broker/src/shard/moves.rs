@@ -683,6 +683,9 @@ impl<F: FileSystem> Shard<F> {
             )));
         }
         self.hand_over(&run.planned, MoveEnd::Done).await?;
+        // Its messages are available here now: long polls here wake, and
+        // other nodes that found this one empty ask it again.
+        self.announce_available();
         let freeze_ms = self.now().saturating_sub(froze_at);
         metrics::histogram!(crate::metric_names::MOVE_FREEZE_SECONDS)
             .record(freeze_ms as f64 / 1000.0);
@@ -732,6 +735,7 @@ impl<F: FileSystem> Shard<F> {
                 Stalled::Failed(error) => error,
                 Stalled::SourceGone => ApiError::new(ErrorCode::Internal, "the source is gone"),
             })?;
+        self.announce_available();
         tracing::warn!(
             id = run.planned.id,
             offset,
