@@ -96,58 +96,6 @@ for r in $(seq 1 "$rounds"); do
   wait
   wait_moves
 done
-field() { # id field
-  curl -sf "http://$first/v1/cluster/moves" |
-    python3 -c "import json,sys; print(next((m['$2'] for m in json.load(sys.stdin)['moves'] if m['id']=='$1'), ''))"
-}
-wait_moves() { # waits until no move is planned or running
-  while curl -sf "http://$first/v1/cluster/moves" | grep -qE '"state":"(planned|copying|freezing)"'; do sleep 0.1; done
-}
-
-echo "== disk: sequential write and read, 256 MiB, O_DIRECT"
-dd if=/dev/zero of="$work/dd" bs=1M count=256 oflag=direct conv=fdatasync 2>&1 | tail -1
-dd if="$work/dd" of=/dev/null bs=1M iflag=direct 2>&1 | tail -1
-rm -f "$work/dd"
-
-echo "== copy: one partition filled for $fill s, moved at the default copy rate"
-curl -sf -X PUT "http://$first/v1/topics/bulk" -d '{"partitions": 1}' >/dev/null
-target/release/narad-bench produce --server "http://$first" --topic bulk --seconds "$fill" --connections 64 |
-  tail -1
-from=$(owner_of bulk 0)
-to=$(( from % 3 + 1 ))
-id=$(move bulk 0 "$to")
-wait_moves
-python3 - "$first" "$id" <<'EOF'
-import json, sys, urllib.request
-moves = json.load(urllib.request.urlopen(f"http://{sys.argv[1]}/v1/cluster/moves"))["moves"]
-m = next(m for m in moves if m["id"] == sys.argv[2])
-took = (m["finished_at_ms"] - m["started_at_ms"]) / 1000
-print(f"move {m['id']}: {m['state']}, {m['copied_bytes'] / 2**20:.1f} MiB in {took:.2f} s "
-      f"= {m['copied_bytes'] / 2**20 / took:.1f} MiB/s (node {m['from']} -> {m['to']})")
-EOF
-
-echo "== latency: produce -> consumable at 2000 msg/s, 8 producers, 20000 messages"
-curl -sf -X PUT "http://$first/v1/topics/lat" -d '{"partitions": 6}' >/dev/null
-run_latency() { # label
-  target/release/narad-bench latency --server "http://$first" --topic lat --rate 2000 \
-    --producers 8 --messages 20000 | tee -a "$work/$1"
-}
-for r in $(seq 1 "$rounds"); do run_latency quiet; done
-mover() { # moves a partition of lat to another node every 0.3 s until killed
-  while true; do
-    p=$(( RANDOM % 6 ))
-    o=$(owner_of lat "$p")
-    move lat "$p" $(( (o + RANDOM % 2) % 3 + 1 )) >/dev/null
-    sleep 0.3
-  done
-}
-for r in $(seq 1 "$rounds"); do
-  mover &
-  mover_pid=$!
-  run_latency moving
-  kill "$mover_pid"; wait "$mover_pid" 2>/dev/null || true
-  wait_moves
-done
 field() { grep -o "$1 [0-9]* us" "$work/$2" | awk '{print $2}' | median; }
 q50=$(field p50 quiet); q99=$(field p99 quiet); m50=$(field p50 moving); m99=$(field p99 moving)
 echo "median p50: quiet $q50 us, while moving $m50 us"
