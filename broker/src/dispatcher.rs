@@ -57,6 +57,10 @@ impl DispatchRecord {
 }
 
 /// One commit to send to a destination's owner.
+/// The first wait before a batch whose partition moved is sent again: the
+/// new owner takes it as soon as this node's metadata names it.
+pub const MOVED_RETRY_MS: u64 = 1;
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CommitBatch {
     pub batch_id: u64,
@@ -232,6 +236,19 @@ impl Dispatcher {
     /// A batch failed (or its outcome is unknown): its records go back to the
     /// front of their destination, to be committed again after a backoff.
     pub fn on_failed(&mut self, batch_id: u64, now_ms: u64) -> Option<FailureOutcome> {
+        let first = self.config.retry_backoff_min_ms;
+        self.requeue(batch_id, now_ms, first)
+    }
+
+    /// A batch's partition was handed over to another owner while it
+    /// waited: its records go back to the front and are sent again almost
+    /// at once (to the new owner, once this node's metadata names it),
+    /// backing off from [`MOVED_RETRY_MS`] if the old owner is still named.
+    pub fn on_moved(&mut self, batch_id: u64, now_ms: u64) -> Option<FailureOutcome> {
+        self.requeue(batch_id, now_ms, MOVED_RETRY_MS)
+    }
+
+    fn requeue(&mut self, batch_id: u64, now_ms: u64, first_ms: u64) -> Option<FailureOutcome> {
         let batch = self.in_flight.remove(&batch_id)?;
         let config = self.config;
         let state = self.destinations.entry(batch.destination).or_default();
@@ -242,7 +259,7 @@ impl Dispatcher {
         }
         let since = *state.failing_since_ms.get_or_insert(now_ms);
         state.backoff_ms = if state.backoff_ms == 0 {
-            config.retry_backoff_min_ms
+            first_ms.min(config.retry_backoff_max_ms)
         } else {
             (state.backoff_ms * 2).min(config.retry_backoff_max_ms)
         };
@@ -455,5 +472,37 @@ mod tests {
         let moved: Vec<u64> = d.take_pending(&dest(0)).iter().map(|r| r.pos).collect();
         assert_eq!(moved, vec![1, 2, 3]);
         assert_eq!(d.pending_records(), 0);
+    }
+
+    #[test]
+    fn a_batch_whose_partition_moved_is_sent_again_at_once_then_backs_off() {
+        let mut d = Dispatcher::new(CONFIG);
+        d.push(dest(0), record(1), 0);
+        let batch = d.poll_ready(0).remove(0);
+        assert_eq!(
+            d.on_moved(batch.batch_id, 10),
+            Some(FailureOutcome::Retry {
+                retry_at_ms: 10 + MOVED_RETRY_MS
+            })
+        );
+        let retry = d.poll_ready(10 + MOVED_RETRY_MS).remove(0);
+        assert_eq!(positions(&retry), vec![1], "nothing lost");
+        // The old owner still named: the waits grow as for any failure.
+        assert_eq!(
+            d.on_moved(retry.batch_id, 20),
+            Some(FailureOutcome::Retry {
+                retry_at_ms: 20 + 2 * MOVED_RETRY_MS
+            })
+        );
+        let again = d.poll_ready(20 + 2 * MOVED_RETRY_MS).remove(0);
+        let positions_committed = d.on_committed(again.batch_id, 30);
+        assert_eq!(positions_committed, vec![1]);
+        // A later ordinary failure starts from the ordinary backoff.
+        d.push(dest(0), record(2), 40);
+        let late = d.poll_ready(100).remove(0);
+        assert_eq!(
+            d.on_failed(late.batch_id, 100),
+            Some(FailureOutcome::Retry { retry_at_ms: 200 })
+        );
     }
 }

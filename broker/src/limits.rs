@@ -204,6 +204,9 @@ pub const MOVE_FREEZE_BELOW_BYTES: u64 = 512 * 1024;
 /// A source frozen this long without a handover abandons the move and
 /// serves the partition again.
 pub const MOVE_FREEZE_MAX: Duration = Duration::from_secs(10);
+/// A decommission whose moves were abandoned plans its remaining
+/// partitions again at most this often.
+pub const DECOMMISSION_REPLAN_INTERVAL_MS: u64 = 5_000;
 /// How often each shard looks for moves to start or resume.
 pub const MOVE_POLL_INTERVAL: Duration = Duration::from_millis(500);
 /// How often a running move records its progress in the metastore.

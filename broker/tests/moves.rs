@@ -392,20 +392,133 @@ fn a_move_survives_its_destinations_restart_and_a_change_of_raft_leader() {
         );
         state
     };
-    // It ends done or (a restart during its freeze) abandoned cleanly; the
-    // decommission then plans it again.
-    let mut id = id;
-    while ended(&id) == "abandoned" {
-        let path = format!("/v1/cluster/nodes/{owner}/decommission");
-        let (status, planned) = cluster.nodes[observer].json("POST", &path, json!({}));
-        assert_eq!(status, 202, "{planned}");
-        id = planned["moves"][0]["id"]
-            .as_str()
-            .expect("a move")
-            .to_string();
-    }
-    assert_ne!(owner_of(&cluster.nodes[observer], "big"), owner);
+    // It ends done or (a restart during its freeze, or the destination
+    // marked dead while it was down) abandoned cleanly; the decommission
+    // then goes on by itself until the node holds nothing.
+    let first = ended(&id);
+    assert!(
+        eventually(MOVES_DEADLINE, || owner_of(&cluster.nodes[observer], "big")
+            != owner),
+        "the partition left the decommissioned node (its first move ended {first})"
+    );
+    assert!(
+        eventually(MOVES_DEADLINE, || node_state(
+            &cluster.nodes[observer],
+            owner
+        )
+        .is_some_and(|(state, _)| state == "decommissioned")),
+        "{:?}",
+        node_state(&cluster.nodes[observer], owner)
+    );
     let seen = consume_all(&cluster.nodes[observer], "big");
+    let missing = accepted.iter().filter(|id| !seen.contains_key(*id)).count();
+    assert_eq!(missing, 0, "{missing} of {} lost", accepted.len());
+}
+
+#[test]
+fn a_long_poll_on_a_third_node_wakes_when_a_moved_partition_has_messages_again() {
+    let cluster = Cluster::start(3);
+    let first = &cluster.nodes[0];
+    first.create_topic("waking", json!({"partitions": 1}));
+    let owner = owner_of(first, "waking");
+    let index = |id: u64| usize::try_from(id - 1).expect("index");
+    let to = (1..=3).find(|id| *id != owner).expect("another node");
+    let third = (1..=3)
+        .find(|id| *id != owner && *id != to)
+        .expect("a third node");
+    let ids: Vec<String> = (0..20)
+        .map(|i| cluster.nodes[index(owner)].produce("waking", &format!("m-{i}")))
+        .collect();
+    // Every message is leased (and not acked) on the old owner.
+    let mut leased = 0;
+    assert!(eventually(MOVES_DEADLINE, || {
+        let (_, got) = cluster.nodes[index(owner)].json(
+            "POST",
+            "/v1/topics/waking/consume",
+            json!({"max_messages": 100, "visibility_timeout_ms": 600000, "wait_ms": 200}),
+        );
+        leased += got["messages"].as_array().map_or(0, Vec::len);
+        leased == ids.len()
+    }));
+    // A long poll on the third node finds nothing and parks.
+    let addr = cluster.nodes[index(third)].addr.clone();
+    let poll = std::thread::spawn(move || {
+        let body = json!({"max_messages": 100, "wait_ms": 20000}).to_string();
+        let started = std::time::Instant::now();
+        let (status, answer) = support::request(
+            &addr,
+            "POST",
+            "/v1/topics/waking/consume",
+            &[],
+            body.as_bytes(),
+        );
+        (status, answer, started.elapsed())
+    });
+    // The partition moves: its leases end at the handover and the new
+    // owner has every message to deliver again.
+    // (Until the controller has heard from every node, a node may not be
+    // known to take partitions yet.)
+    let mut planned = Value::Null;
+    assert!(
+        eventually(MOVES_DEADLINE, || {
+            let (status, answer) = first.json(
+                "POST",
+                "/v1/cluster/moves",
+                json!({"topic": "waking", "partition": 0, "to": to}),
+            );
+            planned = answer;
+            status == 202
+        }),
+        "{planned}"
+    );
+    let moved = move_ids(&planned);
+    assert!(eventually(MOVES_DEADLINE, || moves_settled(first, &moved)));
+    let (status, answer, waited) = poll.join().expect("the long poll");
+    assert_eq!(status, 200, "{answer}");
+    let got = answer["messages"].as_array().map_or(0, Vec::len);
+    assert!(got > 0, "the long poll woke with the moved messages");
+    assert!(
+        waited < Duration::from_secs(12),
+        "the long poll woke when the move ended, not at its deadline ({waited:?})"
+    );
+}
+
+#[test]
+fn a_move_to_a_node_that_dies_is_abandoned_and_the_decommission_goes_on_elsewhere() {
+    let mut cluster = Cluster::start_with(3, &SLOW_MOVES);
+    cluster.nodes[0].create_topic("big", json!({"partitions": 1}));
+    let owner = owner_of(&cluster.nodes[0], "big");
+    let writer = (0..3)
+        .find(|i| *i as u64 + 1 != owner)
+        .expect("another node");
+    let accepted = fill(&cluster.nodes[writer], "big", 300);
+    let (_, id, to) = decommission_owner(&cluster.nodes[writer], "big");
+    let destination = usize::try_from(to - 1).expect("index");
+    let observer = (0..3)
+        .find(|i| *i != destination && *i as u64 + 1 != owner)
+        .expect("a third node");
+    assert!(eventually(MOVES_DEADLINE, || copying_some(
+        &cluster.nodes[observer],
+        &id
+    )));
+    // The destination dies mid-copy and stays away.
+    cluster.nodes[destination].kill();
+    assert!(
+        eventually(MOVES_DEADLINE, || the_move(&cluster.nodes[observer], &id)
+            ["state"]
+            == "abandoned"),
+        "the move to the dead node ends: {}",
+        the_move(&cluster.nodes[observer], &id)
+    );
+    let observed = &cluster.nodes[observer];
+    assert!(
+        eventually(MOVES_DEADLINE, || owner_of(observed, "big")
+            == observer as u64 + 1),
+        "the decommission moved the partition to the node still alive"
+    );
+    assert!(eventually(MOVES_DEADLINE, || node_state(observed, owner)
+        .is_some_and(|(state, _)| state == "decommissioned")));
+    let seen = consume_all(observed, "big");
     let missing = accepted.iter().filter(|id| !seen.contains_key(*id)).count();
     assert_eq!(missing, 0, "{missing} of {} lost", accepted.len());
 }

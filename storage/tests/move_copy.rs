@@ -11,7 +11,7 @@ use narad_storage::consumer::{write_initial, AckSet, ConsumerConfig, ConsumerSta
 use narad_storage::io::sim::SimFs;
 use narad_storage::io::FileSystem;
 use narad_storage::limits::BLOCK_BYTES;
-use narad_storage::log::copy::{sync_copied, write_copied, CopyProgress};
+use narad_storage::log::copy::{sync_copied, write_copied, CopyProgress, VerifiedCopy};
 use narad_storage::log::{LogConfig, Message, PartitionLog};
 
 fn messages(from: u128, count: u128) -> Vec<Message> {
@@ -31,11 +31,21 @@ fn copy_round(
     to: &std::path::Path,
     progress: &mut CopyProgress,
 ) {
+    copy_round_in(fs, source, to, progress, 2 * BLOCK_BYTES);
+}
+
+fn copy_round_in(
+    fs: &SimFs,
+    source: &PartitionLog<SimFs>,
+    to: &std::path::Path,
+    progress: &mut CopyProgress,
+    chunk: u64,
+) {
     let extents = source.segment_extents();
     for name in progress.drop_stale(&extents) {
         block_on(fs.remove_file(&to.join(name))).expect("ok");
     }
-    while let Some(read) = progress.next_read(&extents, 2 * BLOCK_BYTES) {
+    while let Some(read) = progress.next_read(&extents, chunk) {
         let bytes = block_on(source.read_segment(&read.name, read.pos, read.len)).expect("ok");
         assert!(!bytes.is_empty());
         block_on(write_copied(fs, to, &read.name, read.pos, &bytes)).expect("ok");
@@ -114,4 +124,93 @@ fn a_log_copied_while_it_grows_opens_whole_at_its_destination() {
     .expect("ok");
     assert_eq!(consumer.frontier(), 4);
     assert!(consumer.is_acked(10) && consumer.is_acked(11) && !consumer.is_acked(5));
+}
+
+#[test]
+fn a_copy_verified_while_it_grows_opens_without_reading_it_again_and_damage_is_still_found() {
+    let fs = SimFs::new(11);
+    let clock: SharedClock = Rc::new(ManualClock::new(1_000_000));
+    let config = LogConfig {
+        segment_bytes: 16 * BLOCK_BYTES,
+        prealloc_step_bytes: 2 * BLOCK_BYTES,
+        retention_ms: 0,
+    };
+    let from = PathBuf::from("/a/partitions/t-1/0");
+    let to = PathBuf::from("/b/partitions/t-1/0.incoming");
+    let (source, _) = block_on(PartitionLog::open(&fs, &from, config, clock.clone())).expect("ok");
+    block_on(fs.create_dir_all(&to)).expect("ok");
+    let mut progress = CopyProgress::default();
+    let mut verified = VerifiedCopy::default();
+    let mut id = 1;
+    for round in 0..6 {
+        // Batches of two and three blocks, copied three blocks at a time:
+        // chunks end inside batches.
+        for _ in 0..(2 + round) {
+            block_on(source.append(&messages(id, 5 + (round % 2) * 4))).expect("ok");
+            id += 5 + (round % 2) * 4;
+        }
+        copy_round_in(&fs, &source, &to, &mut progress, 3 * BLOCK_BYTES);
+        block_on(sync_copied(&fs, &to, progress.names())).expect("ok");
+        block_on(verified.verify(&fs, &to, &progress)).expect("ok");
+    }
+    assert!(source.segment_count() > 2, "several segments");
+    assert_eq!(
+        verified.verified_bytes(),
+        progress.copied_bytes(),
+        "every copied byte read back and checked"
+    );
+    let expected = block_on(source.read(0, 10_000, usize::MAX)).expect("ok");
+    let (copy, recovery) = block_on(PartitionLog::open_copy(
+        &fs,
+        &to,
+        config,
+        clock.clone(),
+        &verified,
+    ))
+    .expect("ok");
+    assert_eq!(recovery.corrupt_records, 0);
+    assert_eq!(copy.high_watermark(), source.high_watermark());
+    let all = block_on(copy.read(0, 10_000, usize::MAX)).expect("ok");
+    assert_eq!(
+        all, expected,
+        "the verified copy serves what the source holds"
+    );
+    drop(copy);
+
+    // A copy damaged before it was verified: the damaged segment is left
+    // to the open's recovery, which finds it and keeps every valid record.
+    let damaged_dir = PathBuf::from("/b/partitions/t-1/1.incoming");
+    block_on(fs.create_dir_all(&damaged_dir)).expect("ok");
+    let mut damaged = CopyProgress::default();
+    copy_round_in(&fs, &source, &damaged_dir, &mut damaged, 3 * BLOCK_BYTES);
+    let first = damaged.names().next().expect("a segment").to_string();
+    let file = block_on(fs.open(
+        &damaged_dir.join(&first),
+        narad_storage::io::OpenMode::EXISTING_BUFFERED,
+    ))
+    .expect("open");
+    // A byte inside the first batch's records.
+    block_on(narad_storage::io::StorageFile::write_at(
+        &file,
+        &[0xFF; 8],
+        BLOCK_BYTES + 1024,
+    ))
+    .expect("write");
+    block_on(sync_copied(&fs, &damaged_dir, damaged.names())).expect("ok");
+    let mut checked = VerifiedCopy::default();
+    block_on(checked.verify(&fs, &damaged_dir, &damaged)).expect("ok");
+    assert!(checked.verified_bytes() < damaged.copied_bytes());
+    let (copy, recovery) = block_on(PartitionLog::open_copy(
+        &fs,
+        &damaged_dir,
+        config,
+        clock,
+        &checked,
+    ))
+    .expect("ok");
+    assert!(recovery.corrupt_records > 0, "{recovery:?}");
+    assert_eq!(copy.high_watermark(), source.high_watermark());
+    let served = block_on(copy.read(0, 10_000, usize::MAX)).expect("ok");
+    assert!(served.len() < expected.len());
+    assert!(served.iter().all(|m| expected.contains(m)));
 }

@@ -28,6 +28,13 @@ impl<F: FileSystem> Shard<F> {
         let deadline = self.now() + request.wait_ms;
         loop {
             let seen = self.flow.availability.version();
+            // Each round asks the owners as they are now: a partition may
+            // have moved since the poll began.
+            let current = self
+                .topic(&topic.name)
+                .ok()
+                .filter(|t| t.incarnation == topic.incarnation);
+            let topic = current.as_deref().unwrap_or(topic);
             let got = self.collect_for_client(topic, request, visibility).await?;
             let now = self.now();
             if !got.is_empty() || now >= deadline || self.flow.stopping.get() {

@@ -109,14 +109,17 @@ impl<F: FileSystem> Shard<F> {
             }
             Err(error) => {
                 let owner_dead = error.code == ErrorCode::OwnerDead;
-                if !owner_dead {
+                let moved = error.code == ErrorCode::PartitionMoving;
+                if !owner_dead && !moved {
                     tracing::warn!(topic = %batch.destination.topic, partition = batch.destination.partition, %error, "commit failed; will retry");
                 }
-                let outcome = self
-                    .dispatch
-                    .queue
-                    .borrow_mut()
-                    .on_failed(batch.batch_id, self.now());
+                let mut queue = self.dispatch.queue.borrow_mut();
+                let outcome = if moved {
+                    queue.on_moved(batch.batch_id, self.now())
+                } else {
+                    queue.on_failed(batch.batch_id, self.now())
+                };
+                drop(queue);
                 if owner_dead || matches!(outcome, Some(FailureOutcome::RerouteDue { .. })) {
                     self.reroute(&batch.destination);
                 }

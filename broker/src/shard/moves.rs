@@ -19,16 +19,16 @@ use narad_raft::node::MemberChange;
 use narad_raft::state::{Move, MoveEnd, MoveState};
 use narad_storage::consumer::{write_initial, AckSet};
 use narad_storage::cursor::Cursor;
-use narad_storage::log::copy::{sync_copied, write_copied, CopyProgress};
+use narad_storage::log::copy::{sync_copied, write_copied, CopyProgress, VerifiedCopy};
 use narad_storage::log::SegmentExtent;
 use std::path::Path;
 
 use super::redrive::Bucket;
 use super::*;
 use crate::limits::{
-    MOVES_PER_PLAN_MAX, MOVE_CALL_TIMEOUT, MOVE_CHUNK_BYTES, MOVE_FREEZE_BELOW_BYTES,
-    MOVE_FREEZE_MAX, MOVE_POLL_INTERVAL, MOVE_PROGRESS_INTERVAL_MS, MOVE_RETRY_BACKOFF_MAX,
-    MOVE_RETRY_BACKOFF_MIN,
+    DECOMMISSION_REPLAN_INTERVAL_MS, MOVES_PER_PLAN_MAX, MOVE_CALL_TIMEOUT, MOVE_CHUNK_BYTES,
+    MOVE_FREEZE_BELOW_BYTES, MOVE_FREEZE_MAX, MOVE_POLL_INTERVAL, MOVE_PROGRESS_INTERVAL_MS,
+    MOVE_RETRY_BACKOFF_MAX, MOVE_RETRY_BACKOFF_MIN,
 };
 use crate::metric_names::{MOVES_IN_PROGRESS, MOVE_COPIED_BYTES_TOTAL};
 use crate::rpc::{MoveAction, MoveSource, SourceAnswer, SourceState};
@@ -43,6 +43,9 @@ struct MoveRun {
     progress: CopyProgress,
     /// Segment files written since they were last synced.
     dirty: std::collections::BTreeSet<String>,
+    /// What of the copy was read back and checked (so that the handover
+    /// checks only the bytes copied during the freeze).
+    verified: VerifiedCopy,
     latest: SourceState,
     reported_at: u64,
 }
@@ -73,6 +76,13 @@ pub(super) struct Moves {
     /// Partitions whose copy this shard opened for a handover that the
     /// metastore has not applied yet.
     installing: RefCell<HashSet<OwnerKey>>,
+    /// A copy being installed: what of it was verified, for the open of
+    /// its log (taken by the open).
+    verified: RefCell<HashMap<OwnerKey, VerifiedCopy>>,
+    /// When a decommission's remaining partitions were last planned again.
+    replanned_at: Cell<u64>,
+    /// Moves seen handed over (or promoted) in the metadata.
+    handed_over: RefCell<HashSet<String>>,
 }
 
 impl<F: FileSystem> Shard<F> {
@@ -104,6 +114,11 @@ impl<F: FileSystem> Shard<F> {
                 && m.to == self.me()
                 && matches!(m.state, MoveState::Done | MoveState::Promoted)
         })
+    }
+
+    /// What was verified of a move's copy being installed as `key`.
+    pub(super) fn moves_verified(&self, key: &OwnerKey) -> Option<VerifiedCopy> {
+        self.moves.verified.borrow_mut().remove(key)
     }
 
     /// Whether a partition of this shard is frozen for a handover.
@@ -284,6 +299,7 @@ impl<F: FileSystem> Shard<F> {
     pub(super) fn reconcile_moves(&self) {
         let view = self.view();
         self.freeze_handovers_under_way(&view.state);
+        self.wake_polls_on_handovers(&view.state);
         let mut ended = Vec::new();
         for (key, (id, _)) in self.moves.frozen.borrow().iter() {
             let handed_over = view.state.topics.get(&key.0).is_none_or(|t| {
@@ -324,6 +340,37 @@ impl<F: FileSystem> Shard<F> {
         }
         drop(frozen);
         self.moves.thawed.notify();
+    }
+
+    /// A partition that changed owner, once this node applied it: long
+    /// polls here that found nothing ask again, now of its new owner; and
+    /// the new owner tells every node it has messages. Both wait for the
+    /// local apply: a node asked before it applied the handover answers
+    /// for the old placement, and finds nothing.
+    fn wake_polls_on_handovers(&self, state: &MetaState) {
+        let mut seen = self.moves.handed_over.borrow_mut();
+        let mut new = false;
+        let mut here = false;
+        for m in state.moves.values() {
+            if matches!(m.state, MoveState::Done | MoveState::Promoted) && !seen.contains(&m.id) {
+                seen.insert(m.id.clone());
+                new = true;
+                here |= m.to == self.me()
+                    && crate::mesh::shard_for(
+                        &m.topic,
+                        m.partition,
+                        usize::from(self.identity.shards),
+                    ) == self.shard_index();
+            }
+        }
+        // Ended moves the metastore no longer keeps are forgotten here too.
+        seen.retain(|id| state.moves.contains_key(id));
+        drop(seen);
+        if here {
+            self.announce_available();
+        } else if new {
+            self.flow.availability.notify();
+        }
     }
 
     /// A freeze lives in memory: a source that restarted while its
@@ -373,8 +420,77 @@ impl<F: FileSystem> Shard<F> {
                 self.end_stuck_freezes().await;
                 self.start_moves().await;
                 self.reap_moved_away().await;
+                self.tend_moves_as_leader().await;
             }
             self.env.runtime.sleep(MOVE_POLL_INTERVAL).await;
+        }
+    }
+
+    /// On the metastore leader's first shard: a move whose destination is
+    /// marked dead is abandoned (the source keeps the partition; nothing
+    /// else would end it, and it holds one of `cluster.max_concurrent_moves`);
+    /// a node being decommissioned that still owns partitions and has no
+    /// move running off it (one was abandoned: a restart during its freeze,
+    /// a destination that died) gets its remaining partitions planned
+    /// again, so a decommission ends without the operator asking twice.
+    async fn tend_moves_as_leader(&self) {
+        if self.shard_index() != 0 || !self.env.meta.is_leader() {
+            return;
+        }
+        let stranded: Vec<String> = self
+            .view()
+            .state
+            .moves
+            .values()
+            .filter(|m| m.state.is_active() && self.is_dead(m.to))
+            .map(|m| m.id.clone())
+            .collect();
+        for id in stranded {
+            tracing::warn!(id, "abandoning a move: its destination is dead");
+            let end = Command::EndMove {
+                id,
+                end: MoveEnd::Abandoned {
+                    reason: "the destination node is dead".to_string(),
+                },
+                now_ms: self.now(),
+            };
+            if let Err(error) = self.env.meta.propose(end).await {
+                tracing::debug!(%error, "a move to a dead node was not abandoned yet");
+            }
+        }
+        let now = self.now();
+        if now.saturating_sub(self.moves.replanned_at.get()) < DECOMMISSION_REPLAN_INTERVAL_MS {
+            return;
+        }
+        let view = self.view();
+        let unfinished: Vec<NodeId> = view
+            .state
+            .nodes
+            .iter()
+            .filter(|(id, record)| {
+                record.decommissioning
+                    && view.state.partitions_of(**id) > 0
+                    && !view
+                        .state
+                        .moves
+                        .values()
+                        .any(|m| m.from == **id && m.state.is_active())
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for node in unfinished {
+            self.moves.replanned_at.set(now);
+            match self.decommission(node).await {
+                Ok(planned) if !planned.is_empty() => tracing::info!(
+                    node,
+                    moves = planned.len(),
+                    "the decommission goes on: its remaining partitions are planned again"
+                ),
+                Ok(_) => {}
+                Err(error) => {
+                    tracing::debug!(node, %error, "the decommission could not go on yet")
+                }
+            }
         }
     }
 
@@ -630,6 +746,7 @@ impl<F: FileSystem> Shard<F> {
             incoming,
             progress: CopyProgress::default(),
             dirty: std::collections::BTreeSet::new(),
+            verified: VerifiedCopy::default(),
             latest: SourceState::default(),
             reported_at: self.now(),
         };
@@ -646,9 +763,13 @@ impl<F: FileSystem> Shard<F> {
         self.ask_patiently(run, MoveAction::Read(None)).await?;
         self.copy_from_source(run, &mut bucket, MOVE_FREEZE_BELOW_BYTES)
             .await?;
-        // What is copied so far is synced before the freeze: the freeze
-        // syncs only what it copies itself.
-        self.sync_dirty(run).await?;
+        // What is copied so far is synced and checked before the freeze:
+        // the freeze syncs and checks only what it copies itself. What the
+        // source appended meanwhile is copied (and checked) once more.
+        self.sync_and_verify(run).await?;
+        self.ask_patiently(run, MoveAction::Read(None)).await?;
+        self.copy_from_source(run, &mut bucket, 1).await?;
+        self.sync_and_verify(run).await?;
         // The handover. A source that restarted since it froze took the
         // freeze up again (the move says `freezing`), but may have served
         // a moment before: freeze once more, and copy again, until a frozen
@@ -682,10 +803,9 @@ impl<F: FileSystem> Shard<F> {
                 ),
             )));
         }
+        // Once applied here, its messages are announced (see
+        // `wake_polls_on_handovers`).
         self.hand_over(&run.planned, MoveEnd::Done).await?;
-        // Its messages are available here now: long polls here wake, and
-        // other nodes that found this one empty ask it again.
-        self.announce_available();
         let freeze_ms = self.now().saturating_sub(froze_at);
         metrics::histogram!(crate::metric_names::MOVE_FREEZE_SECONDS)
             .record(freeze_ms as f64 / 1000.0);
@@ -701,17 +821,22 @@ impl<F: FileSystem> Shard<F> {
         Ok(())
     }
 
-    /// Syncs the segment files written since the last sync.
-    async fn sync_dirty(&self, run: &mut MoveRun) -> Result<(), Stalled> {
+    /// Syncs the segment files written since the last sync, then reads
+    /// back and checks what was synced.
+    async fn sync_and_verify(&self, run: &mut MoveRun) -> Result<(), Stalled> {
+        let failed = |e: StorageError| Stalled::Failed(from_storage(&e));
         sync_copied(
             &self.env.fs,
             &run.incoming,
             run.dirty.iter().map(String::as_str),
         )
         .await
-        .map_err(|e| Stalled::Failed(from_storage(&e)))?;
+        .map_err(failed)?;
         run.dirty.clear();
-        Ok(())
+        run.verified
+            .verify(&self.env.fs, &run.incoming, &run.progress)
+            .await
+            .map_err(failed)
     }
 
     /// The source has been dead for `cluster.move_promote_after_ms`: what
@@ -735,7 +860,6 @@ impl<F: FileSystem> Shard<F> {
                 Stalled::Failed(error) => error,
                 Stalled::SourceGone => ApiError::new(ErrorCode::Internal, "the source is gone"),
             })?;
-        self.announce_available();
         tracing::warn!(
             id = run.planned.id,
             offset,
@@ -751,14 +875,14 @@ impl<F: FileSystem> Shard<F> {
     async fn install(
         &self,
         topic: &Topic,
-        run: &MoveRun,
+        run: &mut MoveRun,
         exact: bool,
     ) -> Result<Owner<F>, Stalled> {
         let fs = &self.env.fs;
         let failed = |e: StorageError| Stalled::Failed(from_storage(&e));
-        sync_copied(fs, &run.incoming, run.dirty.iter().map(String::as_str))
-            .await
-            .map_err(failed)?;
+        let started = self.now();
+        self.sync_and_verify(run).await?;
+        let synced_at = self.now();
         let acks = match AckSet::decode(&run.latest.acks) {
             Some(acks) => acks,
             None if exact => {
@@ -792,9 +916,23 @@ impl<F: FileSystem> Shard<F> {
             fs.sync_dir(parent).await.map_err(internal)?;
         }
         let key = (topic.name.clone(), topic.incarnation, run.planned.partition);
-        self.moves.installing.borrow_mut().insert(key);
-        let owner = self.owner(topic, run.planned.partition).await?;
+        self.moves.installing.borrow_mut().insert(key.clone());
+        let placed_at = self.now();
+        self.moves
+            .verified
+            .borrow_mut()
+            .insert(key.clone(), std::mem::take(&mut run.verified));
+        let opened = self.owner(topic, run.planned.partition).await;
+        self.moves.verified.borrow_mut().remove(&key);
+        let owner = opened?;
         owner.remember_recent(&run.latest.recent);
+        tracing::debug!(
+            id = run.planned.id,
+            sync_ms = synced_at.saturating_sub(started),
+            state_ms = placed_at.saturating_sub(synced_at),
+            open_ms = self.now().saturating_sub(placed_at),
+            "a move's copy installed"
+        );
         Ok(owner)
     }
 

@@ -71,10 +71,17 @@ impl<F: FileSystem> Shard<F> {
                 .min(self.settings.storage.segment_bytes),
             retention_ms: topic.config.retention_ms,
         };
-        let (log, recovery) =
-            PartitionLog::open(&self.env.fs, &dir, log_config, self.env.clock.clone())
-                .await
-                .map_err(|e| from_storage(&e))?;
+        // A move's copy opens with what was verified of it while it grew.
+        let key = (topic.name.clone(), topic.incarnation, partition);
+        let verified = self.moves_verified(&key);
+        let clock = self.env.clock.clone();
+        let (log, recovery) = match verified {
+            Some(verified) => {
+                PartitionLog::open_copy(&self.env.fs, &dir, log_config, clock, &verified).await
+            }
+            None => PartitionLog::open(&self.env.fs, &dir, log_config, clock).await,
+        }
+        .map_err(|e| from_storage(&e))?;
         if recovery.torn_tail || recovery.corrupt_records > 0 {
             tracing::warn!(topic = %topic.name, partition, ?recovery, "partition log recovered");
         }

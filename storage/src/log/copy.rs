@@ -5,19 +5,27 @@
 //! and writes what it gets with [`write_copied`]. Written segment bytes
 //! never change, so a copy made while the source keeps appending needs
 //! only the bytes written since, and a copy that the source's retention
-//! overtook drops the segments the source deleted. The copy opens like
-//! any log: [`PartitionLog::open`] verifies every batch it holds.
+//! overtook drops the segments the source deleted.
+//!
+//! Every batch of the copy is verified before it is served, as recovery
+//! does; so that the handover does not wait for a scan of the whole copy,
+//! [`VerifiedCopy`] reads back and checks what was synced while the source
+//! still serves, a segment's new bytes at a time, and
+//! [`PartitionLog::open_copy`] takes what it verified without reading it
+//! again: only the bytes copied during the freeze are checked in it.
 //!
 //! [`PartitionLog::segment_extents`]: super::PartitionLog::segment_extents
 //! [`PartitionLog::read_segment`]: super::PartitionLog::read_segment
-//! [`PartitionLog::open`]: super::PartitionLog::open
+//! [`PartitionLog::open_copy`]: super::PartitionLog::open_copy
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use super::SegmentExtent;
+use super::{decode_segment_header, scan_batches, BatchEntry, SegmentExtent};
 use crate::error::{Result, StorageError};
 use crate::io::{FileSystem, OpenMode, StorageFile};
+use crate::limits::{BLOCK_BYTES, RECOVERY_READ_CHUNK_BYTES};
+use crate::util_fs::read_exact_or_short;
 
 /// What a destination holds of a source's segments: bytes copied of each.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -87,6 +95,93 @@ impl CopyProgress {
     /// The segment files the copy holds.
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.copied.keys().map(String::as_str)
+    }
+}
+
+/// What a copy has read back from its disk and checked, per segment: the
+/// segment's batches up to `verified_to`, the end of its last whole batch.
+#[derive(Debug, Default, Clone)]
+pub struct VerifiedCopy {
+    segments: BTreeMap<String, VerifiedSegment>,
+}
+
+#[derive(Debug, Clone)]
+pub(super) struct VerifiedSegment {
+    pub(super) base_offset: u64,
+    pub(super) batches: Vec<BatchEntry>,
+    pub(super) verified_to: u64,
+}
+
+impl VerifiedCopy {
+    /// Reads back from `dir` the bytes of each segment `progress` holds past
+    /// what was verified before, and checks their batches. Only synced
+    /// bytes may be verified. A segment with damage in it is left out: the
+    /// log's open recovers it as it recovers any segment.
+    pub async fn verify<F: FileSystem>(
+        &mut self,
+        fs: &F,
+        dir: &Path,
+        progress: &CopyProgress,
+    ) -> Result<()> {
+        self.segments
+            .retain(|name, _| progress.copied.contains_key(name));
+        let block = usize::try_from(BLOCK_BYTES).unwrap_or(4096);
+        for (name, copied) in &progress.copied {
+            let from = self.segments.get(name).map_or(0, |s| s.verified_to);
+            if from >= *copied {
+                continue;
+            }
+            let path = dir.join(name);
+            let file = fs
+                .open(&path, OpenMode::EXISTING_DIRECT)
+                .await
+                .map_err(|e| StorageError::io("open copy", &path, e))?;
+            let bytes =
+                read_exact_or_short(&file, &path, from, copied - from, RECOVERY_READ_CHUNK_BYTES)
+                    .await?;
+            let (base_offset, next_offset, first) = match self.segments.get(name) {
+                Some(known) => (
+                    known.base_offset,
+                    known
+                        .batches
+                        .last()
+                        .map_or(known.base_offset, BatchEntry::end_offset),
+                    0,
+                ),
+                None => match bytes.get(..block).and_then(decode_segment_header) {
+                    Some(base) => (base, base, block),
+                    // Left to the log's open, which says what it finds.
+                    None => continue,
+                },
+            };
+            let scan = scan_batches(&bytes, from, first, next_offset);
+            if scan.corrupt_records > 0 || scan.corrupt_regions > 0 {
+                self.segments.remove(name);
+                continue;
+            }
+            // A chunk may end inside a batch: its bytes are checked again
+            // once the rest is copied.
+            let segment = self
+                .segments
+                .entry(name.clone())
+                .or_insert_with(|| VerifiedSegment {
+                    base_offset,
+                    batches: Vec::new(),
+                    verified_to: from,
+                });
+            segment.batches.extend(scan.batches);
+            segment.verified_to = scan.write_pos;
+        }
+        Ok(())
+    }
+
+    pub(super) fn segment(&self, name: &str) -> Option<&VerifiedSegment> {
+        self.segments.get(name)
+    }
+
+    /// Bytes read back and checked, over every segment.
+    pub fn verified_bytes(&self) -> u64 {
+        self.segments.values().map(|s| s.verified_to).sum()
     }
 }
 

@@ -242,12 +242,20 @@ struct SegmentScan {
 
 fn scan_segment(bytes: &[u8], base_offset: u64) -> SegmentScan {
     let block = usize::try_from(BLOCK_BYTES).unwrap_or(4096);
+    scan_batches(bytes, 0, block, base_offset)
+}
+
+/// Scans the batches of `bytes`, which hold a segment's bytes from file
+/// position `origin`, starting at index `first`, for batches from offset
+/// `next_offset` on. Positions in the result are file positions.
+fn scan_batches(bytes: &[u8], origin: u64, first: usize, next_offset: u64) -> SegmentScan {
+    let block = usize::try_from(BLOCK_BYTES).unwrap_or(4096);
     let mut batches = Vec::new();
     let mut bad_in_batch: Vec<u64> = Vec::new();
     let mut corrupt_regions = 0;
     let mut garbage_since_last = false;
-    let mut next_offset = base_offset;
-    let mut at = block;
+    let mut next_offset = next_offset;
+    let mut at = first;
     while at + block <= bytes.len() {
         match batch::decode_batch(bytes, at) {
             Some(decoded) if decoded.base_offset >= next_offset => {
@@ -258,7 +266,7 @@ fn scan_segment(bytes: &[u8], base_offset: u64) -> SegmentScan {
                 batches.push(BatchEntry {
                     base_offset: decoded.base_offset,
                     count: decoded.count,
-                    pos: at as u64,
+                    pos: origin + at as u64,
                     len: decoded.len,
                     appended_at_ms: decoded.appended_at_ms,
                 });
@@ -280,7 +288,9 @@ fn scan_segment(bytes: &[u8], base_offset: u64) -> SegmentScan {
     // A batch whose header verified is kept even at the tail: its valid
     // records are never dropped, its damaged ones are never served. Only bytes
     // with no valid header past the last batch are a torn tail.
-    let write_pos = batches.last().map_or(BLOCK_BYTES, |b| b.pos + b.len);
+    let write_pos = batches
+        .last()
+        .map_or(origin + first as u64, |b| b.pos + b.len);
     SegmentScan {
         batches,
         corrupt_records: bad_in_batch.iter().sum(),
@@ -326,6 +336,30 @@ impl<F: FileSystem> PartitionLog<F> {
         config: LogConfig,
         clock: SharedClock,
     ) -> Result<(Self, LogRecovery)> {
+        Self::open_with(fs, dir, config, clock, None).await
+    }
+
+    /// Opens a move's copy of a partition log: the segments `verified`
+    /// already read back from the disk and checked (after they were synced)
+    /// are taken as it found them, without reading them again; any other
+    /// file is recovered as [`Self::open`] does.
+    pub async fn open_copy(
+        fs: &F,
+        dir: &Path,
+        config: LogConfig,
+        clock: SharedClock,
+        verified: &copy::VerifiedCopy,
+    ) -> Result<(Self, LogRecovery)> {
+        Self::open_with(fs, dir, config, clock, Some(verified)).await
+    }
+
+    async fn open_with(
+        fs: &F,
+        dir: &Path,
+        config: LogConfig,
+        clock: SharedClock,
+        verified: Option<&copy::VerifiedCopy>,
+    ) -> Result<(Self, LogRecovery)> {
         if config.segment_bytes % BLOCK_BYTES != 0
             || config.prealloc_step_bytes == 0
             || config.prealloc_step_bytes % BLOCK_BYTES != 0
@@ -365,6 +399,8 @@ impl<F: FileSystem> PartitionLog<F> {
 
         let mut recovery = LogRecovery::default();
         let mut segments: Vec<Segment<F::File>> = Vec::new();
+        // Which segments came verified from a copy (parallel to `segments`).
+        let mut trusted: Vec<bool> = Vec::new();
         let last_index = found.len().saturating_sub(1);
         for (index, (seq, name_base, name)) in found.iter().enumerate() {
             let path = dir.join(name);
@@ -372,6 +408,35 @@ impl<F: FileSystem> PartitionLog<F> {
                 .open(&path, OpenMode::EXISTING_DIRECT)
                 .await
                 .map_err(|e| StorageError::io("open", &path, e))?;
+            let known = match verified.and_then(|v| v.segment(name)) {
+                Some(known) => {
+                    let size = file
+                        .size()
+                        .await
+                        .map_err(|e| StorageError::io("stat", &path, e))?;
+                    (size == known.verified_to).then_some((known, size))
+                }
+                None => None,
+            };
+            if let Some((known, size)) = known {
+                for earlier in &mut segments {
+                    earlier
+                        .batches
+                        .retain(|b| b.base_offset < known.base_offset);
+                }
+                trusted.push(true);
+                segments.push(Segment {
+                    seq: *seq,
+                    base_offset: known.base_offset,
+                    path,
+                    file: Rc::new(file),
+                    batches: known.batches.clone(),
+                    write_pos: known.verified_to,
+                    allocated: size.max(BLOCK_BYTES),
+                    sealed: index != last_index,
+                });
+                continue;
+            }
             // After a process crash a batch may sit only in the page cache;
             // make what recovery finds durable before it is served.
             file.sync_data()
@@ -396,6 +461,7 @@ impl<F: FileSystem> PartitionLog<F> {
             };
             let scan = scan_segment(&bytes, base_offset);
             drop(bytes);
+            trusted.push(false);
             recovery.corrupt_records += scan.corrupt_records + scan.corrupt_regions;
             if scan.torn_tail && index == last_index {
                 recovery.torn_tail = true;
@@ -430,7 +496,15 @@ impl<F: FileSystem> PartitionLog<F> {
                 "partition log holds damaged records; they are never served, every valid record is kept"
             );
         }
-        if let Some(newest) = segments.iter().rev().find(|s| !s.batches.is_empty()) {
+        // A copy's verified segments were synced and read back by this
+        // process: nothing of them sits only in the page cache.
+        if let Some((newest, _)) = segments
+            .iter()
+            .zip(&trusted)
+            .rev()
+            .find(|(s, _)| !s.batches.is_empty())
+            .filter(|(_, trusted)| !**trusted)
+        {
             make_batches_durable(newest).await?;
         }
         let next_offset = segments.iter().map(Segment::end_offset).max().unwrap_or(0);
