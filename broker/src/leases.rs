@@ -49,8 +49,13 @@ pub struct LeaseTable {
 
 impl LeaseTable {
     pub fn new() -> Self {
+        Self::starting_at(1)
+    }
+
+    /// A table whose first lease is `first` (at least 1).
+    pub fn starting_at(first: u64) -> Self {
         Self {
-            next_lease_id: 1,
+            next_lease_id: first.max(1),
             ..Self::default()
         }
     }

@@ -204,6 +204,10 @@ pub const MOVE_FREEZE_BELOW_BYTES: u64 = 512 * 1024;
 /// A source frozen this long without a handover abandons the move and
 /// serves the partition again.
 pub const MOVE_FREEZE_MAX: Duration = Duration::from_secs(10);
+/// Lease ids each opening of a partition owner takes from its shard's
+/// range (an owner that grants more ids than this within one opening
+/// would repeat the next owner's receipts: 4 billion leases).
+pub const LEASE_IDS_PER_OPEN: u64 = 1 << 32;
 /// A decommission whose moves were abandoned plans its remaining
 /// partitions again at most this often.
 pub const DECOMMISSION_REPLAN_INTERVAL_MS: u64 = 5_000;

@@ -47,6 +47,10 @@ pub struct OwnerConfig {
     pub max_deliveries: u32,
     /// Bytes of recent messages kept in memory for consumers at the tail.
     pub tail_cache_bytes: usize,
+    /// The first lease id this owner grants: a partition that moves away
+    /// and back (or is opened again) within one start of the node must not
+    /// grant a lease whose receipt equals one its earlier owner granted.
+    pub first_lease_id: u64,
 }
 
 /// A message handed to a consumer under a lease.
@@ -245,7 +249,7 @@ impl<F: FileSystem> PartitionOwner<F> {
         Self {
             log,
             acks,
-            leases: RefCell::new(LeaseTable::new()),
+            leases: RefCell::new(LeaseTable::starting_at(config.first_lease_id)),
             cache: RefCell::new(TailCache {
                 capacity_bytes: config.tail_cache_bytes,
                 ..TailCache::default()

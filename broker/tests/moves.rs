@@ -522,3 +522,57 @@ fn a_move_to_a_node_that_dies_is_abandoned_and_the_decommission_goes_on_elsewher
     let missing = accepted.iter().filter(|id| !seen.contains_key(*id)).count();
     assert_eq!(missing, 0, "{missing} of {} lost", accepted.len());
 }
+
+/// Moves `topic`'s only partition to `to` (retrying while the controller
+/// has not heard from it yet) and waits until it is done.
+fn move_to(node: &Node, topic: &str, to: u64) {
+    let mut planned = Value::Null;
+    assert!(
+        eventually(MOVES_DEADLINE, || {
+            let (status, answer) = node.json(
+                "POST",
+                "/v1/cluster/moves",
+                json!({"topic": topic, "partition": 0, "to": to}),
+            );
+            planned = answer;
+            status == 202
+        }),
+        "{planned}"
+    );
+    let ids = move_ids(&planned);
+    assert!(eventually(MOVES_DEADLINE, || moves_settled(node, &ids)));
+}
+
+#[test]
+fn a_receipt_from_before_a_partition_moved_away_and_back_acks_nothing() {
+    let cluster = Cluster::start(3);
+    let first = &cluster.nodes[0];
+    first.create_topic("back", json!({"partitions": 1}));
+    let owner = owner_of(first, "back");
+    let other = (1..=3).find(|id| *id != owner).expect("another node");
+    first.produce("back", "once");
+    let lease = json!({"max_messages": 1, "visibility_timeout_ms": 600000, "wait_ms": 5000});
+    let old = first.consume("back", lease.clone());
+    assert_eq!(old.len(), 1);
+    move_to(first, "back", other);
+    move_to(first, "back", owner);
+    // The lease ended with the first move: the message comes again.
+    let again = first.consume("back", lease);
+    assert_eq!(again.len(), 1, "delivered again after the moves");
+    assert_ne!(
+        old[0]["receipt"], again[0]["receipt"],
+        "a new lease has a new receipt"
+    );
+    let (status, answer) = first.json(
+        "POST",
+        "/v1/topics/back/ack",
+        json!({"receipt": old[0]["receipt"]}),
+    );
+    assert_eq!(status, 410, "the old lease ended with the move: {answer}");
+    let (status, answer) = first.json(
+        "POST",
+        "/v1/topics/back/ack",
+        json!({"receipt": again[0]["receipt"]}),
+    );
+    assert_eq!(status, 204, "{answer}");
+}

@@ -14,6 +14,7 @@ use super::*;
 const CONFIG: OwnerConfig = OwnerConfig {
     max_deliveries: 0,
     tail_cache_bytes: 1 << 20,
+    first_lease_id: 1,
 };
 
 fn open(fs: &SimFs, clock: &ManualClock, config: OwnerConfig) -> PartitionOwner<SimFs> {

@@ -44,8 +44,8 @@ use crate::limits::{
     ADOPT_CHUNK_RECORDS, ADOPT_FULL_RETRY, AVAILABLE_CALL_TIMEOUT, AVAILABLE_COALESCE,
     COLLECT_CALL_TIMEOUT, COLLECT_TOP_UP_TIMEOUT, COMMIT_BATCH_BYTES_MAX, COMMIT_BATCH_RECORDS_MAX,
     COMMIT_CALL_TIMEOUT, COMMIT_RETRY_BACKOFF_MAX_MS, COMMIT_RETRY_BACKOFF_MIN_MS, GAUGES_TIMEOUT,
-    ID_INCARNATION_BITS, ID_SEQUENCE_BITS, ID_SHARD_BITS, LOCAL_APPLY_WAIT, SETTLE_CALL_TIMEOUT,
-    STATS_CALL_TIMEOUT, STOP_DRAIN_POLL, STOP_DRAIN_TIMEOUT, TAIL_CACHE_BYTES,
+    ID_INCARNATION_BITS, ID_SEQUENCE_BITS, ID_SHARD_BITS, LEASE_IDS_PER_OPEN, LOCAL_APPLY_WAIT,
+    SETTLE_CALL_TIMEOUT, STATS_CALL_TIMEOUT, STOP_DRAIN_POLL, STOP_DRAIN_TIMEOUT, TAIL_CACHE_BYTES,
 };
 use crate::metastore::Metastore;
 use crate::owner::{OwnerConfig, OwnerError, PartitionOwner, PartitionStats};
@@ -235,6 +235,10 @@ struct Owners<F: FileSystem> {
     slots: RefCell<HashMap<OwnerKey, OwnerSlot<F>>>,
     /// Raised when a slot is filled or removed.
     changed: Signal,
+    /// The first lease id of the next owner opened: each open takes
+    /// [`LEASE_IDS_PER_OPEN`] ids, so receipts of one start of the node
+    /// never repeat, even for a partition opened again.
+    next_lease_ids: Cell<u64>,
 }
 
 /// Accepted records on their way to their partition's owner.
@@ -309,6 +313,7 @@ impl<F: FileSystem> Shard<F> {
             owners: Owners {
                 slots: RefCell::new(HashMap::new()),
                 changed: Signal::default(),
+                next_lease_ids: Cell::new(1),
             },
             dispatch: Dispatch {
                 queue: RefCell::new(dispatcher),

@@ -98,7 +98,12 @@ impl<F: FileSystem> Shard<F> {
         )
         .await
         .map_err(|e| from_storage(&e))?;
+        let first_lease_id = self.owners.next_lease_ids.get();
+        self.owners
+            .next_lease_ids
+            .set(first_lease_id.saturating_add(LEASE_IDS_PER_OPEN));
         let owner_config = OwnerConfig {
+            first_lease_id,
             max_deliveries: topic.config.max_deliveries,
             tail_cache_bytes: TAIL_CACHE_BYTES,
         };
