@@ -92,8 +92,9 @@ for r in $(seq 1 "$rounds"); do
   # A rebalance that moves every partition of the topic once (two at a
   # time, cluster.max_concurrent_moves), started a second into the run.
   (sleep 1; for p in 0 1 2 3 4 5; do o=$(owner_of lat "$p"); move lat "$p" $(( o % 3 + 1 )) >/dev/null; done) &
+  mover=$!
   run_latency moving
-  wait
+  wait "$mover" # (a bare `wait` would wait for the nodes too)
   wait_moves
 done
 field() { grep -o "$1 [0-9]* us" "$work/$2" | awk '{print $2}' | median; }
@@ -104,7 +105,11 @@ done_moves=$(grep -h "partition handed over" "$work"/n*.err | grep -c freeze_ms 
 echo "== freeze: $done_moves handovers"
 grep -ho 'freeze_ms=[0-9]*' "$work"/n*.err | cut -d= -f2 >"$work/freeze"
 echo "freeze p50 $(percentile 0.5 <"$work/freeze") ms, p99 $(percentile 0.99 <"$work/freeze") ms, max $(sort -n "$work/freeze" | tail -1) ms"
-for part in copy_ms install_ms hand_over_ms; do
-  grep -ho "$part=[0-9]*" "$work"/n*.err | cut -d= -f2 >"$work/$part"
+for part in copy_ms install_ms hand_over_ms sync_ms state_ms open_ms; do
+  grep -ho " $part=[0-9]*" "$work"/n*.err | cut -d= -f2 >"$work/$part"
   echo "  of which $part: p50 $(percentile 0.5 <"$work/$part") ms, p99 $(percentile 0.99 <"$work/$part") ms"
 done
+# How long commits waited at each source: the freeze plus the source's
+# own apply of the handover.
+grep -ho 'frozen_ms=[0-9]*' "$work"/n*.err | cut -d= -f2 >"$work/frozen"
+echo "at the sources, commits waited: p50 $(percentile 0.5 <"$work/frozen") ms, p99 $(percentile 0.99 <"$work/frozen") ms, max $(sort -n "$work/frozen" | tail -1) ms"

@@ -301,7 +301,7 @@ impl<F: FileSystem> Shard<F> {
         self.freeze_handovers_under_way(&view.state);
         self.wake_polls_on_handovers(&view.state);
         let mut ended = Vec::new();
-        for (key, (id, _)) in self.moves.frozen.borrow().iter() {
+        for (key, (id, since)) in self.moves.frozen.borrow().iter() {
             let handed_over = view.state.topics.get(&key.0).is_none_or(|t| {
                 t.incarnation != key.1 || t.owners.get(key.2 as usize) != Some(&self.me())
             });
@@ -311,7 +311,7 @@ impl<F: FileSystem> Shard<F> {
                 .get(id)
                 .is_none_or(|m| m.state == MoveState::Abandoned);
             if handed_over || abandoned {
-                ended.push((key.clone(), handed_over));
+                ended.push((key.clone(), handed_over, *since));
             }
         }
         let mut slots = self.owners.slots.borrow_mut();
@@ -330,10 +330,13 @@ impl<F: FileSystem> Shard<F> {
             return;
         }
         let mut frozen = self.moves.frozen.borrow_mut();
-        for (key, handed_over) in ended {
+        for (key, handed_over, since) in ended {
             frozen.remove(&key);
             if handed_over {
-                tracing::info!(topic = %key.0, partition = key.2, "partition handed over to its new owner");
+                // How long commits here waited (the destination's
+                // `freeze_ms` plus this node's apply of the handover).
+                let frozen_ms = self.now().saturating_sub(since);
+                tracing::info!(topic = %key.0, partition = key.2, frozen_ms, "partition handed over to its new owner");
             } else if let Some(OwnerSlot::Ready(owner)) = self.owners.slots.borrow().get(&key) {
                 owner.thaw();
             }
@@ -926,7 +929,7 @@ impl<F: FileSystem> Shard<F> {
         self.moves.verified.borrow_mut().remove(&key);
         let owner = opened?;
         owner.remember_recent(&run.latest.recent);
-        tracing::debug!(
+        tracing::info!(
             id = run.planned.id,
             sync_ms = synced_at.saturating_sub(started),
             state_ms = placed_at.saturating_sub(synced_at),
