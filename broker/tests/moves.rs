@@ -521,6 +521,28 @@ fn a_move_to_a_node_that_dies_is_abandoned_and_the_decommission_goes_on_elsewher
     let seen = consume_all(observed, "big");
     let missing = accepted.iter().filter(|id| !seen.contains_key(*id)).count();
     assert_eq!(missing, 0, "{missing} of {} lost", accepted.len());
+    // Back, the dead destination removes the copy nothing will use.
+    cluster.nodes[destination].restart();
+    let partitions = cluster.nodes[destination].data_dir.join("partitions");
+    let copies = || {
+        std::fs::read_dir(&partitions)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .flat_map(|topic| {
+                std::fs::read_dir(topic.path())
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+            })
+            .filter(|entry| entry.file_name().to_string_lossy().ends_with(".incoming"))
+            .count()
+    };
+    assert!(
+        eventually(MOVES_DEADLINE, || copies() == 0),
+        "{} copies left",
+        copies()
+    );
 }
 
 /// Moves `topic`'s only partition to `to` (retrying while the controller

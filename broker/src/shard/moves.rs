@@ -395,7 +395,7 @@ impl<F: FileSystem> Shard<F> {
             );
             let fresh = !self.moves.frozen.borrow().contains_key(&key);
             if fresh {
-                tracing::info!(topic = %key.0, partition = key.2, id = handover.id, "the partition's handover is under way: frozen again");
+                tracing::info!(topic = %key.0, partition = key.2, id = handover.id, "the partition's handover is under way: frozen for it");
                 self.moves
                     .frozen
                     .borrow_mut()
@@ -429,9 +429,10 @@ impl<F: FileSystem> Shard<F> {
         }
     }
 
-    /// On the metastore leader's first shard: a move whose destination is
-    /// marked dead is abandoned (the source keeps the partition; nothing
-    /// else would end it, and it holds one of `cluster.max_concurrent_moves`);
+    /// On the metastore leader's first shard: a move whose destination has
+    /// been dead for `cluster.move_promote_after_ms` is abandoned (the
+    /// source keeps the partition; nothing else would end it, and it holds
+    /// one of `cluster.max_concurrent_moves`);
     /// a node being decommissioned that still owns partitions and has no
     /// move running off it (one was abandoned: a restart during its freeze,
     /// a destination that died) gets its remaining partitions planned
@@ -445,7 +446,8 @@ impl<F: FileSystem> Shard<F> {
             .state
             .moves
             .values()
-            .filter(|m| m.state.is_active() && self.is_dead(m.to))
+            .filter(|m| m.state.is_active() && m.to != self.me())
+            .filter(|m| self.dead_long_enough(m, m.to))
             .map(|m| m.id.clone())
             .collect();
         for id in stranded {
@@ -611,8 +613,15 @@ impl<F: FileSystem> Shard<F> {
     /// `cluster.move_promote_after_ms` (counted from the move's start at
     /// the earliest): the destination's copy takes over.
     fn promotion_due(&self, planned: &Move) -> bool {
+        self.dead_long_enough(planned, planned.from)
+    }
+
+    /// Whether `node`, an end of the move, has been marked dead (since the
+    /// move started) for `cluster.move_promote_after_ms`: a node the
+    /// controller marks dead for a moment under load is waited for.
+    fn dead_long_enough(&self, planned: &Move, node: NodeId) -> bool {
         let view = self.view();
-        let Some(record) = view.state.nodes.get(&planned.from) else {
+        let Some(record) = view.state.nodes.get(&node) else {
             return false;
         };
         let started = planned.started_at_ms.unwrap_or(planned.planned_at_ms);
@@ -993,6 +1002,34 @@ impl<F: FileSystem> Shard<F> {
     async fn reap_moved_away(&self) {
         let view = self.view();
         let shards = usize::from(self.identity.shards);
+        // The copy of a move that ended while this node was away (its
+        // destination): nothing will use it.
+        for ended in view.state.moves.values().filter(|m| {
+            m.to == self.me()
+                && !m.state.is_active()
+                && !self.moves.running.borrow().contains(&m.id)
+                && crate::mesh::shard_for(&m.topic, m.partition, shards) == self.shard_index()
+        }) {
+            let moving_again = view.state.moves.values().any(|m| {
+                m.state.is_active()
+                    && m.to == self.me()
+                    && m.topic == ended.topic
+                    && m.incarnation == ended.incarnation
+                    && m.partition == ended.partition
+            });
+            let incoming = self.move_dirs(ended).1;
+            if moving_again || !self.env.fs.exists(&incoming).await.unwrap_or(false) {
+                continue;
+            }
+            match self.env.fs.remove_dir_all(&incoming).await {
+                Ok(()) => {
+                    tracing::info!(dir = %incoming.display(), "removed the copy of a move that ended")
+                }
+                Err(error) => {
+                    tracing::warn!(dir = %incoming.display(), %error, "could not remove the copy of a move that ended")
+                }
+            }
+        }
         for ended in view.state.moves.values().filter(|m| {
             m.from == self.me()
                 && matches!(m.state, MoveState::Done | MoveState::Promoted)
