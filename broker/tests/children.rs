@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
 use support::cluster::Cluster;
-use support::{eventually, metric, Node};
+use support::{eventually, metric, narad, Node};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -423,19 +423,6 @@ fn a_child_behind_its_parents_retention_skips_what_retention_removed_and_counts_
         delivered.len(),
         produced.len()
     );
-}
-
-fn narad(node: &Node, args: &[&str]) -> (bool, String, String) {
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_narad"))
-        .args(args)
-        .env("NARAD_URL", format!("http://{}", node.addr))
-        .output()
-        .expect("run narad");
-    (
-        output.status.success(),
-        String::from_utf8_lossy(&output.stdout).to_string(),
-        String::from_utf8_lossy(&output.stderr).to_string(),
-    )
 }
 
 #[test]

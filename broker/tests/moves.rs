@@ -9,22 +9,9 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use support::cluster::{Cluster, CLUSTER_SECRET};
-use support::{consume_all, eventually, Node, Producers};
+use support::{consume_all, eventually, narad, Node, Producers};
 
 const MOVES_DEADLINE: Duration = Duration::from_secs(90);
-
-fn narad(node: &Node, args: &[&str]) -> (bool, String, String) {
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_narad"))
-        .args(args)
-        .env("NARAD_URL", format!("http://{}", node.addr))
-        .output()
-        .expect("run narad");
-    (
-        output.status.success(),
-        String::from_utf8_lossy(&output.stdout).to_string(),
-        String::from_utf8_lossy(&output.stderr).to_string(),
-    )
-}
 
 fn free_udp_port() -> u16 {
     std::net::UdpSocket::bind("127.0.0.1:0")
@@ -283,21 +270,51 @@ fn copying_some(node: &Node, id: &str) -> bool {
     state["state"] == "copying" && state["copied_bytes"].as_u64().unwrap_or(0) > 0
 }
 
-#[test]
-fn a_move_whose_source_dies_is_promoted_and_the_source_quarantines_what_it_held() {
-    let mut cluster = Cluster::start_with(3, &SLOW_MOVES);
+/// Three nodes moving slowly (`SLOW_MOVES`), `big`'s one partition filled
+/// with `count` messages and its owner being decommissioned: the move has
+/// copied some of it.
+struct Copying {
+    cluster: Cluster,
+    /// The partition's owner, the move's source.
+    owner: u64,
+    accepted: Vec<String>,
+    id: String,
+    to: u64,
+}
+
+fn decommission_while_copying(count: usize) -> Copying {
+    let cluster = Cluster::start_with(3, &SLOW_MOVES);
     cluster.nodes[0].create_topic("big", json!({"partitions": 1}));
     let owner = owner_of(&cluster.nodes[0], "big");
     let writer = (0..3)
         .find(|i| *i as u64 + 1 != owner)
         .expect("another node");
-    fill(&cluster.nodes[writer], "big", 700);
+    let accepted = fill(&cluster.nodes[writer], "big", count);
     let (source, id, to) = decommission_owner(&cluster.nodes[writer], "big");
+    assert_eq!(source, owner);
     assert!(
         eventually(MOVES_DEADLINE, || copying_some(&cluster.nodes[writer], &id)),
         "the move copies: {}",
         the_move(&cluster.nodes[writer], &id)
     );
+    Copying {
+        cluster,
+        owner,
+        accepted,
+        id,
+        to,
+    }
+}
+
+#[test]
+fn a_move_whose_source_dies_is_promoted_and_the_source_quarantines_what_it_held() {
+    let Copying {
+        mut cluster,
+        owner: source,
+        id,
+        to,
+        ..
+    } = decommission_while_copying(700);
     // The source dies mid-copy and stays away.
     let source_index = usize::try_from(source - 1).expect("index");
     cluster.nodes[source_index].kill();
@@ -355,22 +372,18 @@ fn a_move_whose_source_dies_is_promoted_and_the_source_quarantines_what_it_held(
 
 #[test]
 fn a_move_survives_its_destinations_restart_and_a_change_of_raft_leader() {
-    let mut cluster = Cluster::start_with(3, &SLOW_MOVES);
-    cluster.nodes[0].create_topic("big", json!({"partitions": 1}));
-    let owner = owner_of(&cluster.nodes[0], "big");
-    let writer = (0..3)
-        .find(|i| *i as u64 + 1 != owner)
-        .expect("another node");
-    let mut accepted = fill(&cluster.nodes[writer], "big", 700);
-    let (_, id, to) = decommission_owner(&cluster.nodes[writer], "big");
+    let Copying {
+        mut cluster,
+        owner,
+        mut accepted,
+        id,
+        to,
+        ..
+    } = decommission_while_copying(700);
     let destination = usize::try_from(to - 1).expect("index");
     let observer = (0..3)
         .find(|i| *i != destination && *i as u64 + 1 != owner)
         .expect("a third node");
-    assert!(eventually(MOVES_DEADLINE, || copying_some(
-        &cluster.nodes[observer],
-        &id
-    )));
     // The destination restarts mid-copy: it copies again from the start.
     cluster.nodes[destination].kill();
     cluster.nodes[destination].restart();
@@ -485,22 +498,18 @@ fn a_long_poll_on_a_third_node_wakes_when_a_moved_partition_has_messages_again()
 
 #[test]
 fn a_move_to_a_node_that_dies_is_abandoned_and_the_decommission_goes_on_elsewhere() {
-    let mut cluster = Cluster::start_with(3, &SLOW_MOVES);
-    cluster.nodes[0].create_topic("big", json!({"partitions": 1}));
-    let owner = owner_of(&cluster.nodes[0], "big");
-    let writer = (0..3)
-        .find(|i| *i as u64 + 1 != owner)
-        .expect("another node");
-    let accepted = fill(&cluster.nodes[writer], "big", 300);
-    let (_, id, to) = decommission_owner(&cluster.nodes[writer], "big");
+    let Copying {
+        mut cluster,
+        owner,
+        accepted,
+        id,
+        to,
+        ..
+    } = decommission_while_copying(300);
     let destination = usize::try_from(to - 1).expect("index");
     let observer = (0..3)
         .find(|i| *i != destination && *i as u64 + 1 != owner)
         .expect("a third node");
-    assert!(eventually(MOVES_DEADLINE, || copying_some(
-        &cluster.nodes[observer],
-        &id
-    )));
     // The destination dies mid-copy and stays away.
     cluster.nodes[destination].kill();
     assert!(

@@ -630,3 +630,18 @@ pub fn handover_at_stop(log: &str) -> Result<Option<u64>, String> {
         _ => Err(line.to_string()),
     }
 }
+
+/// Runs the `narad` CLI against `node`: whether it succeeded, its stdout
+/// and its stderr.
+pub fn narad(node: &Node, args: &[&str]) -> (bool, String, String) {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_narad"))
+        .args(args)
+        .env("NARAD_URL", format!("http://{}", node.addr))
+        .output()
+        .expect("run narad");
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).to_string(),
+        String::from_utf8_lossy(&output.stderr).to_string(),
+    )
+}
