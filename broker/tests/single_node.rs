@@ -769,6 +769,45 @@ fn dead_lettering_survives_sigkill_in_one_topic_or_both_never_neither() {
     }
 }
 
+/// Anonymous memory of a process, from `/proc/PID/status`.
+fn anonymous_memory_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let kib: u64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("RssAnon:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .expect("RssAnon in /proc/PID/status");
+    kib * 1024
+}
+
+/// The memory model of docs/configuration.md: an idle node holds at most
+/// this much per shard, whatever `storage.wal_ring_bytes` says (the ring
+/// lives on disk; recovery reads it through a window).
+const IDLE_MEMORY_PER_SHARD_BYTES: u64 = 64 * 1024 * 1024;
+
+#[test]
+fn an_idle_node_holds_the_stated_memory_whatever_the_size_of_its_wal_rings() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let ring = format!("storage.wal_ring_bytes={}", 256 * 1024 * 1024);
+    let mut node = Node::start(&tmp.path().join("n"), &["--shards", "2", "--set", &ring]);
+    node.create_topic("idle", json!({"partitions": 4}));
+    for i in 0..20 {
+        node.produce("idle", &format!("m{i}"));
+    }
+    // A restart recovers both rings, as after a crash.
+    node.kill();
+    node.restart();
+    let got = support::consume_all(&node, "idle");
+    assert_eq!(got.len(), 20, "every message is there after the restart");
+    let limit = 2 * IDLE_MEMORY_PER_SHARD_BYTES;
+    let used = anonymous_memory_bytes(node.pid());
+    assert!(
+        used <= limit,
+        "an idle node with 2 shards and two 256 MiB rings holds {used} bytes of anonymous memory, more than the stated {limit}"
+    );
+}
+
 #[test]
 fn a_full_wal_ring_answers_429_and_accepts_nothing_of_the_batch() {
     let tmp = tempfile::tempdir().expect("tmp");

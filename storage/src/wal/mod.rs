@@ -24,6 +24,7 @@
 //! - A failed write or fdatasync fails the WAL for good.
 
 pub mod record;
+mod recovery;
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -35,13 +36,13 @@ use std::task::{Context, Poll, Waker};
 
 use crate::codec::{crc_of, get_u32, get_u64, put_u32, put_u64, round_up, round_up_usize, set_u32};
 use crate::error::{Result, StorageError};
-use crate::frame::{encode_frame, scan};
+use crate::frame::encode_frame;
 use crate::io::{FileSystem, OpenMode, StorageFile};
 use crate::limits::{
     BLOCK_BYTES, RECOVERY_READ_CHUNK_BYTES, WAL_RING_BYTES_DEFAULT, WAL_RING_BYTES_MIN,
 };
 use crate::metric_names::STORAGE_CORRUPT_RECORDS_TOTAL;
-use crate::util_fs::{create_file_through, read_exact_or_short};
+use crate::util_fs::create_file_through;
 pub use record::{WalRecord, WalRecordRef};
 
 const RING_MAGIC: u32 = 0x4E52_4E47;
@@ -290,14 +291,6 @@ fn decode_checkpoint(slot: &[u8]) -> Option<(u64, WalPos)> {
     Some((get_u64(slot, 16)?, get_u64(slot, 24)?))
 }
 
-/// True if the logical range `[from, to)` of the ring holds any non-zero byte.
-fn ring_range_nonzero(ring: &[u8], capacity: u64, from: WalPos, to: WalPos) -> bool {
-    (from..to).any(|pos| {
-        let at = usize::try_from(pos % capacity).unwrap_or(usize::MAX);
-        ring.get(at).is_some_and(|b| *b != 0)
-    })
-}
-
 impl<F: FileSystem> Wal<F> {
     /// Opens the ring in `dir`, creating it if needed, and recovers every
     /// record above the checkpoint.
@@ -380,17 +373,14 @@ impl<F: FileSystem> Wal<F> {
             tracing::error!(path = %checkpoint_path.display(), "both WAL checkpoint slots are damaged; replaying the whole ring");
         }
 
-        let ring_bytes = read_exact_or_short(
+        let (recovery, live, head) = recovery::recover(
             &ring,
             &ring_path,
-            BLOCK_BYTES,
             capacity,
-            RECOVERY_READ_CHUNK_BYTES,
+            best.map(|(_, tail)| tail),
+            RECOVERY_READ_CHUNK_BYTES as u64,
         )
         .await?;
-        let (recovery, live, head) =
-            Self::recover(&ring_bytes, capacity, best.map(|(_, tail)| tail));
-        drop(ring_bytes);
         if recovery.corrupt_records > 0 {
             metrics::counter!(STORAGE_CORRUPT_RECORDS_TOTAL).increment(recovery.corrupt_records);
             tracing::error!(
@@ -431,67 +421,6 @@ impl<F: FileSystem> Wal<F> {
             checkpoint_path,
         };
         Ok((Rc::new(wal), recovery))
-    }
-
-    /// Pure recovery over the ring's bytes: the records, the live list and the head.
-    fn recover(
-        ring: &[u8],
-        capacity: u64,
-        checkpoint_tail: Option<WalPos>,
-    ) -> (WalRecovery, VecDeque<LiveRecord>, WalPos) {
-        let block = usize::try_from(BLOCK_BYTES).unwrap_or(4096);
-        let result = scan(ring, RECORD_MAGIC, block, |at, pos| {
-            pos % capacity == at as u64 && checkpoint_tail.is_none_or(|tail| pos >= tail)
-        });
-        let mut frames = result.frames;
-        frames.sort_by_key(|f| f.pos);
-        if checkpoint_tail.is_none() {
-            // Without a checkpoint keep the newest lap's worth of records.
-            if let Some(max) = frames.last().map(|f| f.pos) {
-                frames.retain(|f| f.pos + capacity > max);
-            }
-        }
-        let tail = checkpoint_tail.unwrap_or_else(|| frames.first().map_or(0, |f| f.pos));
-        let last_valid = frames.last().map(|f| f.pos);
-        let mut recovery = WalRecovery {
-            checkpoint_tail: tail,
-            ..WalRecovery::default()
-        };
-        for (pos, _) in &result.bad_bodies {
-            if last_valid.is_some_and(|last| *pos < last) {
-                recovery.corrupt_records += 1;
-            } else {
-                recovery.torn_tail = true;
-            }
-        }
-        let bad_positions: Vec<u64> = result.bad_bodies.iter().map(|(pos, _)| *pos).collect();
-        let mut live = VecDeque::with_capacity(frames.len());
-        let mut head = tail;
-        let mut previous_end: Option<WalPos> = None;
-        for frame in &frames {
-            if let Some(end) = previous_end {
-                let gap_has_bad_body = bad_positions.iter().any(|p| *p >= end && *p < frame.pos);
-                if !gap_has_bad_body && ring_range_nonzero(ring, capacity, end, frame.pos) {
-                    recovery.corrupt_records += 1;
-                }
-            }
-            previous_end = Some(frame.pos + frame.len as u64);
-            match ring.get(frame.body.clone()).and_then(record::decode_body) {
-                Some(record) => {
-                    live.push_back(LiveRecord {
-                        pos: frame.pos,
-                        committed: false,
-                    });
-                    recovery.records.push(RecoveredRecord {
-                        pos: frame.pos,
-                        record,
-                    });
-                }
-                None => recovery.corrupt_records += 1,
-            }
-            head = frame.pos + frame.len as u64;
-        }
-        (recovery, live, head)
     }
 
     /// Adds a record to the next group commit. Fails at once when the WAL has

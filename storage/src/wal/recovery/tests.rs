@@ -1,0 +1,212 @@
+//! The windowed recovery against the whole-ring one it replaced, over rings
+//! written by the WAL itself through many laps and then damaged at random.
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+
+use futures_lite::future::block_on;
+
+use super::recover;
+use crate::frame::scan;
+use crate::io::sim::SimFs;
+use crate::io::{FileSystem, OpenMode, StorageFile};
+use crate::limits::BLOCK_BYTES;
+use crate::rng::SimRng;
+use crate::wal::{
+    record, LiveRecord, RecoveredRecord, Wal, WalConfig, WalPos, WalRecord, WalRecovery,
+    RECORD_MAGIC,
+};
+
+/// True if the logical range `[from, to)` of the ring holds any non-zero byte.
+fn ring_range_nonzero(ring: &[u8], capacity: u64, from: WalPos, to: WalPos) -> bool {
+    (from..to).any(|pos| {
+        let at = usize::try_from(pos % capacity).unwrap_or(usize::MAX);
+        ring.get(at).is_some_and(|b| *b != 0)
+    })
+}
+
+/// Recovery over the whole ring held in memory, as it was done before
+/// [`recover`] read it through a window: the oracle the
+/// windowed recovery is checked against.
+fn recover_whole(
+    ring: &[u8],
+    capacity: u64,
+    checkpoint_tail: Option<WalPos>,
+) -> (WalRecovery, VecDeque<LiveRecord>, WalPos) {
+    let block = usize::try_from(BLOCK_BYTES).unwrap_or(4096);
+    let result = scan(ring, RECORD_MAGIC, block, |at, pos| {
+        pos % capacity == at as u64 && checkpoint_tail.is_none_or(|tail| pos >= tail)
+    });
+    let mut frames = result.frames;
+    frames.sort_by_key(|f| f.pos);
+    if checkpoint_tail.is_none() {
+        // Without a checkpoint keep the newest lap's worth of records.
+        if let Some(max) = frames.last().map(|f| f.pos) {
+            frames.retain(|f| f.pos + capacity > max);
+        }
+    }
+    let tail = checkpoint_tail.unwrap_or_else(|| frames.first().map_or(0, |f| f.pos));
+    let last_valid = frames.last().map(|f| f.pos);
+    let mut recovery = WalRecovery {
+        checkpoint_tail: tail,
+        ..WalRecovery::default()
+    };
+    for (pos, _) in &result.bad_bodies {
+        if last_valid.is_some_and(|last| *pos < last) {
+            recovery.corrupt_records += 1;
+        } else {
+            recovery.torn_tail = true;
+        }
+    }
+    let bad_positions: Vec<u64> = result.bad_bodies.iter().map(|(pos, _)| *pos).collect();
+    let mut live = VecDeque::with_capacity(frames.len());
+    let mut head = tail;
+    let mut previous_end: Option<WalPos> = None;
+    for frame in &frames {
+        if let Some(end) = previous_end {
+            let gap_has_bad_body = bad_positions.iter().any(|p| *p >= end && *p < frame.pos);
+            if !gap_has_bad_body && ring_range_nonzero(ring, capacity, end, frame.pos) {
+                recovery.corrupt_records += 1;
+            }
+        }
+        previous_end = Some(frame.pos + frame.len as u64);
+        match ring.get(frame.body.clone()).and_then(record::decode_body) {
+            Some(record) => {
+                live.push_back(LiveRecord {
+                    pos: frame.pos,
+                    committed: false,
+                });
+                recovery.records.push(RecoveredRecord {
+                    pos: frame.pos,
+                    record,
+                });
+            }
+            None => recovery.corrupt_records += 1,
+        }
+        head = frame.pos + frame.len as u64;
+    }
+    (recovery, live, head)
+}
+
+const CAPACITY: u64 = 96 * 1024;
+
+fn dir() -> PathBuf {
+    PathBuf::from("/data/wal/shard-0")
+}
+
+fn record_of(id: u128, rng: &mut SimRng) -> WalRecord {
+    // Values from a few bytes to well past a block, so frames straddle
+    // the window's chunks and some are longer than a chunk.
+    let len = match rng.below(4) {
+        0 => rng.below(16),
+        1 => rng.below(600),
+        2 => rng.below(3000),
+        _ => 4096 + rng.below(9000),
+    };
+    WalRecord {
+        id,
+        topic: "orders".into(),
+        partition: 0,
+        key: rng.chance(1, 3).then(|| vec![7u8; 5]),
+        value: vec![b'v'; usize::try_from(len).unwrap_or(0)],
+        accept_ms: 1,
+        topic_incarnation: Some(1),
+    }
+}
+
+/// Writes records through several laps of the ring (committing and
+/// checkpointing most of them as the dispatcher would), then returns the
+/// simulated disk after a crash.
+fn written_ring(seed: u64) -> SimFs {
+    let mut rng = SimRng::new(seed);
+    let fs = SimFs::new(seed);
+    let config = WalConfig {
+        ring_bytes: CAPACITY,
+    };
+    let (wal, _) = block_on(Wal::open(&fs, &dir(), config)).expect("open");
+    let mut uncommitted: VecDeque<WalPos> = VecDeque::new();
+    let mut id = 0u128;
+    for _ in 0..(40 + rng.below(80)) {
+        for _ in 0..=rng.below(4) {
+            id += 1;
+            match wal.append(&record_of(id, &mut rng).as_ref()) {
+                Ok(appended) => uncommitted.push_back(appended.pos),
+                Err(_) => break,
+            }
+        }
+        block_on(wal.flush()).expect("flush");
+        while uncommitted.len() > usize::try_from(rng.below(6)).unwrap_or(0) {
+            if let Some(pos) = uncommitted.pop_front() {
+                wal.mark_committed(pos);
+            }
+        }
+        if rng.chance(1, 2) {
+            block_on(wal.checkpoint()).expect("checkpoint");
+        }
+    }
+    drop(wal);
+    fs.crash_process();
+    fs
+}
+
+type Outcome = (Vec<(WalPos, u128)>, Vec<WalPos>, WalPos, u64, bool, WalPos);
+
+fn outcome((recovery, live, head): (WalRecovery, VecDeque<LiveRecord>, WalPos)) -> Outcome {
+    (
+        recovery
+            .records
+            .iter()
+            .map(|r: &RecoveredRecord| (r.pos, r.record.id))
+            .collect(),
+        live.iter().map(|l| l.pos).collect(),
+        head,
+        recovery.corrupt_records,
+        recovery.torn_tail,
+        recovery.checkpoint_tail,
+    )
+}
+
+#[test]
+fn windowed_recovery_finds_what_whole_ring_recovery_finds() {
+    let path = dir().join(super::super::RING_FILE_NAME);
+    for seed in 0..60u64 {
+        let fs = written_ring(seed);
+        let mut rng = SimRng::new(seed ^ 0x5eed);
+        // Damage: bits flipped anywhere in the ring (headers, bodies,
+        // padding), more of them in later seeds.
+        for _ in 0..(seed % 7) {
+            let at = BLOCK_BYTES + rng.below(CAPACITY);
+            let bit = u8::try_from(rng.below(8)).unwrap_or(0);
+            assert!(fs.flip_bit(&path, at, bit));
+        }
+        let file = block_on(fs.open(&path, OpenMode::EXISTING_DIRECT)).expect("open ring");
+        let whole = block_on(file.read_at(BLOCK_BYTES, usize::try_from(CAPACITY).unwrap_or(0)))
+            .expect("read ring");
+        let live_tail = outcome(recover_whole(&whole, CAPACITY, None)).5;
+        let tails = [
+            None,
+            Some(live_tail),
+            Some(live_tail + rng.below(CAPACITY / 2)),
+        ];
+        for tail in tails {
+            let expected = outcome(recover_whole(&whole, CAPACITY, tail));
+            for chunk in [1, BLOCK_BYTES, 3 * BLOCK_BYTES, CAPACITY] {
+                let found =
+                    block_on(recover(&file, &path, CAPACITY, tail, chunk)).expect("recover");
+                assert_eq!(
+                    outcome(found),
+                    expected,
+                    "seed {seed}, checkpoint tail {tail:?}, chunk {chunk}"
+                );
+            }
+        }
+        assert!(
+            !expected_records_empty(&whole),
+            "seed {seed}: the ring holds records to recover"
+        );
+    }
+}
+
+fn expected_records_empty(whole: &[u8]) -> bool {
+    outcome(recover_whole(whole, CAPACITY, None)).0.is_empty()
+}
