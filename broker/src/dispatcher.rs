@@ -4,11 +4,16 @@
 //! out of [`Dispatcher::poll_ready`], one destination (topic partition) each.
 //! The linger adapts to load: an idle destination gets its records at once;
 //! while a commit is in flight, records gather into the next batch. A busy
-//! destination (one whose last commit returned less than `busy_linger_ms`
-//! ago) commits again only once `busy_linger_ms` passed since that return,
-//! or at once when the batch is full: under load each partition commits (one
-//! write, one fdatasync, one read-back) a bounded number of times a second,
-//! however many producers there are. A batch also leaves after
+//! destination (one whose last commit returned recently) commits again only
+//! once its linger passed since that return, or at once when the batch is
+//! full. The linger follows what commits to the destination cost: it is
+//! [`BUSY_LINGER_PER_COMMIT`] times their recent duration, at most
+//! `busy_linger_ms`. Cheap commits (an owner with disk to spare) follow each
+//! other at once, so messages wait for little more than their own commit;
+//! slow commits (an owner bound by its fsyncs) are spaced out, so each takes
+//! more records and the partition commits (one write, one fdatasync, one
+//! read-back) a bounded number of times a second, however many producers
+//! there are. A batch also leaves after
 //! `max_linger_ms` even while a commit is in flight (so a slow owner
 //! pipelines two commits). A failed
 //! commit puts its records back at the front, retried with a doubling
@@ -56,6 +61,15 @@ impl DispatchRecord {
     }
 }
 
+/// The linger of a busy destination is this many times the recent duration
+/// of its commits (at most `busy_linger_ms`): a partition spends at most
+/// about a third of its time committing, and the time between its commits
+/// grows with what each costs.
+pub const BUSY_LINGER_PER_COMMIT: f64 = 2.0;
+
+/// The weight of the newest commit in a destination's average commit time.
+const COMMIT_TIME_WEIGHT: f64 = 0.25;
+
 /// One commit to send to a destination's owner.
 /// The first wait before a batch whose partition moved is sent again: the
 /// new owner takes it as soon as this node's metadata names it.
@@ -71,7 +85,8 @@ pub struct CommitBatch {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DispatcherConfig {
     pub max_linger_ms: u64,
-    /// The spacing of commits to a busy destination (at most `max_linger_ms`).
+    /// The longest spacing of commits to a busy destination (at most
+    /// `max_linger_ms`); the spacing follows what its commits cost.
     pub busy_linger_ms: u64,
     pub reroute_after_ms: u64,
     pub batch_records_max: usize,
@@ -104,13 +119,16 @@ struct DestinationState {
     retry_at_ms: Option<u64>,
     /// When the last commit returned.
     last_done_ms: Option<u64>,
+    /// How long its recent commits took, averaged (ms).
+    commit_ms: Option<f64>,
 }
 
 #[derive(Debug)]
 pub struct Dispatcher {
     config: DispatcherConfig,
     destinations: HashMap<Destination, DestinationState>,
-    in_flight: HashMap<u64, CommitBatch>,
+    /// Batches sent and not yet answered, with when each was sent.
+    in_flight: HashMap<u64, (CommitBatch, u64)>,
     next_batch_id: u64,
 }
 
@@ -138,7 +156,7 @@ impl Dispatcher {
             + self
                 .in_flight
                 .values()
-                .map(|b| b.records.len())
+                .map(|(b, _)| b.records.len())
                 .sum::<usize>()
     }
 
@@ -161,11 +179,22 @@ impl Dispatcher {
     /// Until when a destination whose last commit returned recently waits
     /// before its next one (`None`: it is idle).
     fn busy_until(config: &DispatcherConfig, state: &DestinationState) -> Option<u64> {
-        let linger = config.busy_linger_ms.min(config.max_linger_ms);
+        let linger = Self::linger_ms(config, state);
         state
             .last_done_ms
             .map(|done| done + linger)
             .filter(|_| linger > 0)
+    }
+
+    /// The spacing of a busy destination's commits: what they cost, times
+    /// [`BUSY_LINGER_PER_COMMIT`], within `busy_linger_ms`.
+    fn linger_ms(config: &DispatcherConfig, state: &DestinationState) -> u64 {
+        let cap = config.busy_linger_ms.min(config.max_linger_ms);
+        let wanted = state
+            .commit_ms
+            .map_or(0.0, |ms| (ms * BUSY_LINGER_PER_COMMIT).round());
+        // `as` saturates for floats: a huge average gives the cap.
+        (wanted as u64).min(cap)
     }
 
     /// The batches to send now.
@@ -212,7 +241,8 @@ impl Dispatcher {
                 records,
             };
             self.next_batch_id += 1;
-            self.in_flight.insert(batch.batch_id, batch.clone());
+            self.in_flight
+                .insert(batch.batch_id, (batch.clone(), now_ms));
             ready.push(batch);
         }
         ready
@@ -220,10 +250,14 @@ impl Dispatcher {
 
     /// The owner confirmed a batch: returns the WAL positions it covered.
     pub fn on_committed(&mut self, batch_id: u64, now_ms: u64) -> Vec<WalPos> {
-        let Some(batch) = self.in_flight.remove(&batch_id) else {
+        let Some((batch, sent_ms)) = self.in_flight.remove(&batch_id) else {
             return Vec::new();
         };
         if let Some(state) = self.destinations.get_mut(&batch.destination) {
+            let took = now_ms.saturating_sub(sent_ms) as f64;
+            state.commit_ms = Some(state.commit_ms.map_or(took, |average| {
+                average + COMMIT_TIME_WEIGHT * (took - average)
+            }));
             state.in_flight -= 1;
             state.failing_since_ms = None;
             state.backoff_ms = 0;
@@ -249,7 +283,7 @@ impl Dispatcher {
     }
 
     fn requeue(&mut self, batch_id: u64, now_ms: u64, first_ms: u64) -> Option<FailureOutcome> {
-        let batch = self.in_flight.remove(&batch_id)?;
+        let (batch, _) = self.in_flight.remove(&batch_id)?;
         let config = self.config;
         let state = self.destinations.entry(batch.destination).or_default();
         state.in_flight -= 1;
@@ -387,6 +421,35 @@ mod tests {
         assert_eq!(d.next_deadline_ms(), Some(16));
         let second = d.poll_ready(16);
         assert_eq!(positions(&second[0]), vec![2, 3, 4]);
+    }
+
+    #[test]
+    fn the_linger_follows_what_commits_cost_within_busy_linger_ms() {
+        let mut d = Dispatcher::new(CONFIG);
+        // A commit that returns within its millisecond: the next records
+        // leave the moment they come.
+        d.push(dest(0), record(1), 0);
+        let first = d.poll_ready(0);
+        d.on_committed(first[0].batch_id, 0);
+        d.push(dest(0), record(2), 0);
+        let second = d.poll_ready(0);
+        assert_eq!(second.len(), 1, "cheap commits: no linger");
+        // That one takes 2 ms (average 0.5 ms): the next waits 1 ms.
+        d.on_committed(second[0].batch_id, 2);
+        d.push(dest(0), record(3), 2);
+        assert!(d.poll_ready(2).is_empty());
+        assert_eq!(d.next_deadline_ms(), Some(3));
+        let third = d.poll_ready(3);
+        assert_eq!(positions(&third[0]), vec![3]);
+        // Slow commits (an fsync-bound owner): the linger grows to
+        // busy_linger_ms (5) and no further.
+        d.on_committed(third[0].batch_id, 40);
+        d.push(dest(0), record(4), 40);
+        assert!(
+            d.poll_ready(44).is_empty(),
+            "spaced out after a slow commit"
+        );
+        assert_eq!(d.poll_ready(45).len(), 1, "at most busy_linger_ms");
     }
 
     #[test]
