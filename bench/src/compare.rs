@@ -10,6 +10,7 @@ use serde_json::Value;
 use crate::chart;
 use crate::driver::{Driver, NaradDriver};
 use crate::omb;
+use crate::reqwest_driver::ReqwestDriver;
 use crate::workload::Workload;
 
 const DEFAULT_SERVER: &str = "http://127.0.0.1:8080";
@@ -81,6 +82,10 @@ fn driver(name: &str, args: &[String]) -> Result<Arc<dyn Driver>, String> {
             let server = flag(args, "--server").unwrap_or_else(|| DEFAULT_SERVER.into());
             Ok(Arc::new(NaradDriver::new(&server)?))
         }
+        "narad-reqwest" => {
+            let server = flag(args, "--server").unwrap_or_else(|| DEFAULT_SERVER.into());
+            Ok(Arc::new(ReqwestDriver::new(&server)?))
+        }
         #[cfg(feature = "peers")]
         peer => crate::peers::driver(peer, args),
         #[cfg(not(feature = "peers"))]
@@ -109,7 +114,7 @@ fn write_result(
 /// `narad-bench workload FILE [--driver NAME] [--server URL] [--out DIR]`.
 pub fn workload_main(args: &[String]) -> Result<(), String> {
     let file = args.get(1).filter(|a| !a.starts_with("--")).ok_or(
-        "usage: narad-bench workload FILE [--driver narad|nats|rabbitmq|redis] [--server URL] \
+        "usage: narad-bench workload FILE [--driver narad|narad-reqwest|nats|rabbitmq|redis] [--server URL] \
          [--out DIR] [--duration-seconds S] [--warmup-seconds S]",
     )?;
     let workload = load_workload(file, args)?;

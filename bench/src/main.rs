@@ -41,6 +41,7 @@ mod latency;
 mod omb;
 #[cfg(feature = "peers")]
 mod peers;
+mod reqwest_driver;
 mod workload;
 
 use std::cell::RefCell;
