@@ -20,6 +20,7 @@
 
 pub mod batch;
 pub mod copy;
+mod index;
 
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
@@ -37,7 +38,7 @@ use crate::limits::{
     SEGMENT_BYTES_DEFAULT, SEGMENT_PREALLOC_STEP_BYTES_DEFAULT,
 };
 use crate::metric_names::STORAGE_CORRUPT_RECORDS_TOTAL;
-use crate::util_fs::{create_file_through, read_exact_or_short, zero_fill};
+use crate::util_fs::{create_file_through, read_exact_or_short, read_whole_file, zero_fill};
 
 const SEGMENT_MAGIC: u32 = 0x4E53_4547;
 const FORMAT_VERSION: u32 = 1;
@@ -73,6 +74,8 @@ pub struct LogRecovery {
     pub corrupt_records: u64,
     /// Whether a torn tail was truncated.
     pub torn_tail: bool,
+    /// Sealed segments taken from their index, without reading them.
+    pub indexed_segments: usize,
 }
 
 /// One segment file as a partition's move copies it: its name and how
@@ -300,6 +303,24 @@ fn scan_batches(bytes: &[u8], origin: u64, first: usize, next_offset: u64) -> Se
     }
 }
 
+/// Writes the index of the sealed `segment` beside it. The index is only a
+/// shortcut (without it the segment is scanned), so a failure to write it
+/// is logged and nothing more.
+async fn write_index<F: FileSystem>(fs: &F, dir: &Path, segment: &Segment<F::File>) {
+    let Some(name) = segment.path.file_name().and_then(|n| n.to_str()) else {
+        return;
+    };
+    let bytes = index::encode(&index::SegmentIndex {
+        seq: segment.seq,
+        base_offset: segment.base_offset,
+        write_pos: segment.write_pos,
+        batches: segment.batches.clone(),
+    });
+    if let Err(error) = create_file_through(fs, dir, &index::index_name(name), &bytes, 0).await {
+        tracing::warn!(path = %segment.path.display(), %error, "could not write the segment's index; the next open scans the segment");
+    }
+}
+
 /// Rewrites the batches of `segment` with the bytes they hold and
 /// fdatasyncs them. After a failed fdatasync the page cache can show a batch
 /// that never reached the disk, and a later fdatasync succeeds without writing
@@ -391,6 +412,24 @@ impl<F: FileSystem> PartitionLog<F> {
             .await
             .map_err(|e| StorageError::io("fsync dir", dir, e))?;
         names.retain(|n| !n.ends_with(".tmp"));
+        // An index whose segment is gone (retention removed the index
+        // first, then died before the segment went): nothing to keep.
+        for name in &names {
+            let orphan = name
+                .strip_suffix(index::INDEX_SUFFIX)
+                .is_some_and(|segment| !names.iter().any(|n| n == segment));
+            if orphan {
+                let path = dir.join(name);
+                fs.remove_file(&path)
+                    .await
+                    .map_err(|e| StorageError::io("remove", &path, e))?;
+            }
+        }
+        let indexed: Vec<String> = names
+            .iter()
+            .filter(|n| n.ends_with(index::INDEX_SUFFIX))
+            .cloned()
+            .collect();
         let mut found: Vec<(u64, u64, String)> = names
             .into_iter()
             .filter_map(|n| parse_segment_name(&n).map(|(seq, base)| (seq, base, n)))
@@ -436,6 +475,35 @@ impl<F: FileSystem> PartitionLog<F> {
                     sealed: index != last_index,
                 });
                 continue;
+            }
+            // A sealed segment with its index: every batch the index names
+            // was fdatasynced before the index was written, so the segment
+            // is neither read nor synced again.
+            let index_name = index::index_name(name);
+            if index != last_index && indexed.contains(&index_name) {
+                if let Some((sealed_index, size)) =
+                    Self::read_index(fs, dir, &index_name, &file, *seq, *name_base).await
+                {
+                    for earlier in &mut segments {
+                        earlier
+                            .batches
+                            .retain(|b| b.base_offset < sealed_index.base_offset);
+                    }
+                    trusted.push(true);
+                    segments.push(Segment {
+                        seq: *seq,
+                        base_offset: sealed_index.base_offset,
+                        path,
+                        file: Rc::new(file),
+                        batches: sealed_index.batches,
+                        write_pos: sealed_index.write_pos,
+                        allocated: size.max(BLOCK_BYTES),
+                        sealed: true,
+                    });
+                    recovery.indexed_segments += 1;
+                    continue;
+                }
+                tracing::warn!(path = %dir.join(&index_name).display(), "segment index is damaged or does not match its segment; scanning the segment");
             }
             // After a process crash a batch may sit only in the page cache;
             // make what recovery finds durable before it is served.
@@ -488,6 +556,11 @@ impl<F: FileSystem> PartitionLog<F> {
                 allocated: size.max(BLOCK_BYTES),
                 sealed: index != last_index,
             });
+            // A sealed segment scanned (one from before indexes, or whose
+            // index was damaged) gets its index now: the next open reads it.
+            if let Some(sealed) = segments.last().filter(|s| s.sealed) {
+                write_index(fs, dir, sealed).await;
+            }
         }
         if recovery.corrupt_records > 0 {
             metrics::counter!(STORAGE_CORRUPT_RECORDS_TOTAL).increment(recovery.corrupt_records);
@@ -708,6 +781,25 @@ impl<F: FileSystem> PartitionLog<F> {
                 .is_some_and(|first| now.saturating_sub(first) >= half_retention)
     }
 
+    /// The index `index_name` of the segment `seq`/`base_offset` (open as
+    /// `file`) and the segment's size, if the index is whole and matches it.
+    async fn read_index(
+        fs: &F,
+        dir: &Path,
+        index_name: &str,
+        file: &F::File,
+        seq: u64,
+        base_offset: u64,
+    ) -> Option<(index::SegmentIndex, u64)> {
+        let bytes = read_whole_file(fs, &dir.join(index_name)).await.ok()?;
+        let found = index::decode(&bytes)?;
+        let size = file.size().await.ok()?;
+        let size = size - size % BLOCK_BYTES;
+        let matches =
+            found.seq == seq && found.base_offset == base_offset && found.write_pos <= size;
+        matches.then_some((found, size))
+    }
+
     /// Creates a new active segment starting at the high watermark.
     async fn roll(&self, now: u64) -> Result<()> {
         let (seq, base_offset) = {
@@ -726,6 +818,24 @@ impl<F: FileSystem> PartitionLog<F> {
             if let Some(previous) = state.segments.last_mut() {
                 previous.sealed = true;
             }
+        }
+        // Every batch of the sealed segment was fdatasynced when appended:
+        // its index may say so.
+        let sealed = {
+            let state = self.state.borrow();
+            state.segments.last().map(|s| Segment {
+                seq: s.seq,
+                base_offset: s.base_offset,
+                path: s.path.clone(),
+                file: s.file.clone(),
+                batches: s.batches.clone(),
+                write_pos: s.write_pos,
+                allocated: s.allocated,
+                sealed: true,
+            })
+        };
+        if let Some(sealed) = &sealed {
+            write_index(&self.fs, &self.dir, sealed).await;
         }
         create_file_through(&self.fs, &self.dir, &name, &header, 0).await?;
         let file = self
@@ -905,6 +1015,23 @@ impl<F: FileSystem> PartitionLog<F> {
             }
             let oldest = self.state.borrow_mut().segments.remove(0);
             drop(oldest.file);
+            // The index goes first: an index left without its segment is
+            // removed at the next open; a segment without its index is
+            // only scanned.
+            if let Some(name) = oldest.path.file_name().and_then(|n| n.to_str()) {
+                let index_path = self.dir.join(index::index_name(name));
+                let exists = self
+                    .fs
+                    .exists(&index_path)
+                    .await
+                    .map_err(|e| StorageError::io("stat", &index_path, e))?;
+                if exists {
+                    self.fs
+                        .remove_file(&index_path)
+                        .await
+                        .map_err(|e| StorageError::io("remove", &index_path, e))?;
+                }
+            }
             self.fs
                 .remove_file(&oldest.path)
                 .await

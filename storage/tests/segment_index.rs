@@ -1,0 +1,173 @@
+//! Sealed segments' indexes: opening a partition takes a sealed segment
+//! from its index without reading it; a damaged, missing or stray index
+//! changes nothing a reader sees.
+
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+use futures_lite::future::block_on;
+use narad_storage::clock::{ManualClock, SharedClock};
+use narad_storage::io::sim::SimFs;
+use narad_storage::io::FileSystem;
+use narad_storage::log::{LogConfig, LogRecovery, Message, PartitionLog};
+
+fn dir() -> PathBuf {
+    PathBuf::from("/data/partitions/orders/0")
+}
+
+fn config(retention_ms: u64) -> LogConfig {
+    LogConfig {
+        segment_bytes: 16 * 1024,
+        prealloc_step_bytes: 8 * 1024,
+        retention_ms,
+    }
+}
+
+fn messages(ids: std::ops::Range<u128>) -> Vec<Message> {
+    ids.map(|id| Message {
+        id,
+        produced_at_ms: 5,
+        key: None,
+        value: vec![id as u8; 700].into(),
+    })
+    .collect()
+}
+
+fn open(fs: &SimFs, clock: &ManualClock, retention_ms: u64) -> (PartitionLog<SimFs>, LogRecovery) {
+    let shared: SharedClock = Rc::new(clock.clone());
+    block_on(PartitionLog::open(fs, &dir(), config(retention_ms), shared)).expect("open log")
+}
+
+fn ids(log: &PartitionLog<SimFs>) -> Vec<u128> {
+    block_on(log.read(0, 10_000, usize::MAX))
+        .expect("read")
+        .iter()
+        .map(|m| m.message.id)
+        .collect()
+}
+
+fn names(fs: &SimFs, suffix: &str) -> Vec<String> {
+    let mut names: Vec<String> = block_on(fs.list_dir(&dir()))
+        .expect("list")
+        .into_iter()
+        .filter(|n| n.ends_with(suffix))
+        .collect();
+    names.sort();
+    names
+}
+
+/// A log of several sealed segments and an active one, 60 messages in
+/// batches of 3.
+fn written(fs: &SimFs, clock: &ManualClock) -> PartitionLog<SimFs> {
+    let (log, _) = open(fs, clock, 0);
+    for start in (0..60).step_by(3) {
+        block_on(log.append(&messages(start..start + 3))).expect("append");
+    }
+    assert!(log.segment_count() >= 4, "{} segments", log.segment_count());
+    log
+}
+
+#[test]
+fn a_sealed_segment_is_opened_from_its_index_without_being_read() {
+    let fs = SimFs::new(1);
+    let clock = ManualClock::new(1_000);
+    let log = written(&fs, &clock);
+    let segments = log.segment_count();
+    let (path, pos, ..) = log.batch_extents()[0].clone();
+    drop(log);
+    fs.crash_process();
+    assert_eq!(
+        names(&fs, ".index").len(),
+        segments - 1,
+        "one per sealed segment"
+    );
+    // A flipped bit in the first segment's first batch: a scan at open would
+    // find and count it; the index does not read the segment at all.
+    assert!(fs.flip_bit(&path, pos + 100, 2));
+    let (log, recovery) = open(&fs, &clock, 0);
+    assert_eq!(recovery.indexed_segments, segments - 1);
+    assert_eq!(
+        recovery.corrupt_records, 0,
+        "the sealed segments were not read"
+    );
+    assert_eq!(recovery.high_watermark, 60);
+    // The damage is found by the read, which checks every record it serves:
+    // the first message is lost, nothing else.
+    let read = ids(&log);
+    assert_eq!(read, (1..60).collect::<Vec<u128>>());
+    assert!(log.corrupt_records_read() > 0);
+    // Appends go on, and a restart finds everything again.
+    block_on(log.append(&messages(60..63))).expect("append after open");
+    drop(log);
+    fs.crash_process();
+    let (log, _) = open(&fs, &clock, 0);
+    assert_eq!(ids(&log), (1..63).collect::<Vec<u128>>());
+}
+
+#[test]
+fn a_damaged_or_missing_index_falls_back_to_the_scan_and_is_written_again() {
+    let fs = SimFs::new(2);
+    let clock = ManualClock::new(1_000);
+    let log = written(&fs, &clock);
+    let segments = log.segment_count();
+    drop(log);
+    fs.crash_process();
+    let indexes = names(&fs, ".index");
+    // One index damaged, one removed (as data written before indexes).
+    assert!(fs.flip_bit(&dir().join(&indexes[0]), 40, 1));
+    block_on(fs.remove_file(&dir().join(&indexes[1]))).expect("remove");
+    let (log, recovery) = open(&fs, &clock, 0);
+    assert_eq!(recovery.indexed_segments, segments - 3);
+    assert_eq!(ids(&log), (0..60).collect::<Vec<u128>>());
+    drop(log);
+    fs.crash_process();
+    let (log, recovery) = open(&fs, &clock, 0);
+    assert_eq!(
+        recovery.indexed_segments,
+        segments - 1,
+        "the scanned segments got their indexes back"
+    );
+    assert_eq!(ids(&log), (0..60).collect::<Vec<u128>>());
+}
+
+#[test]
+fn retention_removes_a_segments_index_with_it_and_a_stray_index_goes_at_open() {
+    let fs = SimFs::new(3);
+    let clock = ManualClock::new(1_000);
+    let (log, _) = open(&fs, &clock, 10_000);
+    for start in (0..30).step_by(3) {
+        block_on(log.append(&messages(start..start + 3))).expect("append");
+    }
+    clock.advance_ms(60_000);
+    let outcome = block_on(log.enforce_retention()).expect("retention");
+    assert!(outcome.deleted_segments > 0);
+    let segments: Vec<String> = names(&fs, ".seg");
+    for index in names(&fs, ".index") {
+        let segment = index.strip_suffix(".index").expect("suffix");
+        assert!(
+            segments.iter().any(|s| s == segment),
+            "{index} outlived its segment"
+        );
+    }
+    drop(log);
+    fs.crash_process();
+    // An index left without its segment (a crash between the two removals).
+    let stray = dir().join("0000000000-00000000000000000000.seg.index");
+    write_file(&fs, &stray, b"left behind");
+    let (log, _) = open(&fs, &clock, 10_000);
+    assert!(
+        !block_on(fs.exists(&stray)).expect("stat"),
+        "the stray index was removed"
+    );
+    assert_eq!(ids(&log), Vec::<u128>::new(), "every message had aged out");
+    block_on(log.append(&messages(30..33))).expect("append");
+    assert_eq!(ids(&log), (30..33).collect::<Vec<u128>>());
+}
+
+fn write_file(fs: &SimFs, path: &Path, bytes: &[u8]) {
+    use narad_storage::io::{OpenMode, StorageFile};
+    let file = block_on(fs.open(path, OpenMode::CREATE_BUFFERED)).expect("create");
+    block_on(file.write_at(bytes, 0)).expect("write");
+    block_on(file.sync_data()).expect("sync");
+    block_on(fs.sync_dir(&dir())).expect("sync dir");
+}
