@@ -15,8 +15,14 @@ pub const WAL_CHECKPOINT_INTERVAL_MS_DEFAULT: u64 = 250;
 
 /// Default segment size of a partition log (`storage.segment_bytes`).
 pub const SEGMENT_BYTES_DEFAULT: u64 = 64 * 1024 * 1024;
-/// A segment grows in preallocated, written-through steps of this size.
+/// A segment grows in preallocated, written-through steps of at most this
+/// size: each step is as large as what the segment already holds, from
+/// [`SEGMENT_PREALLOC_FIRST_BYTES`] on, so a partition that holds little
+/// takes little disk (a thousand quiet partitions do not hold 4 GB of
+/// zeros) and a busy one soon grows in whole steps.
 pub const SEGMENT_PREALLOC_STEP_BYTES_DEFAULT: u64 = 4 * 1024 * 1024;
+/// The first preallocation of a segment (at most the step).
+pub const SEGMENT_PREALLOC_FIRST_BYTES: u64 = 64 * 1024;
 /// Largest number of records in one partition-log batch.
 pub const BATCH_RECORDS_MAX: u32 = 65_536;
 /// Largest encoded partition-log batch.
@@ -43,5 +49,7 @@ const _: () = assert!(WAL_RING_BYTES_MIN % BLOCK_BYTES == 0);
 const _: () = assert!(SEGMENT_BYTES_DEFAULT % BLOCK_BYTES == 0);
 const _: () = assert!(SEGMENT_PREALLOC_STEP_BYTES_DEFAULT % BLOCK_BYTES == 0);
 const _: () = assert!(SEGMENT_PREALLOC_STEP_BYTES_DEFAULT <= SEGMENT_BYTES_DEFAULT);
+const _: () = assert!(SEGMENT_PREALLOC_FIRST_BYTES % BLOCK_BYTES == 0);
+const _: () = assert!(SEGMENT_PREALLOC_FIRST_BYTES <= SEGMENT_PREALLOC_STEP_BYTES_DEFAULT);
 const _: () = assert!(BLOCK_BYTES % SECTOR_BYTES == 0);
 const _: () = assert!(ACK_FLUSH_INTERVAL_MS_DEFAULT <= CONSUMER_OFFSET_COMMIT_INTERVAL_MS_DEFAULT);

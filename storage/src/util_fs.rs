@@ -42,7 +42,13 @@ pub async fn create_file_through<F: FileSystem>(
 /// Writes `len` zero bytes at `pos` in large aligned chunks (no sync).
 pub async fn zero_fill<Fl: StorageFile>(file: &Fl, path: &Path, pos: u64, len: u64) -> Result<()> {
     debug_assert!(pos % BLOCK_BYTES == 0 && len % BLOCK_BYTES == 0);
-    let chunk = vec![0u8; RECOVERY_READ_CHUNK_BYTES];
+    // No larger than the fill: many small segments growing at once must not
+    // each hold a whole chunk of zeros.
+    let chunk = vec![
+        0u8;
+        usize::try_from(len).map_or(RECOVERY_READ_CHUNK_BYTES, |len| len
+            .min(RECOVERY_READ_CHUNK_BYTES))
+    ];
     let mut written = 0u64;
     while written < len {
         let n = (len - written).min(chunk.len() as u64);

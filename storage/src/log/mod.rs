@@ -35,7 +35,7 @@ use crate::error::{Result, StorageError};
 use crate::io::{FileSystem, OpenMode, StorageFile};
 use crate::limits::{
     BATCH_BYTES_MAX, BATCH_RECORDS_MAX, BLOCK_BYTES, RECOVERY_READ_CHUNK_BYTES,
-    SEGMENT_BYTES_DEFAULT, SEGMENT_PREALLOC_STEP_BYTES_DEFAULT,
+    SEGMENT_BYTES_DEFAULT, SEGMENT_PREALLOC_FIRST_BYTES, SEGMENT_PREALLOC_STEP_BYTES_DEFAULT,
 };
 use crate::metric_names::STORAGE_CORRUPT_RECORDS_TOTAL;
 use crate::util_fs::{create_file_through, read_exact_or_short, read_whole_file, zero_fill};
@@ -725,8 +725,12 @@ impl<F: FileSystem> PartitionLog<F> {
         let needed = pos + buf.len() as u64;
         let mut new_allocated = allocated;
         if needed > allocated {
-            let target = round_up(needed, self.config.prealloc_step_bytes)
-                .min(needed.max(self.config.segment_bytes));
+            // Grow by as much as the segment holds (doubling it), within
+            // the first preallocation and the step.
+            let step = allocated
+                .max(SEGMENT_PREALLOC_FIRST_BYTES)
+                .min(self.config.prealloc_step_bytes);
+            let target = round_up(needed, step).min(needed.max(self.config.segment_bytes));
             let target = round_up(target, BLOCK_BYTES);
             zero_fill(file, path, allocated, target - allocated).await?;
             file.sync_data()
@@ -1060,6 +1064,58 @@ impl<F: FileSystem> std::fmt::Debug for PartitionLog<F> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A partition that holds little takes little disk: a segment grows
+    /// by what it holds (doubling) from the first preallocation up to the
+    /// step, never by a whole step at once.
+    #[test]
+    fn a_segment_preallocates_in_steps_that_grow_with_it() {
+        use crate::clock::ManualClock;
+        use crate::io::sim::SimFs;
+        use futures_lite::future::block_on;
+        let fs = SimFs::new(9);
+        let clock: SharedClock = Rc::new(ManualClock::new(1_000));
+        let dir = PathBuf::from("/data/partitions/t-0/0");
+        let (log, _) =
+            block_on(PartitionLog::open(&fs, &dir, LogConfig::default(), clock)).expect("open");
+        let file_size = |log: &PartitionLog<SimFs>| {
+            let (path, ..) = log.batch_extents()[0].clone();
+            let file = block_on(fs.open(&path, OpenMode::EXISTING_DIRECT)).expect("open segment");
+            block_on(file.size()).expect("size")
+        };
+        let batch = |id: u128| {
+            vec![Message {
+                id,
+                produced_at_ms: 1,
+                key: None,
+                value: vec![1u8; 1000].into(),
+            }]
+        };
+        block_on(log.append(&batch(0))).expect("append");
+        assert_eq!(
+            file_size(&log),
+            SEGMENT_PREALLOC_FIRST_BYTES,
+            "one small message: the first preallocation, header included"
+        );
+        let mut sizes = vec![file_size(&log)];
+        for id in 1..12_000 {
+            block_on(log.append(&batch(id))).expect("append");
+            let size = file_size(&log);
+            if Some(&size) != sizes.last() {
+                sizes.push(size);
+            }
+        }
+        let steps: Vec<u64> = sizes.windows(2).map(|w| w[1] - w[0]).collect();
+        assert!(
+            steps.windows(2).all(|w| w[1] >= w[0]),
+            "steps only grow: {steps:?}"
+        );
+        assert_eq!(steps.first(), Some(&SEGMENT_PREALLOC_FIRST_BYTES));
+        assert_eq!(steps.last(), Some(&SEGMENT_PREALLOC_STEP_BYTES_DEFAULT));
+        assert!(steps
+            .iter()
+            .all(|s| *s <= SEGMENT_PREALLOC_STEP_BYTES_DEFAULT));
+    }
 
     /// A segment whose directory entry was never synced (the process died
     /// between creating it and syncing the folder) is found by the next
