@@ -38,13 +38,33 @@ pub const ADOPT_FULL_RETRY: Duration = Duration::from_millis(20);
 
 // ------------------------------------------------------------ partitions
 
-/// Bytes of recent messages each partition keeps in memory.
+/// Bytes of recent messages each partition keeps in memory, at most.
 pub const TAIL_CACHE_BYTES: usize = 4 * 1024 * 1024;
+/// Bytes of recent messages all the partitions of one shard keep together:
+/// a shard with many partitions gives each an even share of it (between
+/// [`TAIL_CACHE_MIN_BYTES`] and [`TAIL_CACHE_BYTES`]), so a thousand busy
+/// partitions do not hold 4 GB. Consumers behind the cache read the log.
+pub const TAIL_CACHE_SHARD_BYTES: usize = 256 * 1024 * 1024;
+/// The smallest tail cache a partition keeps, however many share the shard.
+pub const TAIL_CACHE_MIN_BYTES: usize = 16 * 1024;
 /// Commit times a partition keeps for its oldest-unacked age: beyond it,
 /// every other one is dropped (the age then comes from an earlier batch, so
 /// it reads at most a little high), so an unconsumed partition's memory
 /// stays bounded however many commits it takes.
 pub const COMMIT_TIMES_MAX: usize = 1024;
+
+const _: () = assert!(TAIL_CACHE_MIN_BYTES <= TAIL_CACHE_BYTES);
+const _: () = assert!(TAIL_CACHE_BYTES <= TAIL_CACHE_SHARD_BYTES);
+
+/// Each partition's share of its shard's tail cache when `open` are open: a
+/// power of two, so it changes (and every open partition is told) only when
+/// the count of open partitions doubles.
+pub fn tail_cache_share(open: usize) -> usize {
+    let even = TAIL_CACHE_SHARD_BYTES / open.max(1);
+    let power_of_two = 1usize << (usize::BITS - 1 - even.max(1).leading_zeros());
+    power_of_two.clamp(TAIL_CACHE_MIN_BYTES, TAIL_CACHE_BYTES)
+}
+
 /// How often a shard opens the partitions it owns that are not open yet,
 /// so that retention reaches idle ones (retention is an hour at least).
 pub const IDLE_PARTITION_OPEN_INTERVAL: Duration = Duration::from_secs(30);
@@ -222,3 +242,26 @@ pub const MOVE_RETRY_BACKOFF_MIN: Duration = Duration::from_millis(200);
 pub const MOVE_RETRY_BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// Moves one plan may hold.
 pub const MOVES_PER_PLAN_MAX: usize = 10_000;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shard_with_many_partitions_gives_each_a_smaller_tail_cache_within_its_budget() {
+        assert_eq!(tail_cache_share(0), TAIL_CACHE_BYTES);
+        assert_eq!(tail_cache_share(16), TAIL_CACHE_BYTES);
+        assert_eq!(tail_cache_share(64), TAIL_CACHE_BYTES);
+        assert_eq!(tail_cache_share(65), TAIL_CACHE_BYTES / 2);
+        assert_eq!(tail_cache_share(1000), 256 * 1024);
+        assert_eq!(tail_cache_share(1_000_000), TAIL_CACHE_MIN_BYTES);
+        for open in 1..5000 {
+            let share = tail_cache_share(open);
+            assert!(share.is_power_of_two());
+            assert!(
+                share * open <= TAIL_CACHE_SHARD_BYTES || share == TAIL_CACHE_MIN_BYTES,
+                "{open} partitions of {share} bytes each"
+            );
+        }
+    }
+}

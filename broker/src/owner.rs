@@ -102,6 +102,10 @@ impl TailCache {
     fn push(&mut self, stored: StoredMessage) {
         self.bytes += stored.message.value.len();
         self.messages.push_back(stored);
+        self.trim();
+    }
+
+    fn trim(&mut self) {
         while self.bytes > self.capacity_bytes {
             match self.messages.pop_front() {
                 Some(old) => self.bytes -= old.message.value.len(),
@@ -664,6 +668,14 @@ impl<F: FileSystem> PartitionOwner<F> {
     pub async fn flush_acks(&self) -> Result<(), OwnerError> {
         let _turn = self.ack_writes.take().await;
         Ok(self.acks.flush_now().await?)
+    }
+
+    /// Bounds the tail cache to `bytes` (its share of the shard's), giving
+    /// back at once what is over it.
+    pub fn set_tail_cache_bytes(&self, bytes: usize) {
+        let mut cache = self.cache.borrow_mut();
+        cache.capacity_bytes = bytes;
+        cache.trim();
     }
 
     pub fn stats(&self, now_ms: u64) -> PartitionStats {

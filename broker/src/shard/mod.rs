@@ -40,12 +40,13 @@ use crate::dispatcher::{
     CommitBatch, Destination, DispatchRecord, Dispatcher, DispatcherConfig, FailureOutcome,
 };
 use crate::errors::{from_meta, from_owner, from_storage};
+use crate::limits::tail_cache_share;
 use crate::limits::{
     ADOPT_CHUNK_RECORDS, ADOPT_FULL_RETRY, AVAILABLE_CALL_TIMEOUT, AVAILABLE_COALESCE,
     COLLECT_CALL_TIMEOUT, COLLECT_TOP_UP_TIMEOUT, COMMIT_BATCH_BYTES_MAX, COMMIT_BATCH_RECORDS_MAX,
     COMMIT_CALL_TIMEOUT, COMMIT_RETRY_BACKOFF_MAX_MS, COMMIT_RETRY_BACKOFF_MIN_MS, GAUGES_TIMEOUT,
     ID_INCARNATION_BITS, ID_SEQUENCE_BITS, ID_SHARD_BITS, LEASE_IDS_PER_OPEN, LOCAL_APPLY_WAIT,
-    SETTLE_CALL_TIMEOUT, STATS_CALL_TIMEOUT, STOP_DRAIN_POLL, STOP_DRAIN_TIMEOUT, TAIL_CACHE_BYTES,
+    SETTLE_CALL_TIMEOUT, STATS_CALL_TIMEOUT, STOP_DRAIN_POLL, STOP_DRAIN_TIMEOUT,
 };
 use crate::metastore::Metastore;
 use crate::owner::{OwnerConfig, OwnerError, PartitionOwner, PartitionStats};

@@ -45,6 +45,16 @@ impl<F: FileSystem> Shard<F> {
                     owner.mark_frozen();
                 }
                 owners.insert(key, OwnerSlot::Ready(owner.clone()));
+                // One more open partition: every one's share of the shard's
+                // tail cache shrinks to keep the shard within its budget.
+                let share = tail_cache_share(owners.len());
+                if share != tail_cache_share(owners.len().saturating_sub(1)) {
+                    for slot in owners.values() {
+                        if let OwnerSlot::Ready(open) = slot {
+                            open.set_tail_cache_bytes(share);
+                        }
+                    }
+                }
                 Ok(owner)
             }
             Err(error) => {
@@ -105,7 +115,7 @@ impl<F: FileSystem> Shard<F> {
         let owner_config = OwnerConfig {
             first_lease_id,
             max_deliveries: topic.config.max_deliveries,
-            tail_cache_bytes: TAIL_CACHE_BYTES,
+            tail_cache_bytes: tail_cache_share(self.owners.slots.borrow().len()),
         };
         Ok(PartitionOwner::new(log, acks, owner_config))
     }
