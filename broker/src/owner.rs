@@ -670,6 +670,13 @@ impl<F: FileSystem> PartitionOwner<F> {
         Ok(self.acks.flush_now().await?)
     }
 
+    /// Marks the log closed cleanly (graceful stop, after the last append):
+    /// the next open need not rewrite its newest segment.
+    pub async fn mark_log_clean(&self) -> Result<(), OwnerError> {
+        let _turn = self.appends.take().await;
+        Ok(self.log.mark_clean().await?)
+    }
+
     /// Bounds the tail cache to `bytes` (its share of the shard's), giving
     /// back at once what is over it.
     pub fn set_tail_cache_bytes(&self, bytes: usize) {

@@ -808,6 +808,62 @@ fn an_idle_node_holds_the_stated_memory_whatever_the_size_of_its_wal_rings() {
     );
 }
 
+/// Modification times of a partition folder's segment files.
+fn segment_mtimes(dir: &std::path::Path) -> BTreeMap<String, std::time::SystemTime> {
+    std::fs::read_dir(dir)
+        .expect("partition folder")
+        .filter_map(Result::ok)
+        .filter(|e| e.path().extension().is_some_and(|x| x == "seg"))
+        .map(|e| {
+            let modified = e.metadata().and_then(|m| m.modified()).expect("mtime");
+            (e.file_name().to_string_lossy().into_owned(), modified)
+        })
+        .collect()
+}
+
+#[test]
+fn a_graceful_restart_leaves_segments_untouched_and_a_crash_rewrites_the_newest() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let mut node = Node::start(&tmp.path().join("n"), &[]);
+    node.create_topic("kept", json!({"partitions": 1}));
+    for i in 0..50 {
+        node.produce("kept", &format!("m{i}"));
+    }
+    assert_eq!(support::consume_all(&node, "kept").len(), 50);
+    let folder = tmp
+        .path()
+        .join("n")
+        .join("partitions")
+        .join("kept-0")
+        .join("0");
+    // An empty consume opens the partition and appends nothing.
+    let open_partition = |node: &Node| {
+        assert!(node
+            .consume("kept", json!({"max_messages": 1, "wait_ms": 0}))
+            .is_empty());
+    };
+    node.terminate();
+    let stopped = segment_mtimes(&folder);
+    assert!(!stopped.is_empty());
+    node.restart();
+    open_partition(&node);
+    assert_eq!(
+        segment_mtimes(&folder),
+        stopped,
+        "after a graceful stop, opening the partition writes none of its segments"
+    );
+    node.kill();
+    let killed = segment_mtimes(&folder);
+    node.restart();
+    open_partition(&node);
+    let newest = killed.keys().last().expect("a segment");
+    assert_ne!(
+        segment_mtimes(&folder).get(newest),
+        killed.get(newest),
+        "after a crash the newest segment is rewritten at open"
+    );
+}
+
 #[test]
 fn a_full_wal_ring_answers_429_and_accepts_nothing_of_the_batch() {
     let tmp = tempfile::tempdir().expect("tmp");

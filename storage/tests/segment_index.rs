@@ -171,3 +171,59 @@ fn write_file(fs: &SimFs, path: &Path, bytes: &[u8]) {
     block_on(file.sync_data()).expect("sync");
     block_on(fs.sync_dir(&dir())).expect("sync dir");
 }
+
+#[test]
+fn after_a_clean_close_the_newest_segment_is_not_rewritten_and_after_a_crash_it_is() {
+    let fs = SimFs::new(4);
+    let clock = ManualClock::new(1_000);
+    let log = written(&fs, &clock);
+    block_on(log.mark_clean()).expect("mark clean");
+    drop(log);
+    fs.crash_process();
+    let (log, recovery) = open(&fs, &clock, 0);
+    assert_eq!(
+        recovery.rewritten_bytes, 0,
+        "a clean close: nothing rewritten"
+    );
+    assert_eq!(ids(&log), (0..60).collect::<Vec<u128>>());
+    // The open took the mark away: a crash now is a crash.
+    block_on(log.append(&messages(60..63))).expect("append");
+    drop(log);
+    fs.crash_process();
+    let (log, recovery) = open(&fs, &clock, 0);
+    assert!(
+        recovery.rewritten_bytes > 0,
+        "after a crash the newest segment is rewritten"
+    );
+    // A mark left before further appends does not match the log: rewritten.
+    block_on(log.mark_clean()).expect("mark clean");
+    block_on(log.append(&messages(63..66))).expect("append after the mark");
+    drop(log);
+    fs.crash_process();
+    let (log, recovery) = open(&fs, &clock, 0);
+    assert!(recovery.rewritten_bytes > 0, "the mark was stale");
+    assert_eq!(ids(&log), (0..66).collect::<Vec<u128>>());
+}
+
+#[test]
+fn a_log_whose_append_failed_is_never_marked_clean() {
+    use narad_storage::io::sim::{FaultError, FaultOp, FaultRule};
+    let fs = SimFs::new(5);
+    let clock = ManualClock::new(1_000);
+    let log = written(&fs, &clock);
+    fs.inject(FaultRule::once(FaultOp::Sync, ".seg", FaultError::Eio));
+    assert!(block_on(log.append(&messages(60..63))).is_err());
+    fs.clear_faults();
+    block_on(log.append(&messages(63..66))).expect("the next append goes on");
+    block_on(log.mark_clean()).expect("mark clean");
+    drop(log);
+    fs.crash_process();
+    let (log, recovery) = open(&fs, &clock, 0);
+    assert!(
+        recovery.rewritten_bytes > 0,
+        "not marked clean after a failed fdatasync"
+    );
+    let read = ids(&log);
+    assert!(!read.contains(&60), "the failed batch is never served");
+    assert!(read.ends_with(&[63, 64, 65]));
+}

@@ -50,8 +50,8 @@ impl<F: FileSystem> Shard<F> {
         }
     }
 
-    /// Graceful stop, second half: sync the WAL checkpoint and flush every
-    /// ack to disk.
+    /// Graceful stop, second half: sync the WAL checkpoint, flush every ack
+    /// to disk, and mark each partition log closed cleanly.
     pub async fn finish(&self) {
         self.flow.acks_closed.set(true);
         self.wal.close();
@@ -61,6 +61,9 @@ impl<F: FileSystem> Shard<F> {
         for owner in self.open_owners() {
             if let Err(error) = owner.flush_acks().await {
                 tracing::error!(%error, "flushing acks at stop failed");
+            }
+            if let Err(error) = owner.mark_log_clean().await {
+                tracing::warn!(%error, "marking a partition log closed cleanly failed; its next open rewrites its newest segment");
             }
         }
     }

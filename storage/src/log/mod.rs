@@ -19,6 +19,7 @@
 //!   one first, so the next offset survives a restart.
 
 pub mod batch;
+mod clean_mark;
 pub mod copy;
 mod index;
 
@@ -76,6 +77,9 @@ pub struct LogRecovery {
     pub torn_tail: bool,
     /// Sealed segments taken from their index, without reading them.
     pub indexed_segments: usize,
+    /// Bytes of the newest segment rewritten to make them durable (none
+    /// after a clean close: see [`PartitionLog::mark_clean`]).
+    pub rewritten_bytes: u64,
 }
 
 /// One segment file as a partition's move copies it: its name and how
@@ -156,6 +160,9 @@ pub struct PartitionLog<F: FileSystem> {
     clock: SharedClock,
     state: RefCell<LogState<F::File>>,
     appending: Cell<bool>,
+    /// An append failed since the log was opened: its batch may sit in the
+    /// page cache only, so the log is never marked clean.
+    append_failed: Cell<bool>,
     corrupt_records: Cell<u64>,
 }
 
@@ -571,6 +578,10 @@ impl<F: FileSystem> PartitionLog<F> {
         }
         // A copy's verified segments were synced and read back by this
         // process: nothing of them sits only in the page cache.
+        // After a clean close the newest segment holds exactly what was
+        // fdatasynced without a failure: nothing to rewrite. The mark goes
+        // before anything is appended, so it never outlives this open.
+        let clean = clean_mark::take(fs, dir).await?;
         if let Some((newest, _)) = segments
             .iter()
             .zip(&trusted)
@@ -578,7 +589,14 @@ impl<F: FileSystem> PartitionLog<F> {
             .find(|(s, _)| !s.batches.is_empty())
             .filter(|(_, trusted)| !**trusted)
         {
-            make_batches_durable(newest).await?;
+            let name = newest.path.file_name().and_then(|n| n.to_str());
+            let closed_cleanly = clean.as_ref().is_some_and(|mark| {
+                Some(mark.segment.as_str()) == name && mark.write_pos == newest.write_pos
+            });
+            if !closed_cleanly {
+                make_batches_durable(newest).await?;
+                recovery.rewritten_bytes = newest.write_pos - BLOCK_BYTES;
+            }
         }
         let next_offset = segments.iter().map(Segment::end_offset).max().unwrap_or(0);
         let next_seq = found.last().map_or(0, |(seq, _, _)| seq + 1);
@@ -597,9 +615,39 @@ impl<F: FileSystem> PartitionLog<F> {
             clock,
             state: RefCell::new(state),
             appending: Cell::new(false),
+            append_failed: Cell::new(false),
             corrupt_records: Cell::new(0),
         };
         Ok((log, recovery))
+    }
+
+    /// Records, at a graceful stop, that every append since the log was
+    /// opened succeeded and where the newest batch ends: the next open,
+    /// finding the log so, does not rewrite its newest segment (which only
+    /// guards against a failed fdatasync's page-cache ghosts). Nothing is
+    /// recorded after a failed append.
+    pub async fn mark_clean(&self) -> Result<()> {
+        if self.append_failed.get() {
+            return Ok(());
+        }
+        let mark = {
+            let state = self.state.borrow();
+            state
+                .segments
+                .iter()
+                .rev()
+                .find(|s| !s.batches.is_empty())
+                .and_then(|s| {
+                    Some(clean_mark::CleanMark {
+                        segment: s.path.file_name()?.to_str()?.to_string(),
+                        write_pos: s.write_pos,
+                    })
+                })
+        };
+        match mark {
+            Some(mark) => clean_mark::put(&self.fs, &self.dir, &mark).await,
+            None => Ok(()),
+        }
     }
 
     /// The next offset to be written: every offset below it is committed.
@@ -705,6 +753,7 @@ impl<F: FileSystem> PartitionLog<F> {
             }
             Err(error) => {
                 tracing::error!(path = %path.display(), %error, "partition log append failed; segment sealed");
+                self.append_failed.set(true);
                 segment.sealed = true;
                 Err(error)
             }
