@@ -42,6 +42,25 @@ pub trait Consumer: Send {
     fn ack(&mut self) -> Result<(), String>;
 }
 
+/// The values of a consume answer's messages; their receipts go to `receipts`.
+pub fn take_messages(answer: &serde_json::Value, receipts: &mut Vec<String>) -> Vec<Vec<u8>> {
+    let messages = answer["messages"].as_array().map_or(&[][..], Vec::as_slice);
+    let mut payloads = Vec::with_capacity(messages.len());
+    for message in messages {
+        if let Some(receipt) = message["receipt"].as_str() {
+            receipts.push(receipt.to_string());
+        }
+        payloads.push(
+            message["value"]
+                .as_str()
+                .unwrap_or_default()
+                .as_bytes()
+                .to_vec(),
+        );
+    }
+    payloads
+}
+
 fn text(error: ClientError) -> String {
     error.to_string()
 }
@@ -164,24 +183,7 @@ impl Consumer for NaradConsumer {
         })
         .to_string();
         let answer = self.link.call(&self.consume, &[], request.as_bytes())?;
-        let messages = answer.body["messages"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default();
-        let mut payloads = Vec::with_capacity(messages.len());
-        for message in messages {
-            if let Some(receipt) = message["receipt"].as_str() {
-                self.receipts.push(receipt.to_string());
-            }
-            payloads.push(
-                message["value"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .as_bytes()
-                    .to_vec(),
-            );
-        }
-        Ok(payloads)
+        Ok(take_messages(&answer.body, &mut self.receipts))
     }
 
     fn ack(&mut self) -> Result<(), String> {

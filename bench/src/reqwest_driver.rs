@@ -13,7 +13,7 @@ use narad_net::client::encode_segment;
 use serde_json::{json, Value};
 use tokio::runtime::Runtime;
 
-use crate::driver::{Consumer, Driver, Producer};
+use crate::driver::{take_messages, Consumer, Driver, Producer};
 
 /// The longest a request may take: a long poll's wait and then some.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
@@ -152,21 +152,7 @@ impl Consumer for ReqwestConsumer {
             .header("content-type", "application/json")
             .body(body.to_string());
         let answer = self.runtime.block_on(call(request, &[200]))?;
-        let messages = answer["messages"].as_array().cloned().unwrap_or_default();
-        let mut payloads = Vec::with_capacity(messages.len());
-        for message in messages {
-            if let Some(receipt) = message["receipt"].as_str() {
-                self.receipts.push(receipt.to_string());
-            }
-            payloads.push(
-                message["value"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .as_bytes()
-                    .to_vec(),
-            );
-        }
-        Ok(payloads)
+        Ok(take_messages(&answer, &mut self.receipts))
     }
 
     fn ack(&mut self) -> Result<(), String> {
