@@ -34,8 +34,16 @@ fn messages(ids: std::ops::Range<u128>) -> Vec<Message> {
 }
 
 fn open(fs: &SimFs, clock: &ManualClock, retention_ms: u64) -> (PartitionLog<SimFs>, LogRecovery) {
+    open_with(fs, clock, config(retention_ms))
+}
+
+fn open_with(
+    fs: &SimFs,
+    clock: &ManualClock,
+    config: LogConfig,
+) -> (PartitionLog<SimFs>, LogRecovery) {
     let shared: SharedClock = Rc::new(clock.clone());
-    block_on(PartitionLog::open(fs, &dir(), config(retention_ms), shared)).expect("open log")
+    block_on(PartitionLog::open(fs, &dir(), config, shared)).expect("open log")
 }
 
 fn ids(log: &PartitionLog<SimFs>) -> Vec<u128> {
@@ -226,4 +234,50 @@ fn a_log_whose_append_failed_is_never_marked_clean() {
     let read = ids(&log);
     assert!(!read.contains(&60), "the failed batch is never served");
     assert!(read.ends_with(&[63, 64, 65]));
+}
+
+/// A segment sealed once (with its index), found again as the newest at
+/// open (its successor never made it to disk), takes appends: the old index
+/// no longer covers it. If the next seal then fails to write a new index,
+/// the old one must not be believed.
+#[test]
+fn an_index_of_a_segment_that_took_appends_since_is_never_believed() {
+    use narad_storage::io::sim::{FaultError, FaultOp, FaultRule};
+    let fs = SimFs::new(6);
+    let clock = ManualClock::new(1_000);
+    let log = written(&fs, &clock);
+    drop(log);
+    fs.crash_process();
+    // The newest segment goes, as if the roll that created it never ran:
+    // the sealed, indexed one before it is the newest again.
+    let segments = names(&fs, ".seg");
+    let newest = segments.last().expect("segments").clone();
+    block_on(fs.remove_file(&dir().join(&newest))).expect("remove");
+    block_on(fs.sync_dir(&dir())).expect("sync dir");
+    // Larger segments from now on (a changed `storage.segment_bytes`), so
+    // the old segment has room again.
+    let larger = LogConfig {
+        segment_bytes: 64 * 1024,
+        ..config(0)
+    };
+    let (log, _) = open_with(&fs, &clock, larger);
+    let kept = ids(&log);
+    let next = kept.last().map_or(0, |last| last + 1);
+    // Appends into it, and the seal that follows fails to write its index.
+    fs.inject(FaultRule::always(
+        FaultOp::Write,
+        ".index",
+        FaultError::Enospc,
+    ));
+    let mut id = next;
+    while log.segment_count() == segments.len() - 1 {
+        block_on(log.append(&messages(id..id + 3))).expect("append");
+        id += 3;
+    }
+    fs.clear_faults();
+    drop(log);
+    fs.crash_process();
+    let (log, _) = open_with(&fs, &clock, larger);
+    let expected: Vec<u128> = kept.iter().copied().chain(next..id).collect();
+    assert_eq!(ids(&log), expected, "every appended message is there");
 }

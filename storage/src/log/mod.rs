@@ -578,6 +578,22 @@ impl<F: FileSystem> PartitionLog<F> {
         }
         // A copy's verified segments were synced and read back by this
         // process: nothing of them sits only in the page cache.
+        // The newest segment takes appends from now on: an index of it (its
+        // seal's successor never reached the disk) would not cover them, and
+        // a later seal that fails to write a new one must not leave it to be
+        // believed.
+        if let Some((_, _, name)) = found.last() {
+            let stale = index::index_name(name);
+            if indexed.contains(&stale) {
+                let path = dir.join(&stale);
+                fs.remove_file(&path)
+                    .await
+                    .map_err(|e| StorageError::io("remove", &path, e))?;
+                fs.sync_dir(dir)
+                    .await
+                    .map_err(|e| StorageError::io("fsync dir", dir, e))?;
+            }
+        }
         // After a clean close the newest segment holds exactly what was
         // fdatasynced without a failure: nothing to rewrite. The mark goes
         // before anything is appended, so it never outlives this open.
