@@ -94,6 +94,17 @@ pub async fn read_exact_or_short<Fl: StorageFile>(
     Ok(out)
 }
 
+/// Removes the file at `path` in `dir` and syncs `dir`: the removal
+/// survives a power cut.
+pub async fn remove_durably<F: FileSystem>(fs: &F, dir: &Path, path: &Path) -> Result<()> {
+    fs.remove_file(path)
+        .await
+        .map_err(|e| StorageError::io("remove", path, e))?;
+    fs.sync_dir(dir)
+        .await
+        .map_err(|e| StorageError::io("fsync dir", dir, e))
+}
+
 /// Reads a whole (small, buffered) file.
 pub async fn read_whole_file<F: FileSystem>(fs: &F, path: &Path) -> Result<Vec<u8>> {
     let file = fs

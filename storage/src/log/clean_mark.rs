@@ -20,7 +20,7 @@ use crate::codec::{crc_of, get_u32, get_u64, put_u32, put_u64, round_up_usize};
 use crate::error::{Result, StorageError};
 use crate::io::FileSystem;
 use crate::limits::BLOCK_BYTES;
-use crate::util_fs::{create_file_through, read_whole_file};
+use crate::util_fs::{create_file_through, read_whole_file, remove_durably};
 
 const MAGIC: u32 = 0x4E43_4C4E;
 const FILE_NAME: &str = "clean.mark";
@@ -82,12 +82,7 @@ pub(super) async fn take<F: FileSystem>(fs: &F, dir: &Path) -> Result<Option<Cle
         .await
         .ok()
         .and_then(|b| decode(&b));
-    fs.remove_file(&path)
-        .await
-        .map_err(|e| StorageError::io("remove", &path, e))?;
-    fs.sync_dir(dir)
-        .await
-        .map_err(|e| StorageError::io("fsync dir", dir, e))?;
+    remove_durably(fs, dir, &path).await?;
     Ok(mark)
 }
 

@@ -39,7 +39,9 @@ use crate::limits::{
     SEGMENT_BYTES_DEFAULT, SEGMENT_PREALLOC_FIRST_BYTES, SEGMENT_PREALLOC_STEP_BYTES_DEFAULT,
 };
 use crate::metric_names::STORAGE_CORRUPT_RECORDS_TOTAL;
-use crate::util_fs::{create_file_through, read_exact_or_short, read_whole_file, zero_fill};
+use crate::util_fs::{
+    create_file_through, read_exact_or_short, read_whole_file, remove_durably, zero_fill,
+};
 
 const SEGMENT_MAGIC: u32 = 0x4E53_4547;
 const FORMAT_VERSION: u32 = 1;
@@ -310,21 +312,37 @@ fn scan_batches(bytes: &[u8], origin: u64, first: usize, next_offset: u64) -> Se
     }
 }
 
-/// Writes the index of the sealed `segment` beside it. The index is only a
+impl<Fl> Segment<Fl> {
+    /// What this segment's index says, taken as it stands now.
+    fn index(&self) -> index::SegmentIndex {
+        index::SegmentIndex {
+            seq: self.seq,
+            base_offset: self.base_offset,
+            write_pos: self.write_pos,
+            batches: self.batches.clone(),
+        }
+    }
+}
+
+/// Batches of earlier segments at or above a later segment's base are
+/// failed appends that never moved the watermark (a roll seals the previous
+/// segment before it creates the next): the later segment supersedes them.
+fn supersede<Fl>(earlier: &mut [Segment<Fl>], base_offset: u64) {
+    for segment in earlier {
+        segment.batches.retain(|b| b.base_offset < base_offset);
+    }
+}
+
+/// Writes `index` beside the sealed segment at `path`. The index is only a
 /// shortcut (without it the segment is scanned), so a failure to write it
 /// is logged and nothing more.
-async fn write_index<F: FileSystem>(fs: &F, dir: &Path, segment: &Segment<F::File>) {
-    let Some(name) = segment.path.file_name().and_then(|n| n.to_str()) else {
+async fn write_index<F: FileSystem>(fs: &F, dir: &Path, path: &Path, index: &index::SegmentIndex) {
+    let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
         return;
     };
-    let bytes = index::encode(&index::SegmentIndex {
-        seq: segment.seq,
-        base_offset: segment.base_offset,
-        write_pos: segment.write_pos,
-        batches: segment.batches.clone(),
-    });
+    let bytes = index::encode(index);
     if let Err(error) = create_file_through(fs, dir, &index::index_name(name), &bytes, 0).await {
-        tracing::warn!(path = %segment.path.display(), %error, "could not write the segment's index; the next open scans the segment");
+        tracing::warn!(path = %path.display(), %error, "could not write the segment's index; the next open scans the segment");
     }
 }
 
@@ -465,11 +483,7 @@ impl<F: FileSystem> PartitionLog<F> {
                 None => None,
             };
             if let Some((known, size)) = known {
-                for earlier in &mut segments {
-                    earlier
-                        .batches
-                        .retain(|b| b.base_offset < known.base_offset);
-                }
+                supersede(&mut segments, known.base_offset);
                 trusted.push(true);
                 segments.push(Segment {
                     seq: *seq,
@@ -491,11 +505,7 @@ impl<F: FileSystem> PartitionLog<F> {
                 if let Some((sealed_index, size)) =
                     Self::read_index(fs, dir, &index_name, &file, *seq, *name_base).await
                 {
-                    for earlier in &mut segments {
-                        earlier
-                            .batches
-                            .retain(|b| b.base_offset < sealed_index.base_offset);
-                    }
+                    supersede(&mut segments, sealed_index.base_offset);
                     trusted.push(true);
                     segments.push(Segment {
                         seq: *seq,
@@ -545,14 +555,7 @@ impl<F: FileSystem> PartitionLog<F> {
                 // data that was durable (or a failed append that sealed it).
                 recovery.corrupt_records += 1;
             }
-            // A later segment starts at the high watermark of the moment it
-            // was created, and nothing is appended to an earlier segment after
-            // that (a roll seals the previous segment before it creates the
-            // file). So earlier batches at or above its base are failed
-            // appends that never moved the watermark: drop them.
-            for earlier in &mut segments {
-                earlier.batches.retain(|b| b.base_offset < base_offset);
-            }
+            supersede(&mut segments, base_offset);
             segments.push(Segment {
                 seq: *seq,
                 base_offset,
@@ -566,7 +569,7 @@ impl<F: FileSystem> PartitionLog<F> {
             // A sealed segment scanned (one from before indexes, or whose
             // index was damaged) gets its index now: the next open reads it.
             if let Some(sealed) = segments.last().filter(|s| s.sealed) {
-                write_index(fs, dir, sealed).await;
+                write_index(fs, dir, &sealed.path, &sealed.index()).await;
             }
         }
         if recovery.corrupt_records > 0 {
@@ -585,13 +588,7 @@ impl<F: FileSystem> PartitionLog<F> {
         if let Some((_, _, name)) = found.last() {
             let stale = index::index_name(name);
             if indexed.contains(&stale) {
-                let path = dir.join(&stale);
-                fs.remove_file(&path)
-                    .await
-                    .map_err(|e| StorageError::io("remove", &path, e))?;
-                fs.sync_dir(dir)
-                    .await
-                    .map_err(|e| StorageError::io("fsync dir", dir, e))?;
+                remove_durably(fs, dir, &dir.join(&stale)).await?;
             }
         }
         // After a clean close the newest segment holds exactly what was
@@ -892,19 +889,10 @@ impl<F: FileSystem> PartitionLog<F> {
         // its index may say so.
         let sealed = {
             let state = self.state.borrow();
-            state.segments.last().map(|s| Segment {
-                seq: s.seq,
-                base_offset: s.base_offset,
-                path: s.path.clone(),
-                file: s.file.clone(),
-                batches: s.batches.clone(),
-                write_pos: s.write_pos,
-                allocated: s.allocated,
-                sealed: true,
-            })
+            state.segments.last().map(|s| (s.path.clone(), s.index()))
         };
-        if let Some(sealed) = &sealed {
-            write_index(&self.fs, &self.dir, sealed).await;
+        if let Some((path, index)) = &sealed {
+            write_index(&self.fs, &self.dir, path, index).await;
         }
         create_file_through(&self.fs, &self.dir, &name, &header, 0).await?;
         let file = self
