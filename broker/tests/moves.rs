@@ -338,6 +338,21 @@ fn a_move_whose_source_dies_is_promoted_and_the_source_quarantines_what_it_held(
         .as_u64()
         .expect("offset");
     assert!(copied < 700, "the copy was partial: {copied}");
+    // Every offset below where it was promoted is served whole: a copy cut
+    // short inside a batch is promoted at the end of its last whole batch,
+    // never with the rest of that batch taken for damage.
+    assert_eq!(
+        seen.len() as u64,
+        copied + 5,
+        "every copied message is served: {}",
+        survivor.stderr()
+    );
+    assert_eq!(
+        support::metric(survivor, "narad_storage_corrupt_records_total"),
+        0.0,
+        "{}",
+        survivor.stderr()
+    );
 
     // The source comes back: it holds what the copy lacked, quarantines it
     // and never serves it.
@@ -350,7 +365,12 @@ fn a_move_whose_source_dies_is_promoted_and_the_source_quarantines_what_it_held(
         "a quarantine folder: {}",
         returned.stderr()
     );
-    assert!(support::metric(returned, "narad_quarantined_partitions_total") >= 1.0);
+    // The counter moves once the quarantine is durable, a moment after
+    // the folder appears.
+    assert!(eventually(MOVES_DEADLINE, || support::metric(
+        returned,
+        "narad_quarantined_partitions_total"
+    ) >= 1.0));
     assert!(returned.stderr().contains("quarantined"));
     // The quarantined folder holds the source's whole log; the CLI reads it.
     let folder = std::fs::read_dir(&quarantine)

@@ -214,3 +214,68 @@ fn a_copy_verified_while_it_grows_opens_without_reading_it_again_and_damage_is_s
     assert!(served.len() < expected.len());
     assert!(served.iter().all(|m| expected.contains(m)));
 }
+
+#[test]
+fn a_copy_cut_short_inside_a_batch_opens_at_the_end_of_its_last_whole_batch() {
+    let fs = SimFs::new(13);
+    let clock: SharedClock = Rc::new(ManualClock::new(1_000_000));
+    let config = LogConfig {
+        segment_bytes: 64 * BLOCK_BYTES,
+        prealloc_step_bytes: 2 * BLOCK_BYTES,
+        retention_ms: 0,
+    };
+    let from = PathBuf::from("/a/partitions/t-1/0");
+    let to = PathBuf::from("/b/partitions/t-1/0.incoming");
+    let (source, _) = block_on(PartitionLog::open(&fs, &from, config, clock.clone())).expect("ok");
+    block_on(fs.create_dir_all(&to)).expect("ok");
+    // Batches of three blocks (nine messages of 900 bytes).
+    for round in 0..4 {
+        block_on(source.append(&messages(1 + round * 9, 9))).expect("ok");
+    }
+    // The copy reads two blocks at a time and its source dies after four
+    // reads: the copy ends two blocks into the third batch.
+    let extents = source.segment_extents();
+    let mut progress = CopyProgress::default();
+    for _ in 0..4 {
+        let read = progress
+            .next_read(&extents, 2 * BLOCK_BYTES)
+            .expect("a read");
+        let bytes = block_on(source.read_segment(&read.name, read.pos, read.len)).expect("ok");
+        block_on(write_copied(&fs, &to, &read.name, read.pos, &bytes)).expect("ok");
+        progress.record(&read.name, read.pos, bytes.len() as u64);
+    }
+    block_on(sync_copied(&fs, &to, progress.names())).expect("ok");
+    let mut verified = VerifiedCopy::default();
+    block_on(verified.verify(&fs, &to, &progress)).expect("ok");
+    block_on(verified.cut_partial_batches(&fs, &to, &progress)).expect("ok");
+
+    let expected = block_on(source.read(0, 18, usize::MAX)).expect("ok");
+    for reopened in 0..2 {
+        let (copy, recovery) = if reopened == 0 {
+            block_on(PartitionLog::open_copy(
+                &fs,
+                &to,
+                config,
+                clock.clone(),
+                &verified,
+            ))
+        } else {
+            // A crash before the copy took an append: a plain open.
+            block_on(PartitionLog::open(&fs, &to, config, clock.clone()))
+        }
+        .expect("ok");
+        assert_eq!(recovery.corrupt_records, 0, "{recovery:?}");
+        assert_eq!(copy.high_watermark(), 18, "two whole batches");
+        let served = block_on(copy.read(0, 10_000, usize::MAX)).expect("ok");
+        assert_eq!(served, expected);
+        drop(copy);
+    }
+    let (copy, _) = block_on(PartitionLog::open(&fs, &to, config, clock)).expect("ok");
+    assert_eq!(block_on(copy.append(&messages(100, 1))).expect("ok"), 18);
+    assert_eq!(
+        block_on(copy.read(0, 10_000, usize::MAX))
+            .expect("ok")
+            .len(),
+        19
+    );
+}

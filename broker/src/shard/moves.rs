@@ -894,6 +894,12 @@ impl<F: FileSystem> Shard<F> {
         let failed = |e: StorageError| Stalled::Failed(from_storage(&e));
         let started = self.now();
         self.sync_and_verify(run).await?;
+        // A copy whose source died mid-read ends inside a batch: it is
+        // promoted at the end of its last whole batch.
+        run.verified
+            .cut_partial_batches(fs, &run.incoming, &run.progress)
+            .await
+            .map_err(failed)?;
         let synced_at = self.now();
         let acks = match AckSet::decode(&run.latest.acks) {
             Some(acks) => acks,

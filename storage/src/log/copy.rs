@@ -154,13 +154,21 @@ impl VerifiedCopy {
                     None => continue,
                 },
             };
-            let scan = scan_batches(&bytes, from, first, next_offset);
+            let mut scan = scan_batches(&bytes, from, first, next_offset);
+            // A chunk may end inside a batch: its header verifies but its
+            // records run past the bytes. Not damage, only not copied yet:
+            // the scan stops before it.
+            let end = from + bytes.len() as u64;
+            if let Some(cut) = scan.batches.last().filter(|b| b.pos + b.len > end) {
+                let whole = usize::try_from(cut.pos - from).unwrap_or(bytes.len());
+                scan = scan_batches(&bytes[..whole], from, first, next_offset);
+            }
             if scan.corrupt_records > 0 || scan.corrupt_regions > 0 {
                 self.segments.remove(name);
                 continue;
             }
-            // A chunk may end inside a batch: its bytes are checked again
-            // once the rest is copied.
+            // The cut batch's bytes are checked again once the rest is
+            // copied.
             let segment = self
                 .segments
                 .entry(name.clone())
@@ -171,6 +179,42 @@ impl VerifiedCopy {
                 });
             segment.batches.extend(scan.batches);
             segment.verified_to = scan.write_pos;
+        }
+        Ok(())
+    }
+
+    /// Zeroes, in each segment `progress` holds, the bytes past the end of
+    /// its last whole verified batch, and syncs them: a copy cut short (its
+    /// source died mid-read) ends inside a batch, and those bytes hold a
+    /// header that verifies over records that never arrived; left there,
+    /// any open of the copy would take the batch's missing records for
+    /// damage and move the high watermark past them. A segment left out of
+    /// the verified copy (damage found) is left to the open's recovery.
+    pub async fn cut_partial_batches<F: FileSystem>(
+        &self,
+        fs: &F,
+        dir: &Path,
+        progress: &CopyProgress,
+    ) -> Result<()> {
+        for (name, copied) in &progress.copied {
+            let Some(segment) = self.segments.get(name) else {
+                continue;
+            };
+            if segment.verified_to >= *copied {
+                continue;
+            }
+            let path = dir.join(name);
+            let file = fs
+                .open(&path, OpenMode::EXISTING_BUFFERED)
+                .await
+                .map_err(|e| StorageError::io("open copy", &path, e))?;
+            let len = usize::try_from(copied - segment.verified_to).unwrap_or(usize::MAX);
+            file.write_at(&vec![0; len], segment.verified_to)
+                .await
+                .map_err(|e| StorageError::io("write copy", &path, e))?;
+            file.sync_data()
+                .await
+                .map_err(|e| StorageError::io("fdatasync", &path, e))?;
         }
         Ok(())
     }
