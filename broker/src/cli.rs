@@ -46,6 +46,81 @@ pub struct ClientArgs {
     pub cert_file: Option<String>,
     #[arg(long, env = "NARAD_KEY_FILE", global = true)]
     pub key_file: Option<String>,
+    /// Seconds one request may take before it is given up (and retried,
+    /// if its error is retryable); a long poll waits its `--wait-ms` on top.
+    #[arg(
+        long,
+        env = "NARAD_TIMEOUT",
+        value_name = "SECONDS",
+        default_value_t = CLIENT_TIMEOUT_SECONDS,
+        value_parser = clap::value_parser!(u64).range(1..),
+        global = true
+    )]
+    pub timeout: u64,
+}
+
+/// The default of `--timeout`.
+pub const CLIENT_TIMEOUT_SECONDS: u64 = 60;
+
+/// How long each long poll of `narad consume --follow` waits when
+/// `--wait-ms` does not say (the API's longest).
+pub const FOLLOW_WAIT_MS: u64 = 20_000;
+
+/// The most messages one batch request carries (the API's limit).
+pub const BATCH_MESSAGES_MAX: u32 = 1_000;
+
+/// `narad produce`: where its messages come from.
+#[derive(Args, Debug)]
+pub struct ProduceArgs {
+    pub topic: String,
+    /// The message; absent or `-`: all of stdin (or of `--file`) as one
+    /// message.
+    pub value: Option<String>,
+    /// The messages' key (messages with one key go to one partition, in order).
+    #[arg(long)]
+    pub key: Option<String>,
+    /// Read from FILE instead of stdin.
+    #[arg(long, value_name = "FILE")]
+    pub file: Option<String>,
+    /// One message per line (empty lines are skipped), sent with the batch API.
+    #[arg(long)]
+    pub lines: bool,
+    /// Messages per batch request with `--lines` (1-1000).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=i64::from(BATCH_MESSAGES_MAX)))]
+    pub batch: u32,
+}
+
+/// `narad consume`: what to ask for and what to do with it.
+#[derive(Args, Debug)]
+pub struct ConsumeArgs {
+    pub topic: String,
+    /// At most this many messages per request (1-1000).
+    #[arg(long, default_value_t = 1)]
+    pub max: u32,
+    /// Long poll: wait up to this long for the first message (0-20000;
+    /// with `--follow`, 20000 unless given).
+    #[arg(long)]
+    pub wait_ms: Option<u64>,
+    /// Ack each message once it is printed.
+    #[arg(long)]
+    pub ack: bool,
+    /// Keep consuming until interrupted, printing messages as they come.
+    #[arg(long)]
+    pub follow: bool,
+    /// Consume only this partition.
+    #[arg(long)]
+    pub partition: Option<u32>,
+    /// Lease length for these messages (1-43200000); the topic's otherwise.
+    #[arg(long, visible_alias = "visibility-timeout")]
+    pub visibility_timeout_ms: Option<u64>,
+}
+
+/// What `narad ack|nack|extend` does with a receipt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settle {
+    Ack,
+    Nack { delay_ms: u64 },
+    Extend { visibility_timeout_ms: u64 },
 }
 
 #[derive(Subcommand, Debug)]
@@ -160,6 +235,7 @@ pub enum ChildAction {
 fn client(args: &ClientArgs) -> Result<Client, String> {
     let client = Client::new(&args.server)
         .map_err(|e| e.to_string())?
+        .with_timeout(std::time::Duration::from_secs(args.timeout))
         .with_tls(&ClientTlsFiles {
             ca_file: args.ca_file.clone(),
             cert_file: args.cert_file.clone(),
@@ -487,25 +563,41 @@ pub fn topic(args: &ClientArgs, action: &TopicAction) -> Result<(), String> {
     Ok(())
 }
 
-/// `narad produce TOPIC [--key K] [VALUE | -]`: with no value or `-`, reads stdin.
-pub fn produce(
-    args: &ClientArgs,
-    topic: &str,
-    key: Option<&str>,
-    value: Option<&str>,
-) -> Result<(), String> {
+/// `narad produce TOPIC [--key K] [VALUE | - | --file F] [--lines [--batch N]]`.
+pub fn produce(args: &ClientArgs, produce: &ProduceArgs) -> Result<(), String> {
     let client = client(args)?;
-    let bytes = match value {
-        Some("-") | None => {
-            let mut buf = Vec::new();
-            std::io::stdin()
-                .read_to_end(&mut buf)
-                .map_err(|e| format!("reading stdin: {e}"))?;
-            buf
+    let read_input = || -> Result<Vec<u8>, String> {
+        let mut buf = Vec::new();
+        match &produce.file {
+            Some(path) => {
+                buf = std::fs::read(path).map_err(|e| format!("reading {path}: {e}"))?;
+            }
+            None => {
+                std::io::stdin()
+                    .read_to_end(&mut buf)
+                    .map_err(|e| format!("reading stdin: {e}"))?;
+            }
         }
-        Some(text) => text.as_bytes().to_vec(),
+        Ok(buf)
     };
-    let id = client.produce(topic, key, &bytes).map_err(failed)?;
+    let given = produce.value.as_deref().filter(|v| *v != "-");
+    if given.is_some() && produce.file.is_some() {
+        return Err("give a VALUE or --file, not both".into());
+    }
+    if produce.lines {
+        let input = match given {
+            Some(text) => text.as_bytes().to_vec(),
+            None => read_input()?,
+        };
+        return produce_lines(&client, args, produce, &input);
+    }
+    let bytes = match given {
+        Some(text) => text.as_bytes().to_vec(),
+        None => read_input()?,
+    };
+    let id = client
+        .produce(&produce.topic, produce.key.as_deref(), &bytes)
+        .map_err(failed)?;
     match args.output {
         Output::Json => print_json(&json!({ "id": id })),
         Output::Human => println!("{id}"),
@@ -513,48 +605,206 @@ pub fn produce(
     Ok(())
 }
 
-/// `narad consume TOPIC [--max N] [--wait-ms MS] [--ack]`.
-pub fn consume(
+/// One message per non-empty line of `input`, `--batch` to a request;
+/// prints each id as its batch is accepted.
+fn produce_lines(
+    client: &Client,
     args: &ClientArgs,
-    topic: &str,
-    max: u32,
-    wait_ms: u64,
-    ack: bool,
+    produce: &ProduceArgs,
+    input: &[u8],
 ) -> Result<(), String> {
-    let client = client(args)?;
-    let messages = client.consume(topic, max, wait_ms).map_err(failed)?;
-    if ack {
-        for message in &messages {
-            let receipt = message["receipt"].as_str().unwrap_or_default();
-            client.ack(topic, receipt).map_err(failed)?;
+    let lines: Vec<&[u8]> = input
+        .split(|b| *b == b'\n')
+        .map(|line| line.strip_suffix(b"\r").unwrap_or(line))
+        .filter(|line| !line.is_empty())
+        .collect();
+    let path = format!(
+        "/v1/topics/{}/messages/batch",
+        encode_segment(&produce.topic)
+    );
+    let mut all = Vec::new();
+    for chunk in lines.chunks(produce.batch as usize) {
+        let messages: Vec<Value> = chunk
+            .iter()
+            .map(|line| {
+                let mut message = Map::new();
+                if let Some(key) = &produce.key {
+                    message.insert("key".into(), json!(key));
+                }
+                match std::str::from_utf8(line) {
+                    Ok(text) => message.insert("value".into(), json!(text)),
+                    Err(_) => {
+                        use base64::Engine;
+                        let encoded = base64::engine::general_purpose::STANDARD.encode(line);
+                        message.insert("value_base64".into(), json!(encoded))
+                    }
+                };
+                Value::Object(message)
+            })
+            .collect();
+        let answer = call(client, "POST", &path, &json!({ "messages": messages }))?;
+        let ids: Vec<String> = answer.body["ids"]
+            .as_array()
+            .map(|ids| {
+                ids.iter()
+                    .filter_map(|id| id.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if ids.len() != chunk.len() {
+            return Err(format!(
+                "unexpected answer from the server: {} ids for {} messages",
+                ids.len(),
+                chunk.len()
+            ));
         }
-    }
-    match args.output {
-        Output::Json => print_json(&json!({ "messages": messages })),
-        Output::Human if messages.is_empty() => println!("no messages"),
-        Output::Human => {
-            let rows: Vec<Vec<String>> = messages
-                .iter()
-                .map(|m| {
-                    let value = if m["value"].is_null() {
-                        format!("base64:{}", cell(&m["value_base64"]))
-                    } else {
-                        cell(&m["value"])
-                    };
-                    vec![
-                        cell(&m["partition"]),
-                        cell(&m["offset"]),
-                        cell(&m["delivery_count"]),
-                        cell(&m["id"]),
-                        value,
-                    ]
-                })
-                .collect();
-            print_table(&["PARTITION", "OFFSET", "DELIVERIES", "ID", "VALUE"], &rows);
-            if ack {
-                println!("acked {}", messages.len());
+        if args.output == Output::Human {
+            for id in &ids {
+                println!("{id}");
             }
         }
+        all.extend(ids);
+    }
+    if args.output == Output::Json {
+        print_json(&json!({ "ids": all }));
+    }
+    Ok(())
+}
+
+/// `narad consume TOPIC [--max N] [--wait-ms MS] [--ack] [--follow]
+/// [--partition P] [--visibility-timeout-ms MS]`.
+pub fn consume(args: &ClientArgs, consume: &ConsumeArgs) -> Result<(), String> {
+    let client = client(args)?;
+    let default_wait = if consume.follow { FOLLOW_WAIT_MS } else { 0 };
+    let mut request = json!({
+        "max_messages": consume.max,
+        "wait_ms": consume.wait_ms.unwrap_or(default_wait),
+    });
+    if let Some(partition) = consume.partition {
+        request["partition"] = json!(partition);
+    }
+    if let Some(visibility) = consume.visibility_timeout_ms {
+        request["visibility_timeout_ms"] = json!(visibility);
+    }
+    if !consume.follow {
+        let messages = client
+            .consume_with(&consume.topic, &request)
+            .map_err(failed)?;
+        if consume.ack {
+            ack_all(&client, &consume.topic, &messages)?;
+        }
+        match args.output {
+            Output::Json => print_json(&json!({ "messages": messages })),
+            Output::Human if messages.is_empty() => println!("no messages"),
+            Output::Human => {
+                let rows: Vec<Vec<String>> = messages.iter().map(message_row).collect();
+                print_table(&MESSAGE_COLUMNS, &rows);
+                if consume.ack {
+                    println!("acked {}", messages.len());
+                }
+            }
+        }
+        return Ok(());
+    }
+    // Followed: one line per message as it comes (JSON: one object per
+    // line), acked (with `--ack`) only once printed.
+    if args.output == Output::Human {
+        println!("{}", MESSAGE_COLUMNS.join("\t"));
+    }
+    loop {
+        let messages = client
+            .consume_with(&consume.topic, &request)
+            .map_err(failed)?;
+        for message in &messages {
+            match args.output {
+                Output::Json => println!("{message}"),
+                Output::Human => println!("{}", message_row(message).join("\t")),
+            }
+        }
+        if consume.ack {
+            ack_all(&client, &consume.topic, &messages)?;
+        }
+    }
+}
+
+/// The columns of a message in the human output.
+const MESSAGE_COLUMNS: [&str; 6] = [
+    "PARTITION",
+    "OFFSET",
+    "DELIVERIES",
+    "ID",
+    "RECEIPT",
+    "VALUE",
+];
+
+fn message_row(m: &Value) -> Vec<String> {
+    let value = if m["value"].is_null() {
+        format!("base64:{}", cell(&m["value_base64"]))
+    } else {
+        cell(&m["value"])
+    };
+    vec![
+        cell(&m["partition"]),
+        cell(&m["offset"]),
+        cell(&m["delivery_count"]),
+        cell(&m["id"]),
+        cell(&m["receipt"]),
+        value,
+    ]
+}
+
+/// Acks `messages` with batch requests; fails if any ack was refused.
+fn ack_all(client: &Client, topic: &str, messages: &[Value]) -> Result<(), String> {
+    let receipts: Vec<&str> = messages
+        .iter()
+        .filter_map(|m| m["receipt"].as_str())
+        .collect();
+    for chunk in receipts.chunks(BATCH_MESSAGES_MAX as usize) {
+        let answer = client.ack_batch(topic, chunk).map_err(failed)?;
+        let refused: Vec<String> = answer["results"]
+            .as_array()
+            .map(|results| {
+                results
+                    .iter()
+                    .filter(|r| r["status"].as_u64().is_some_and(|s| s >= 300))
+                    .map(|r| cell(&r["error"]["message"]))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if let Some(first) = refused.first() {
+            return Err(format!("{} acks refused: {first}", refused.len()));
+        }
+    }
+    Ok(())
+}
+
+/// `narad ack|nack|extend TOPIC RECEIPT`.
+pub fn settle(args: &ClientArgs, topic: &str, receipt: &str, how: Settle) -> Result<(), String> {
+    let client = client(args)?;
+    let (route, body, said) = match how {
+        Settle::Ack => ("ack", json!({ "receipt": receipt }), "acked".to_string()),
+        Settle::Nack { delay_ms } => (
+            "nack",
+            json!({ "receipt": receipt, "delay_ms": delay_ms }),
+            if delay_ms == 0 {
+                "nacked: delivered again".to_string()
+            } else {
+                format!("nacked: delivered again in {delay_ms} ms")
+            },
+        ),
+        Settle::Extend {
+            visibility_timeout_ms,
+        } => (
+            "extend",
+            json!({ "receipt": receipt, "visibility_timeout_ms": visibility_timeout_ms }),
+            format!("lease extended to {visibility_timeout_ms} ms from now"),
+        ),
+    };
+    let path = format!("/v1/topics/{}/{route}", encode_segment(topic));
+    call(&client, "POST", &path, &body)?;
+    match args.output {
+        Output::Json => print_json(&json!({})),
+        Output::Human => println!("{said}"),
     }
     Ok(())
 }

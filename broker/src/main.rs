@@ -2,10 +2,10 @@
 
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 use narad_broker::cli::{
-    self, ChildAction, ClientArgs, ClusterAction, DlqAction, GrantAction, QuarantineAction,
-    SchemaAction, TokenAction, TopicAction, UserAction,
+    self, ChildAction, ClientArgs, ClusterAction, ConsumeArgs, DlqAction, GrantAction, ProduceArgs,
+    QuarantineAction, SchemaAction, Settle, TokenAction, TopicAction, UserAction,
 };
 use narad_broker::config::Config;
 
@@ -94,27 +94,58 @@ enum Command {
         #[command(flatten)]
         client: ClientArgs,
     },
-    /// Produce one message: the VALUE argument, or stdin when it is absent or `-`.
+    /// Produce a message: the VALUE argument, or all of stdin (or
+    /// `--file`) when it is absent or `-`; `--lines`: one message per line.
     Produce {
-        topic: String,
-        value: Option<String>,
-        #[arg(long)]
-        key: Option<String>,
+        #[command(flatten)]
+        produce: ProduceArgs,
         #[command(flatten)]
         client: ClientArgs,
     },
-    /// Consume (and lease) messages; `--ack` acks each one.
+    /// Consume (and lease) messages; `--ack` acks them once printed,
+    /// `--follow` keeps long-polling until interrupted.
     Consume {
-        topic: String,
-        #[arg(long, default_value_t = 1)]
-        max: u32,
-        #[arg(long, default_value_t = 0)]
-        wait_ms: u64,
-        #[arg(long)]
-        ack: bool,
+        #[command(flatten)]
+        consume: ConsumeArgs,
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Ack a delivered message by its receipt: it is done.
+    Ack {
+        topic: String,
+        receipt: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Nack a delivered message by its receipt: deliver it again, after
+    /// `--delay-ms`.
+    Nack {
+        topic: String,
+        receipt: String,
+        /// Wait this long before delivering it again (0-43200000).
+        #[arg(long, default_value_t = 0)]
+        delay_ms: u64,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Extend the lease of a delivered message by its receipt.
+    Extend {
+        topic: String,
+        receipt: String,
+        /// The lease ends this long from now (1-43200000).
+        #[arg(long, visible_alias = "visibility-timeout")]
+        visibility_timeout_ms: u64,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Print a completion script for a shell: `narad completions bash >
+    /// /etc/bash_completion.d/narad`.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff): `narad man > narad.1`.
+    Man,
 }
 
 #[derive(Args)]
@@ -216,8 +247,23 @@ fn serve(args: &ServeArgs) -> Result<(), String> {
     narad_broker::node::run(config)
 }
 
+/// A client subcommand whose output goes to a pipe that closes early
+/// (`narad topic list | head -1`) ends quietly, as other command-line
+/// tools do, instead of failing on its next write. The node (`serve`)
+/// keeps the runtime's default: a closed socket is an error it handles.
+fn quiet_on_closed_pipe() {
+    // SAFETY: restoring the default disposition of SIGPIPE before any
+    // thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Serve(_)) {
+        quiet_on_closed_pipe();
+    }
     let result = match &cli.command {
         Command::Serve(args) => {
             init_logging();
@@ -232,19 +278,46 @@ fn main() -> ExitCode {
         Command::Grant { action, client } => cli::grant(client, action),
         Command::Schema { action, client } => cli::schema(client, action),
         Command::Quarantine { action, client } => cli::quarantine(client, action),
-        Command::Produce {
+        Command::Produce { produce, client } => cli::produce(client, produce),
+        Command::Consume { consume, client } => cli::consume(client, consume),
+        Command::Ack {
             topic,
-            value,
-            key,
+            receipt,
             client,
-        } => cli::produce(client, topic, key.as_deref(), value.as_deref()),
-        Command::Consume {
+        } => cli::settle(client, topic, receipt, Settle::Ack),
+        Command::Nack {
             topic,
-            max,
-            wait_ms,
-            ack,
+            receipt,
+            delay_ms,
             client,
-        } => cli::consume(client, topic, *max, *wait_ms, *ack),
+        } => cli::settle(
+            client,
+            topic,
+            receipt,
+            Settle::Nack {
+                delay_ms: *delay_ms,
+            },
+        ),
+        Command::Extend {
+            topic,
+            receipt,
+            visibility_timeout_ms,
+            client,
+        } => cli::settle(
+            client,
+            topic,
+            receipt,
+            Settle::Extend {
+                visibility_timeout_ms: *visibility_timeout_ms,
+            },
+        ),
+        Command::Completions { shell } => {
+            clap_complete::generate(*shell, &mut Cli::command(), "narad", &mut std::io::stdout());
+            Ok(())
+        }
+        Command::Man => clap_mangen::Man::new(Cli::command())
+            .render(&mut std::io::stdout())
+            .map_err(|e| format!("writing the manual page: {e}")),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -66,35 +66,47 @@ pub const WAL_SYNC_SECONDS: &str = "narad_wal_sync_seconds";
 /// Bytes of the ingress WAL ring in use.
 pub const WAL_USED_BYTES: &str = "narad_wal_used_bytes";
 
-/// Every name above.
-pub const ALL: &[&str] = &[
-    STORAGE_CORRUPT_RECORDS_TOTAL,
-    ACKS_TOTAL,
-    CONNECTIONS_OPEN,
-    CONSUMER_STATE_FAILED,
-    CONSUME_LONG_POLLS_WAITING,
-    DEAD_LETTERED_TOTAL,
-    DISPATCHER_COMMIT_RECORDS,
-    DISPATCHER_PENDING_RECORDS,
-    FANOUT_CHILD_DROPPED_MESSAGES,
-    FANOUT_CHILD_LAG_MESSAGES,
-    FANOUT_CHILD_LAG_SECONDS,
-    DISPATCHER_REROUTES_TOTAL,
-    HTTP_BUFFERED_BODY_BYTES,
-    HTTP_REQUESTS_TOTAL,
-    HTTP_REQUEST_SECONDS,
-    INGRESS_WAL_FAILED,
-    NODE_ALIVE,
-    PARTITION_AVAILABLE_MESSAGES,
-    PARTITION_FRONTIER,
-    PARTITION_HIGH_WATERMARK,
-    PARTITION_IN_FLIGHT,
-    PARTITION_OLDEST_UNACKED_AGE_SECONDS,
-    RAFT_IS_LEADER,
-    RAFT_TERM,
-    WAL_RECORDS_PER_SYNC,
-    WAL_SYNC_SECONDS,
-    WAL_USED_BYTES,
+/// What kind of metric a name is, for its `# TYPE` line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+/// Every name above, with its kind and the help text `/metrics` shows.
+pub const ALL: &[(&str, Kind, &str)] = &[
+    (STORAGE_CORRUPT_RECORDS_TOTAL, Kind::Counter, "Records or frames recovery or a read found damaged and skipped (or refused)."),
+    (ACKS_TOTAL, Kind::Counter, "Acks answered 204."),
+    (CONNECTIONS_OPEN, Kind::Gauge, "Client connections open on this node."),
+    (CONSUMER_STATE_FAILED, Kind::Gauge, "1 once a partition's ack state failed."),
+    (CONSUME_LONG_POLLS_WAITING, Kind::Gauge, "Consumes parked waiting for messages."),
+    (DEAD_LETTERED_TOTAL, Kind::Counter, "Messages moved to a dead-letter topic."),
+    (DISPATCHER_COMMIT_RECORDS, Kind::Histogram, "Records per dispatcher commit."),
+    (DISPATCHER_PENDING_RECORDS, Kind::Gauge, "Accepted records not yet committed."),
+    (FANOUT_CHILD_DROPPED_MESSAGES, Kind::Counter, "Messages a child skipped because its parent's retention removed them first."),
+    (FANOUT_CHILD_LAG_MESSAGES, Kind::Gauge, "Messages of a parent not yet copied to a child (this node's partitions)."),
+    (FANOUT_CHILD_LAG_SECONDS, Kind::Gauge, "Age of the oldest message not yet copied to a child."),
+    (DISPATCHER_REROUTES_TOTAL, Kind::Counter, "Records rerouted around an unavailable owner."),
+    (HTTP_BUFFERED_BODY_BYTES, Kind::Gauge, "Request-body bytes held by the node."),
+    (HTTP_REQUESTS_TOTAL, Kind::Counter, "Requests answered, by route and status."),
+    (HTTP_REQUEST_SECONDS, Kind::Histogram, "Request latency."),
+    (INGRESS_WAL_FAILED, Kind::Gauge, "1 once an ingress WAL failed."),
+    (NODE_ALIVE, Kind::Gauge, "Each member as this node's controller sees it."),
+    (PARTITION_AVAILABLE_MESSAGES, Kind::Gauge, "Messages neither leased nor acked."),
+    (PARTITION_FRONTIER, Kind::Gauge, "Lowest offset not acked."),
+    (PARTITION_HIGH_WATERMARK, Kind::Gauge, "Next offset of the partition."),
+    (PARTITION_IN_FLIGHT, Kind::Gauge, "Messages under a lease."),
+    (PARTITION_OLDEST_UNACKED_AGE_SECONDS, Kind::Gauge, "Age of the oldest unacked message."),
+    (RAFT_IS_LEADER, Kind::Gauge, "1 while this node leads."),
+    (RAFT_TERM, Kind::Gauge, "Current Raft term."),
+    (WAL_RECORDS_PER_SYNC, Kind::Histogram, "Records per WAL fdatasync."),
+    (WAL_SYNC_SECONDS, Kind::Histogram, "WAL fdatasync latency."),
+    (WAL_USED_BYTES, Kind::Gauge, "Bytes of the ingress WAL ring in use."),
+    (MOVES_IN_PROGRESS, Kind::Gauge, "Partition moves this node runs as their destination."),
+    (MOVE_COPIED_BYTES_TOTAL, Kind::Counter, "Bytes partition moves copied to this node."),
+    (MOVE_FREEZE_SECONDS, Kind::Histogram, "How long a move's partition stayed frozen for its handover."),
+    (QUARANTINED_PARTITIONS_TOTAL, Kind::Counter, "Partitions this node quarantined: it held messages of a partition promoted elsewhere while it was away."),
 ];
 
 #[cfg(test)]
@@ -104,11 +116,12 @@ mod tests {
     #[test]
     fn every_metric_is_documented_and_named_once() {
         let docs = include_str!("../../docs/metrics.md");
-        for name in ALL {
+        for (name, _, help) in ALL {
+            assert!(!help.is_empty(), "{name} has no help text");
             assert!(name.starts_with("narad_"), "{name}");
             assert!(docs.contains(name), "{name} is not in docs/metrics.md");
         }
-        let mut sorted = ALL.to_vec();
+        let mut sorted: Vec<&str> = ALL.iter().map(|(name, _, _)| *name).collect();
         sorted.sort_unstable();
         sorted.dedup();
         assert_eq!(sorted.len(), ALL.len(), "a metric name defined twice");

@@ -727,6 +727,168 @@ fn the_cli_creates_produces_consumes_and_reports_errors() {
 }
 
 #[test]
+fn the_cli_produces_lines_follows_a_topic_settles_receipts_and_names_the_server() {
+    use std::io::BufRead as _;
+    let tmp = tempfile::tempdir().expect("tmp");
+    let node = Node::start(&tmp.path().join("n"), &[]);
+    node.create_topic("lines", json!({"partitions": 2}));
+    // Five lines (one empty, one CRLF) in batches of two: four messages.
+    let (ok, out, err) = narad(
+        &node,
+        &["produce", "lines", "--lines", "--batch", "2", "--key", "k"],
+        Some("one\ntwo\r\n\nthree\nfour"),
+    );
+    assert!(ok, "{err}");
+    assert_eq!(out.lines().count(), 4, "one id per message: {out}");
+    let file = tmp.path().join("more.txt");
+    std::fs::write(&file, "five\nsix\n").expect("write");
+    let (ok, out, err) = narad(
+        &node,
+        &[
+            "produce",
+            "lines",
+            "--lines",
+            "--file",
+            file.to_str().expect("path"),
+            "--output",
+            "json",
+        ],
+        None,
+    );
+    assert!(ok, "{err}");
+    let ids: Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(ids["ids"].as_array().map(Vec::len), Some(2), "{out}");
+
+    // --follow prints messages as they come, one JSON object a line, and
+    // acks them once printed.
+    let mut follower = std::process::Command::new(env!("CARGO_BIN_EXE_narad"))
+        .args([
+            "consume",
+            "lines",
+            "--follow",
+            "--ack",
+            "--max",
+            "10",
+            "--wait-ms",
+            "500",
+            "--output",
+            "json",
+        ])
+        .env("NARAD_URL", format!("http://{}", node.addr))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn narad");
+    let stdout = follower.stdout.take().expect("stdout");
+    let (lines_tx, lines_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if lines_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut values = BTreeSet::new();
+    let mut produced_late = false;
+    let deadline = Instant::now() + WAIT;
+    while values.len() < 7 && Instant::now() < deadline {
+        if let Ok(line) = lines_rx.recv_timeout(Duration::from_millis(100)) {
+            let message: Value = serde_json::from_str(&line).expect("one JSON object a line");
+            assert!(message["receipt"].is_string(), "{line}");
+            values.insert(message["value"].as_str().unwrap_or_default().to_string());
+        }
+        // A message produced while it follows arrives too.
+        if values.len() == 6 && !produced_late {
+            let (ok, _, _) = narad(&node, &["produce", "lines", "seven"], None);
+            assert!(ok);
+            produced_late = true;
+        }
+    }
+    follower.kill().expect("kill");
+    let _ = follower.wait();
+    let expected: BTreeSet<String> = ["one", "two", "three", "four", "five", "six", "seven"]
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(values, expected);
+    assert!(
+        eventually(WAIT, || {
+            let (_, stats) = node.request("GET", "/v1/topics/lines", b"");
+            stats["partition_stats"].as_array().is_some_and(|parts| {
+                parts
+                    .iter()
+                    .all(|p| p["available"] == 0 && p["in_flight"] == 0)
+            })
+        }),
+        "every followed message was acked"
+    );
+
+    // ack, nack and extend take a receipt shown in the human output.
+    let (ok, _, _) = narad(&node, &["produce", "lines", "settle-me"], None);
+    assert!(ok);
+    let mut receipt = String::new();
+    assert!(eventually(WAIT, || {
+        let (ok, out, _) = narad(&node, &["consume", "lines", "--wait-ms", "500"], None);
+        assert!(ok && out.starts_with("PARTITION"), "{out}");
+        if let Some(row) = out.lines().nth(1) {
+            let columns: Vec<&str> = row.split_whitespace().collect();
+            receipt = columns.get(4).map(ToString::to_string).unwrap_or_default();
+        }
+        !receipt.is_empty()
+    }));
+    let (ok, out, err) = narad(
+        &node,
+        &[
+            "extend",
+            "lines",
+            &receipt,
+            "--visibility-timeout-ms",
+            "60000",
+        ],
+        None,
+    );
+    assert!(ok && out.contains("lease extended"), "{out}{err}");
+    let (ok, out, err) = narad(&node, &["nack", "lines", &receipt], None);
+    assert!(ok && out.contains("nacked"), "{out}{err}");
+    let (ok, _, err) = narad(&node, &["ack", "lines", &receipt], None);
+    assert!(
+        !ok && err.contains("lease"),
+        "a nacked receipt acks nothing: {err}"
+    );
+    let again = node.consume("lines", json!({"wait_ms": 5000}));
+    assert_eq!(again.len(), 1);
+    let receipt = again[0]["receipt"].as_str().expect("receipt");
+    let (ok, out, err) = narad(&node, &["ack", "lines", receipt], None);
+    assert!(ok && out.contains("acked"), "{out}{err}");
+
+    // A node that does not answer: the error names it.
+    let (ok, _, err) = narad(
+        &node,
+        &[
+            "topic",
+            "list",
+            "--server",
+            "http://127.0.0.1:1",
+            "--timeout",
+            "1",
+        ],
+        None,
+    );
+    assert!(!ok && err.contains("http://127.0.0.1:1"), "{err}");
+    // Completions and the manual page.
+    let (ok, out, _) = narad(&node, &["completions", "bash"], None);
+    assert!(
+        ok && out.contains("narad") && out.contains("consume"),
+        "{out}"
+    );
+    let (ok, out, _) = narad(&node, &["man"], None);
+    assert!(ok && out.contains(".TH narad 1") && out.contains("produce"));
+}
+
+#[test]
 fn dead_lettering_survives_sigkill_in_one_topic_or_both_never_neither() {
     let tmp = tempfile::tempdir().expect("tmp");
     let mut node = Node::start(

@@ -35,7 +35,8 @@ impl Default for RetryPolicy {
     }
 }
 
-/// How long one request may take before the client gives up on it.
+/// How long one request may take before the client gives up on it, unless
+/// [`Client::with_timeout`] says otherwise.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -90,6 +91,8 @@ pub struct Client {
     tls: Option<Tls>,
     /// The `Authorization` header sent with every request.
     authorization: Option<String>,
+    /// How long one attempt may wait on the socket.
+    timeout: Duration,
 }
 
 /// How a client speaks TLS: its settings, or why it cannot.
@@ -230,6 +233,7 @@ impl Client {
             retry: RetryPolicy::default(),
             tls,
             authorization: None,
+            timeout: REQUEST_TIMEOUT,
         })
     }
 
@@ -257,19 +261,21 @@ impl Client {
     }
 
     /// A TCP connection to the node, under TLS for HTTPS.
-    fn open_stream(&self) -> Result<Box<dyn Stream>, ClientError> {
-        let transport = |e: std::io::Error| ClientError::Transport(e.to_string());
+    fn open_stream(&self, extra_wait: Duration) -> Result<Box<dyn Stream>, ClientError> {
+        let transport = |e: std::io::Error| ClientError::Transport(format!("{}: {e}", self.url()));
         let stream = TcpStream::connect(&self.addr).map_err(transport)?;
         stream.set_nodelay(true).map_err(transport)?;
         stream
-            .set_read_timeout(Some(REQUEST_TIMEOUT))
+            .set_read_timeout(Some(self.timeout + extra_wait))
             .map_err(transport)?;
         stream
-            .set_write_timeout(Some(REQUEST_TIMEOUT))
+            .set_write_timeout(Some(self.timeout))
             .map_err(transport)?;
         let config = match &self.tls {
             None => return Ok(Box::new(stream)),
-            Some(Tls::Unavailable(reason)) => return Err(ClientError::Tls(reason.clone())),
+            Some(Tls::Unavailable(reason)) => {
+                return Err(ClientError::Tls(format!("{}: {reason}", self.url())))
+            }
             Some(Tls::Ready(config)) => config.clone(),
         };
         let host = self
@@ -282,8 +288,21 @@ impl Client {
         let name = rustls::pki_types::ServerName::try_from(host)
             .map_err(|e| ClientError::BadUrl(format!("{}: {e}", self.addr)))?;
         let connection = rustls::ClientConnection::new(config, name)
-            .map_err(|e| ClientError::Transport(format!("TLS: {e}")))?;
+            .map_err(|e| ClientError::Transport(format!("{}: TLS: {e}", self.url())))?;
         Ok(Box::new(rustls::StreamOwned::new(connection, stream)))
+    }
+
+    /// How long one attempt may wait for the node to take its request or
+    /// to answer (a long-polling consume waits its `wait_ms` on top).
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
+    /// The node this client talks to, as a URL.
+    pub fn url(&self) -> String {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
     }
 
     pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
@@ -299,10 +318,24 @@ impl Client {
         headers: &[(&str, &str)],
         body: &[u8],
     ) -> Result<Answer, ClientError> {
+        self.call_waiting(method, path, headers, body, Duration::ZERO)
+    }
+
+    /// [`Self::call`] for a request the node may hold for `wait` before it
+    /// answers (a long poll): the socket waits that long on top of the
+    /// timeout.
+    fn call_waiting(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+        wait: Duration,
+    ) -> Result<Answer, ClientError> {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            match self.once(method, path, headers, body) {
+            match self.once(method, path, headers, body, wait) {
                 Ok(answer) => return Ok(answer),
                 Err(error) if error.retryable() && attempt < self.retry.attempts => {
                     let exponential = self
@@ -326,6 +359,7 @@ impl Client {
         path: &str,
         headers: &[(&str, &str)],
         body: &[u8],
+        wait: Duration,
     ) -> Result<Answer, ClientError> {
         let transport = |e: std::io::Error| {
             // rustls reports a failed handshake as an I/O error wrapping its own.
@@ -333,11 +367,11 @@ impl Client {
                 .get_ref()
                 .and_then(|inner| inner.downcast_ref::<rustls::Error>())
             {
-                Some(tls) => ClientError::Tls(tls.to_string()),
-                None => ClientError::Transport(e.to_string()),
+                Some(tls) => ClientError::Tls(format!("{}: {tls}", self.url())),
+                None => ClientError::Transport(format!("{}: {e}", self.url())),
             }
         };
-        let mut stream = self.open_stream()?;
+        let mut stream = self.open_stream(wait)?;
         let mut all: Vec<(&str, &str)> = headers.to_vec();
         if let Some(authorization) = &self.authorization {
             all.push(("Authorization", authorization));
@@ -357,7 +391,10 @@ impl Client {
             .windows(4)
             .position(|w| w == b"\r\n\r\n")
             .ok_or_else(|| {
-                ClientError::Transport("the connection closed before a whole answer".into())
+                ClientError::Transport(format!(
+                    "{}: the connection closed before a whole answer",
+                    self.url()
+                ))
             })?;
         let (head, rest) = response.split_at(split);
         let body = rest.get(4..).unwrap_or_default();
@@ -374,7 +411,7 @@ impl Client {
     /// credentials.
     pub fn connect(&self) -> Result<Connection, ClientError> {
         Ok(Connection {
-            stream: BufReader::new(self.open_stream()?),
+            stream: BufReader::new(self.open_stream(Duration::ZERO)?),
             host: self.addr.clone(),
             authorization: self.authorization.clone(),
         })
@@ -441,12 +478,19 @@ impl Client {
 
     /// Consumes up to `max` messages, waiting up to `wait_ms` for the first.
     pub fn consume(&self, topic: &str, max: u32, wait_ms: u64) -> Result<Vec<Value>, ClientError> {
-        let body = json!({"max_messages": max, "wait_ms": wait_ms});
-        let answer = self.call(
+        self.consume_with(topic, &json!({"max_messages": max, "wait_ms": wait_ms}))
+    }
+
+    /// Consumes with the request body `request` (`max_messages`,
+    /// `wait_ms`, `visibility_timeout_ms`, `partition`).
+    pub fn consume_with(&self, topic: &str, request: &Value) -> Result<Vec<Value>, ClientError> {
+        let wait = Duration::from_millis(request["wait_ms"].as_u64().unwrap_or(0));
+        let answer = self.call_waiting(
             "POST",
             &format!("/v1/topics/{}/consume", encode_segment(topic)),
             &[],
-            body.to_string().as_bytes(),
+            request.to_string().as_bytes(),
+            wait,
         )?;
         Ok(answer.body["messages"]
             .as_array()

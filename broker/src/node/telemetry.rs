@@ -34,4 +34,17 @@ pub(super) fn install_metrics() -> Result<metrics_exporter_prometheus::Prometheu
         })
         .and_then(PrometheusBuilder::install_recorder)
         .map_err(|e| format!("installing the metrics recorder: {e}"))
+        .inspect(|_| describe_metrics())
+}
+
+/// Gives every metric its `# HELP` line.
+fn describe_metrics() {
+    use crate::metric_names::{Kind, ALL};
+    for (name, kind, help) in ALL {
+        match kind {
+            Kind::Counter => metrics::describe_counter!(*name, *help),
+            Kind::Gauge => metrics::describe_gauge!(*name, *help),
+            Kind::Histogram => metrics::describe_histogram!(*name, *help),
+        }
+    }
 }
