@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use clap::Args;
 use serde_json::Value;
 
 use crate::chart;
@@ -13,7 +14,84 @@ use crate::omb;
 use crate::reqwest_driver::ReqwestDriver;
 use crate::workload::Workload;
 
-const DEFAULT_SERVER: &str = "http://127.0.0.1:8080";
+/// Where `bench/peers.sh start` runs each peer (loopback, ports of their
+/// own so as not to clash with a system-wide install).
+const NATS_URL: &str = "127.0.0.1:14222";
+const RABBITMQ_URL: &str = "amqp://guest:guest@127.0.0.1:15673";
+const REDIS_URL: &str = "redis://127.0.0.1:16379/";
+
+/// The peers compare tries when `--peers` is not given.
+const PEERS: &str = "nats,rabbitmq,redis";
+
+/// The systems `workload --driver` can run on.
+const DRIVERS: [&str; 5] = ["narad", "narad-reqwest", "nats", "rabbitmq", "redis"];
+
+/// Where the systems under test are and how long each run lasts; shared by
+/// `workload` and `compare`.
+#[derive(Args, Debug, Clone, PartialEq)]
+pub struct SystemArgs {
+    /// Base URL of the Narad node.
+    #[arg(long, value_name = "URL", default_value = crate::DEFAULT_SERVER)]
+    pub server: String,
+    /// Measuring time of each run in seconds, in place of the workload
+    /// file's testDurationMinutes.
+    #[arg(long, value_name = "S")]
+    pub duration_seconds: Option<f64>,
+    /// Warm-up time of each run in seconds, in place of the workload file's
+    /// warmupDurationMinutes.
+    #[arg(long, value_name = "S")]
+    pub warmup_seconds: Option<f64>,
+    /// NATS server address (used with --features peers).
+    #[arg(long, value_name = "ADDR", default_value = NATS_URL, help_heading = PEER_HEADING)]
+    pub nats: String,
+    /// RabbitMQ AMQP URL (used with --features peers).
+    #[arg(long, value_name = "URL", default_value = RABBITMQ_URL, help_heading = PEER_HEADING)]
+    pub rabbitmq: String,
+    /// Redis URL (used with --features peers).
+    #[arg(long, value_name = "URL", default_value = REDIS_URL, help_heading = PEER_HEADING)]
+    pub redis: String,
+}
+
+const PEER_HEADING: &str = "Peer brokers (built with --features peers)";
+
+/// `narad-bench workload`.
+#[derive(Args, Debug, Clone, PartialEq)]
+pub struct WorkloadArgs {
+    /// The OpenMessaging Benchmark workload file (YAML).
+    #[arg(value_name = "FILE")]
+    pub file: PathBuf,
+    /// The system to run it on (the peers need --features peers).
+    #[arg(long, value_name = "NAME", default_value = "narad",
+          value_parser = clap::builder::PossibleValuesParser::new(DRIVERS))]
+    pub driver: String,
+    /// Directory the result file is written to.
+    #[arg(long, value_name = "DIR", default_value = ".")]
+    pub out: PathBuf,
+    #[command(flatten)]
+    pub system: SystemArgs,
+}
+
+/// `narad-bench compare`.
+#[derive(Args, Debug, Clone, PartialEq)]
+pub struct CompareArgs {
+    /// One or more OpenMessaging Benchmark workload files (YAML), run one
+    /// after the other.
+    #[arg(value_name = "WORKLOAD", required = true, num_args = 1..)]
+    pub workloads: Vec<PathBuf>,
+    /// Comma-separated peers to run beside Narad (nats, rabbitmq, redis);
+    /// a peer that cannot be reached is skipped with a message.
+    #[arg(long, value_name = "LIST", value_delimiter = ',', default_value = PEERS)]
+    pub peers: Vec<String>,
+    /// Rounds: each runs every system once, Narad first; the table shows
+    /// each system's median round by publish rate.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub rounds: usize,
+    /// Directory for the result files, compare.md and the charts.
+    #[arg(long, value_name = "DIR", default_value = "compare-results")]
+    pub out: PathBuf,
+    #[command(flatten)]
+    pub system: SystemArgs,
+}
 
 /// The figures of the ratio table: (label, result key, higher is better).
 const TABLE: [(&str, &str, bool); 8] = [
@@ -30,12 +108,6 @@ const TABLE: [(&str, &str, bool); 8] = [
         false,
     ),
 ];
-
-fn flag(args: &[String], name: &str) -> Option<String> {
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1).cloned())
-}
 
 /// File-name form of a workload's name.
 fn slug(name: &str) -> String {
@@ -57,46 +129,32 @@ fn slug(name: &str) -> String {
 
 /// Reads a workload file and applies `--duration-seconds` /
 /// `--warmup-seconds` overrides (shorter runs for a quick compare).
-fn load_workload(file: &str, args: &[String]) -> Result<Workload, String> {
-    let text = std::fs::read_to_string(file).map_err(|e| format!("reading {file}: {e}"))?;
-    let mut workload = Workload::parse(&text).map_err(|e| format!("{file}: {e}"))?;
-    if let Some(seconds) = flag(args, "--duration-seconds") {
-        let seconds: f64 = seconds
-            .parse()
-            .map_err(|_| format!("--duration-seconds: {seconds:?} is not a number"))?;
+fn load_workload(file: &Path, system: &SystemArgs) -> Result<Workload, String> {
+    let shown = file.display();
+    let text = std::fs::read_to_string(file).map_err(|e| format!("reading {shown}: {e}"))?;
+    let mut workload = Workload::parse(&text).map_err(|e| format!("{shown}: {e}"))?;
+    if let Some(seconds) = system.duration_seconds {
         workload.test_duration_minutes = seconds / 60.0;
     }
-    if let Some(seconds) = flag(args, "--warmup-seconds") {
-        let seconds: f64 = seconds
-            .parse()
-            .map_err(|_| format!("--warmup-seconds: {seconds:?} is not a number"))?;
+    if let Some(seconds) = system.warmup_seconds {
         workload.warmup_duration_minutes = seconds / 60.0;
     }
     Ok(workload)
 }
 
 /// The driver for `name`, or why it cannot be used.
-fn driver(name: &str, args: &[String]) -> Result<Arc<dyn Driver>, String> {
+fn driver(name: &str, system: &SystemArgs) -> Result<Arc<dyn Driver>, String> {
     match name {
-        "narad" => {
-            let server = flag(args, "--server").unwrap_or_else(|| DEFAULT_SERVER.into());
-            Ok(Arc::new(NaradDriver::new(&server)?))
-        }
-        "narad-reqwest" => {
-            let server = flag(args, "--server").unwrap_or_else(|| DEFAULT_SERVER.into());
-            Ok(Arc::new(ReqwestDriver::new(&server)?))
-        }
+        "narad" => Ok(Arc::new(NaradDriver::new(&system.server)?)),
+        "narad-reqwest" => Ok(Arc::new(ReqwestDriver::new(&system.server)?)),
         #[cfg(feature = "peers")]
-        peer => crate::peers::driver(peer, args),
+        peer => crate::peers::driver(peer, system),
         #[cfg(not(feature = "peers"))]
         peer => Err(format!(
             "{peer}: peer drivers are built with `--features peers`"
         )),
     }
 }
-
-/// The peers compare tries when `--peers` is not given.
-const PEERS: [&str; 3] = ["nats", "rabbitmq", "redis"];
 
 fn write_result(
     dir: &Path,
@@ -112,17 +170,10 @@ fn write_result(
 }
 
 /// `narad-bench workload FILE [--driver NAME] [--server URL] [--out DIR]`.
-pub fn workload_main(args: &[String]) -> Result<(), String> {
-    let file = args.get(1).filter(|a| !a.starts_with("--")).ok_or(
-        "usage: narad-bench workload FILE [--driver narad|narad-reqwest|nats|rabbitmq|redis] [--server URL] \
-         [--out DIR] [--duration-seconds S] [--warmup-seconds S]",
-    )?;
-    let workload = load_workload(file, args)?;
-    let driver = driver(
-        &flag(args, "--driver").unwrap_or_else(|| "narad".into()),
-        args,
-    )?;
-    let out = PathBuf::from(flag(args, "--out").unwrap_or_else(|| ".".into()));
+pub fn workload_main(args: WorkloadArgs) -> Result<(), String> {
+    let workload = load_workload(&args.file, &args.system)?;
+    let driver = driver(&args.driver, &args.system)?;
+    let out = args.out;
     std::fs::create_dir_all(&out).map_err(|e| format!("creating {}: {e}", out.display()))?;
     let result = omb::run(&driver, &workload)?;
     let path = write_result(&out, &workload, &result, 1)?;
@@ -131,44 +182,21 @@ pub fn workload_main(args: &[String]) -> Result<(), String> {
 }
 
 /// `narad-bench compare WORKLOAD... [--peers a,b] [--rounds N] [--out DIR]`.
-pub fn compare_main(args: &[String]) -> Result<(), String> {
-    let files: Vec<&String> = args
-        .iter()
-        .skip(1)
-        .take_while(|a| !a.starts_with("--"))
-        .collect();
-    if files.is_empty() {
-        return Err(
-            "usage: narad-bench compare WORKLOAD.yaml... [--server URL] \
-             [--peers nats,rabbitmq,redis] [--rounds N] [--out DIR] [--duration-seconds S] \
-             [--warmup-seconds S]"
-                .into(),
-        );
-    }
-    let out = PathBuf::from(flag(args, "--out").unwrap_or_else(|| "compare-results".into()));
-    std::fs::create_dir_all(&out).map_err(|e| format!("creating {}: {e}", out.display()))?;
-    let rounds: usize = flag(args, "--rounds")
-        .map_or(Ok(1), |r| r.parse())
-        .map_err(|_| "--rounds: not a number".to_string())?;
-    let wanted: Vec<String> = flag(args, "--peers").map_or_else(
-        || PEERS.iter().map(|p| (*p).to_string()).collect(),
-        |list| {
-            list.split(',')
-                .filter(|p| !p.is_empty())
-                .map(str::to_string)
-                .collect()
-        },
-    );
-    let mut systems: Vec<Arc<dyn Driver>> = vec![driver("narad", args)?];
-    for peer in &wanted {
-        match driver(peer, args) {
+pub fn compare_main(args: CompareArgs) -> Result<(), String> {
+    let out = &args.out;
+    std::fs::create_dir_all(out).map_err(|e| format!("creating {}: {e}", out.display()))?;
+    let rounds = args.rounds;
+    let system = &args.system;
+    let mut systems: Vec<Arc<dyn Driver>> = vec![driver("narad", system)?];
+    for peer in args.peers.iter().filter(|p| !p.is_empty()) {
+        match driver(peer, system) {
             Ok(driver) => systems.push(driver),
             Err(why) => eprintln!("compare: {peer} skipped: {why}"),
         }
     }
     let mut report = String::new();
-    for file in files {
-        let workload = load_workload(file, args)?;
+    for file in &args.workloads {
+        let workload = load_workload(file, system)?;
         // Taking turns: each round runs every system once, Narad first.
         let mut results: Vec<Vec<Value>> = vec![Vec::new(); systems.len()];
         for round in 1..=rounds {
@@ -180,7 +208,7 @@ pub fn compare_main(args: &[String]) -> Result<(), String> {
                 );
                 match omb::run(system, &workload) {
                     Ok(result) => {
-                        write_result(&out, &workload, &result, round)?;
+                        write_result(out, &workload, &result, round)?;
                         results[i].push(result);
                     }
                     Err(error) => eprintln!("compare: {} failed: {error}", system.name()),

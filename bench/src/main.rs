@@ -1,3 +1,7 @@
+//! `narad-bench`: Narad's benchmarks, one subcommand each. `narad-bench
+//! --help` lists the subcommands and `narad-bench SUB --help` every flag of
+//! one with its default; unknown flags are refused.
+//!
 //! `narad-bench wal [--dir DIR] [--seconds S]`: the ingress WAL's group commit
 //! at 1, 16, 64 and 256 concurrent appenders of 1 KiB records, beside the
 //! disk's raw limits measured in the same run.
@@ -8,11 +12,13 @@
 //! keep-alive connections (`--json`: messages are JSON orders, for a topic
 //! with a schema; `--authorization`: sent with every request).
 //!
-//! `narad-bench latency --server URL --topic T [--rate 100] [--messages 1000]`:
-//! produce → consumable latency at a light fixed rate.
+//! `narad-bench latency --server URL --topic T [--rate 100] [--messages 1000]
+//! [--producers 1] [--consume-topic T]`: produce → consumable latency at a
+//! light fixed rate.
 //!
-//! `narad-bench drain --server URL --topic T [--messages N] [--consumers C]`:
-//! consume + ack throughput (long polls of 100, batch acks).
+//! `narad-bench drain --server URL --topic T [--messages N] [--consumers C]
+//! [--message-bytes N]`: consume + ack throughput (long polls of 100, batch
+//! acks).
 //!
 //! `narad-bench workload FILE [--driver NAME] [--server URL] [--out DIR]`: an
 //! OpenMessaging Benchmark workload file on one system, open loop at its
@@ -21,7 +27,10 @@
 //! `narad-bench compare WORKLOAD... [--peers nats,rabbitmq,redis] [--rounds N]
 //! [--out DIR]`: the same workloads on Narad and every peer that answers
 //! (peers need `--features peers` and `bench/peers.sh start`), taking turns;
-//! a ratio table, result files and SVG charts (see `compare.rs`).
+//! a ratio table, result files and SVG charts (see `compare.rs`). `workload`
+//! and `compare` also take `--duration-seconds S` / `--warmup-seconds S`
+//! (shorter runs) and the peers' addresses (`--nats`, `--rabbitmq`,
+//! `--redis`).
 //!
 //! `narad-bench ceiling [--listen ADDR] [--dir DIR] [--shards N]`: the bare
 //! endpoint the broker's produce is compared with (202 after a group-committed
@@ -49,6 +58,7 @@ use std::path::PathBuf;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
+use clap::{Args, Parser, Subcommand};
 use glommio::io::{DmaFile, OpenOptions};
 use glommio::LocalExecutorBuilder;
 use hdrhistogram::Histogram;
@@ -63,34 +73,153 @@ const RAW_LARGE_WRITES: usize = 200;
 const RAW_SEQUENTIAL_BYTES: usize = 256 * 1024 * 1024;
 const IO_MEMORY_BYTES: usize = 16 * 1024 * 1024;
 
-struct Args {
+/// The node `produce`, `latency`, `drain`, `workload` and `compare` load
+/// when `--server` does not say.
+pub(crate) const DEFAULT_SERVER: &str = "http://127.0.0.1:8080";
+
+/// Where `wal` and `ceiling` keep their files when `--dir` does not say.
+const DEFAULT_DIR: &str = "./narad-bench-data";
+
+/// Benchmarks for Narad: the storage engine against the raw disk, HTTP load
+/// on a running node, OpenMessaging Benchmark workloads, and the same
+/// workloads on peer brokers for a side-by-side comparison.
+#[derive(Parser, Debug)]
+#[command(name = "narad-bench", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Group commit of the ingress WAL at 1, 16, 64 and 256 concurrent
+    /// appenders of 1 KiB records, next to the disk's raw write limits.
+    Wal(WalArgs),
+    /// Closed-loop produce load on a node over keep-alive connections, at
+    /// each connection count in turn.
+    Produce(ProduceArgs),
+    /// Latency from produce until the message can be consumed, at a light
+    /// fixed rate.
+    Latency(LatencyArgs),
+    /// Consume and ack throughput: fills a topic, then drains it with long
+    /// polls of 100 and batch acks.
+    Drain(DrainArgs),
+    /// Runs an OpenMessaging Benchmark workload file on one system and
+    /// writes an OMB-style result file.
+    Workload(compare::WorkloadArgs),
+    /// Runs workload files on Narad and each peer broker that answers,
+    /// taking turns; writes result files, a ratio table and SVG charts.
+    Compare(compare::CompareArgs),
+    /// Serves the bare produce endpoint the broker is measured against: 202
+    /// once a group-committed fdatasync covers the request.
+    Ceiling(CeilingArgs),
+}
+
+#[derive(Args, Debug)]
+struct WalArgs {
+    /// Directory for the WAL ring and the raw-disk test file (use the disk
+    /// you want measured).
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_DIR)]
     dir: PathBuf,
+    /// Seconds each appender count runs.
+    #[arg(long, value_name = "S", default_value_t = 5)]
     seconds: u64,
 }
 
-fn parse_args() -> Result<Args, String> {
-    let mut args = std::env::args().skip(1);
-    match args.next().as_deref() {
-        Some("wal") => {}
-        other => {
-            return Err(format!(
-                "usage: narad-bench wal [--dir DIR] [--seconds S] (got {other:?})"
-            ))
-        }
-    }
-    let mut parsed = Args {
-        dir: PathBuf::from("./narad-bench-data"),
-        seconds: 5,
-    };
-    while let Some(flag) = args.next() {
-        let value = args.next().ok_or(format!("{flag} needs a value"))?;
-        match flag.as_str() {
-            "--dir" => parsed.dir = PathBuf::from(value),
-            "--seconds" => parsed.seconds = value.parse().map_err(|e| format!("--seconds: {e}"))?,
-            _ => return Err(format!("unknown flag {flag}")),
-        }
-    }
-    Ok(parsed)
+/// The node and topic a load subcommand works on.
+#[derive(Args, Debug)]
+struct TopicArgs {
+    /// Base URL of the Narad node.
+    #[arg(long, value_name = "URL", default_value = DEFAULT_SERVER)]
+    server: String,
+    /// The topic to use; it must already exist.
+    #[arg(long, value_name = "TOPIC")]
+    topic: String,
+}
+
+#[derive(Args, Debug)]
+struct ProduceArgs {
+    #[command(flatten)]
+    target: TopicArgs,
+    /// Comma-separated connection counts, each measured in its own run.
+    #[arg(
+        long,
+        value_name = "LIST",
+        value_delimiter = ',',
+        default_value = "1,16,64,256",
+        value_parser = trimmed_count
+    )]
+    connections: Vec<usize>,
+    /// Seconds each connection count runs.
+    #[arg(long, value_name = "S", default_value_t = 5)]
+    seconds: u64,
+    /// Approximate size of each message in bytes.
+    #[arg(long, value_name = "N", default_value_t = 1024)]
+    message_bytes: usize,
+    /// Messages per batch request; 0 sends each message in its own request.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    batch: usize,
+    /// Send JSON orders (the shape of bench/schemas/order.json) instead of
+    /// filler bytes, for a topic that has a schema.
+    #[arg(long)]
+    json: bool,
+    /// Value of the Authorization header sent with every request, for a
+    /// node with auth on.
+    #[arg(long, value_name = "HEADER")]
+    authorization: Option<String>,
+}
+
+#[derive(Args, Debug)]
+struct LatencyArgs {
+    #[command(flatten)]
+    target: TopicArgs,
+    /// Messages per second, across all producers.
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    rate: u64,
+    /// Messages to send and time in all.
+    #[arg(long, value_name = "N", default_value_t = 1000)]
+    messages: u64,
+    /// Producer threads sharing the rate.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    producers: u64,
+    /// Topic to consume from when it is not the one produced to (for
+    /// example a child topic fed by the produced one); defaults to --topic.
+    #[arg(long, value_name = "TOPIC")]
+    consume_topic: Option<String>,
+}
+
+#[derive(Args, Debug)]
+struct DrainArgs {
+    #[command(flatten)]
+    target: TopicArgs,
+    /// Messages to put on the topic and then drain.
+    #[arg(long, value_name = "N", default_value_t = 20_000)]
+    messages: u64,
+    /// Consumers draining the topic at once.
+    #[arg(long, value_name = "N", default_value_t = 4)]
+    consumers: usize,
+    /// Size of each message in bytes.
+    #[arg(long, value_name = "N", default_value_t = 1024)]
+    message_bytes: usize,
+}
+
+#[derive(Args, Debug)]
+struct CeilingArgs {
+    /// Address to listen on; port 0 picks a free port (the address taken is
+    /// printed).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:0")]
+    listen: String,
+    /// Directory for the WAL rings.
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_DIR)]
+    dir: PathBuf,
+    /// Shards, each with its own WAL ring and core; defaults to every core.
+    #[arg(long, value_name = "N")]
+    shards: Option<usize>,
+}
+
+/// One entry of `--connections`, spaces around it allowed.
+fn trimmed_count(text: &str) -> Result<usize, String> {
+    text.trim().parse().map_err(|e| format!("{e}"))
 }
 
 fn micros(histogram: &Histogram<u64>, quantile: f64) -> f64 {
@@ -250,12 +379,6 @@ fn print_goal(raw: &Histogram<u64>, at_256: &LevelResult) {
     );
 }
 
-fn flag(args: &[String], name: &str) -> Option<String> {
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1).cloned())
-}
-
 /// A JSON order of about `bytes` bytes: an id, a customer, line items and
 /// a note that pads it (the shape bench/schemas/order.json describes).
 fn json_message(bytes: usize) -> String {
@@ -276,36 +399,23 @@ fn json_message(bytes: usize) -> String {
     format!("{head}{}\"}}", "n".repeat(pad))
 }
 
-fn produce_main(args: &[String]) -> Result<(), String> {
-    let server = flag(args, "--server").unwrap_or_else(|| "http://127.0.0.1:8080".into());
+fn produce_main(args: ProduceArgs) -> Result<(), String> {
+    let server = &args.target.server;
     let addr = server
         .strip_prefix("http://")
-        .unwrap_or(&server)
+        .unwrap_or(server)
         .trim_end_matches('/')
         .to_string();
-    let topic = flag(args, "--topic").ok_or("--topic is required")?;
-    let seconds: u64 = flag(args, "--seconds")
-        .map_or(Ok(5), |s| s.parse())
-        .map_err(|e| format!("--seconds: {e}"))?;
-    let message_bytes: usize = flag(args, "--message-bytes")
-        .map_or(Ok(1024), |s| s.parse())
-        .map_err(|e| format!("--message-bytes: {e}"))?;
-    let batch: usize = flag(args, "--batch")
-        .map_or(Ok(0), |s| s.parse())
-        .map_err(|e| format!("--batch: {e}"))?;
-    let levels: Vec<usize> = flag(args, "--connections")
-        .unwrap_or_else(|| "1,16,64,256".into())
-        .split(',')
-        .map(|c| c.trim().parse().map_err(|e| format!("--connections: {e}")))
-        .collect::<Result<_, _>>()?;
+    let topic = &args.target.topic;
+    let (seconds, batch) = (args.seconds, args.batch);
     // `--json`: each message is a JSON order of about `--message-bytes`
     // (for topics with a schema); else that many bytes of `x`.
-    let value = if args.iter().any(|a| a == "--json") {
-        json_message(message_bytes)
+    let value = if args.json {
+        json_message(args.message_bytes)
     } else {
-        "x".repeat(message_bytes)
+        "x".repeat(args.message_bytes)
     };
-    let authorization = flag(args, "--authorization");
+    let authorization = args.authorization;
     let (path, body, per_request) = if batch == 0 {
         (
             format!("/v1/topics/{topic}/messages"),
@@ -322,7 +432,7 @@ fn produce_main(args: &[String]) -> Result<(), String> {
             batch,
         )
     };
-    for connections in levels {
+    for connections in args.connections {
         let config = http_load::LoadConfig {
             addr: addr.clone(),
             path: path.clone(),
@@ -348,20 +458,16 @@ fn produce_main(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-/// `narad-bench drain --server URL --topic T [--messages 20000] [--consumers 4] [--message-bytes 1024]`
-fn drain_main(args: &[String]) -> Result<(), String> {
-    let server = flag(args, "--server").unwrap_or_else(|| "http://127.0.0.1:8080".into());
-    let topic = flag(args, "--topic").ok_or("--topic is required")?;
-    let messages: u64 = flag(args, "--messages")
-        .map_or(Ok(20_000), |s| s.parse())
-        .map_err(|e| format!("--messages: {e}"))?;
-    let consumers: usize = flag(args, "--consumers")
-        .map_or(Ok(4), |s| s.parse())
-        .map_err(|e| format!("--consumers: {e}"))?;
-    let bytes: usize = flag(args, "--message-bytes")
-        .map_or(Ok(1024), |s| s.parse())
-        .map_err(|e| format!("--message-bytes: {e}"))?;
-    let result = drain::run(&server, &topic, messages, consumers, bytes)?;
+/// `narad-bench drain`: fills the topic, then drains it.
+fn drain_main(args: DrainArgs) -> Result<(), String> {
+    let consumers = args.consumers;
+    let result = drain::run(
+        &args.target.server,
+        &args.target.topic,
+        args.messages,
+        consumers,
+        args.message_bytes,
+    )?;
     println!(
         "consume + ack, {consumers} consumers, batches of 100: {} messages in {:.2} s = {:.0} msg/s",
         result.messages,
@@ -371,27 +477,18 @@ fn drain_main(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-/// `narad-bench latency --server URL --topic T [--rate 100] [--messages 1000]`
-fn latency_main(args: &[String]) -> Result<(), String> {
-    let server = flag(args, "--server").unwrap_or_else(|| "http://127.0.0.1:8080".into());
-    let topic = flag(args, "--topic").ok_or("--topic is required")?;
-    let rate: u64 = flag(args, "--rate")
-        .map_or(Ok(100), |s| s.parse())
-        .map_err(|e| format!("--rate: {e}"))?;
-    let messages: u64 = flag(args, "--messages")
-        .map_or(Ok(1000), |s| s.parse())
-        .map_err(|e| format!("--messages: {e}"))?;
-    let producers: u64 = flag(args, "--producers")
-        .map_or(Ok(1), |s| s.parse())
-        .map_err(|e| format!("--producers: {e}"))?;
-    let consume_topic = flag(args, "--consume-topic").unwrap_or_else(|| topic.clone());
+/// `narad-bench latency`: produce → consumable at a fixed rate.
+fn latency_main(args: LatencyArgs) -> Result<(), String> {
+    let topic = &args.target.topic;
+    let rate = args.rate;
+    let consume_topic = args.consume_topic.as_ref().unwrap_or(topic);
     let histogram = latency::run(&latency::Plan {
-        server: &server,
-        topic: &topic,
-        consume_topic: &consume_topic,
+        server: &args.target.server,
+        topic,
+        consume_topic,
         rate_per_second: rate,
-        messages,
-        producers,
+        messages: args.messages,
+        producers: args.producers,
     })?;
     println!(
         "produce ({topic}) -> consumable ({consume_topic}) at {rate} msg/s: {} messages  p50 {} us  p99 {} us  p999 {} us  max {} us",
@@ -404,43 +501,17 @@ fn latency_main(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-fn main() {
-    let all: Vec<String> = std::env::args().skip(1).collect();
-    let mode_result = match all.first().map(String::as_str) {
-        Some("produce") => Some(produce_main(&all)),
-        Some("workload") => Some(compare::workload_main(&all)),
-        Some("compare") => Some(compare::compare_main(&all)),
-        Some("latency") => Some(latency_main(&all)),
-        Some("drain") => Some(drain_main(&all)),
-        Some("ceiling") => {
-            let listen = flag(&all, "--listen").unwrap_or_else(|| "127.0.0.1:0".into());
-            let dir =
-                PathBuf::from(flag(&all, "--dir").unwrap_or_else(|| "./narad-bench-data".into()));
-            let shards = flag(&all, "--shards")
-                .map(|s| s.parse::<usize>())
-                .transpose()
-                .map_err(|e| format!("--shards: {e}"));
-            Some(shards.and_then(|shards| {
-                let cpus = std::thread::available_parallelism().map_or(1, usize::from);
-                ceiling::run(&listen, &dir, shards.unwrap_or(cpus))
-            }))
-        }
-        _ => None,
-    };
-    if let Some(result) = mode_result {
-        if let Err(message) = result {
-            eprintln!("narad-bench: {message}");
-            std::process::exit(1);
-        }
-        return;
-    }
-    let args = match parse_args() {
-        Ok(args) => args,
-        Err(message) => {
-            eprintln!("{message}");
-            std::process::exit(2);
-        }
-    };
+/// `narad-bench ceiling`: serves until killed.
+fn ceiling_main(args: CeilingArgs) -> Result<(), String> {
+    let shards = args
+        .shards
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from));
+    ceiling::run(&args.listen, &args.dir, shards)
+}
+
+/// `narad-bench wal`: the raw disk's limits, then the WAL at each appender
+/// count.
+fn wal_main(args: WalArgs) {
     let data_dir = args.dir.clone();
     let executor = LocalExecutorBuilder::default()
         .io_memory(IO_MEMORY_BYTES)
@@ -488,4 +559,123 @@ fn main() {
         wal.close();
     });
     std::fs::remove_dir_all(data_dir.join("wal")).ok();
+}
+
+fn main() {
+    let result = match Cli::parse().command {
+        Command::Wal(args) => {
+            wal_main(args);
+            Ok(())
+        }
+        Command::Produce(args) => produce_main(args),
+        Command::Latency(args) => latency_main(args),
+        Command::Drain(args) => drain_main(args),
+        Command::Workload(args) => compare::workload_main(args),
+        Command::Compare(args) => compare::compare_main(args),
+        Command::Ceiling(args) => ceiling_main(args),
+    };
+    if let Err(message) = result {
+        eprintln!("narad-bench: {message}");
+        std::process::exit(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use clap::error::ErrorKind;
+    use clap::{CommandFactory, Parser};
+
+    use super::{Cli, Command};
+
+    #[test]
+    fn the_command_line_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn unknown_flags_are_refused() {
+        let error = Cli::try_parse_from(["narad-bench", "produce", "--topic", "t", "--bogus", "1"])
+            .unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::UnknownArgument);
+        let error = Cli::try_parse_from(["narad-bench", "wal", "--second", "3"]).unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::UnknownArgument);
+    }
+
+    #[test]
+    fn compare_takes_several_workloads_and_a_peer_list() {
+        let cli = Cli::try_parse_from([
+            "narad-bench",
+            "compare",
+            "a.yaml",
+            "b.yaml",
+            "--peers",
+            "nats,redis",
+            "--rounds",
+            "3",
+            "--duration-seconds",
+            "60",
+        ])
+        .unwrap();
+        let Command::Compare(args) = cli.command else {
+            panic!("not compare: {cli:?}");
+        };
+        assert_eq!(
+            args.workloads,
+            [PathBuf::from("a.yaml"), PathBuf::from("b.yaml")]
+        );
+        assert_eq!(args.peers, ["nats", "redis"]);
+        assert_eq!(args.rounds, 3);
+        assert_eq!(args.out, PathBuf::from("compare-results"));
+        assert_eq!(args.system.server, "http://127.0.0.1:8080");
+        assert_eq!(args.system.duration_seconds, Some(60.0));
+        assert_eq!(args.system.warmup_seconds, None);
+        assert_eq!(args.system.nats, "127.0.0.1:14222");
+    }
+
+    #[test]
+    fn compare_defaults_to_every_peer_and_needs_a_workload() {
+        let cli = Cli::try_parse_from(["narad-bench", "compare", "a.yaml"]).unwrap();
+        let Command::Compare(args) = cli.command else {
+            panic!("not compare: {cli:?}");
+        };
+        assert_eq!(args.peers, ["nats", "rabbitmq", "redis"]);
+        let error = Cli::try_parse_from(["narad-bench", "compare", "--rounds", "2"]).unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::MissingRequiredArgument);
+    }
+
+    #[test]
+    fn defaults_are_the_ones_the_scripts_rely_on() {
+        let cli = Cli::try_parse_from(["narad-bench", "produce", "--topic", "t"]).unwrap();
+        let Command::Produce(args) = cli.command else {
+            panic!("not produce: {cli:?}");
+        };
+        assert_eq!(args.connections, [1, 16, 64, 256]);
+        assert_eq!((args.seconds, args.message_bytes, args.batch), (5, 1024, 0));
+        assert!(!args.json && args.authorization.is_none());
+        let cli = Cli::try_parse_from([
+            "narad-bench",
+            "produce",
+            "--topic",
+            "t",
+            "--connections",
+            "64, 8",
+        ])
+        .unwrap();
+        let Command::Produce(args) = cli.command else {
+            panic!("not produce: {cli:?}");
+        };
+        assert_eq!(args.connections, [64, 8]);
+        let error = Cli::try_parse_from(["narad-bench", "latency"]).unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::MissingRequiredArgument);
+        let cli = Cli::try_parse_from(["narad-bench", "wal"]).unwrap();
+        let Command::Wal(args) = cli.command else {
+            panic!("not wal: {cli:?}");
+        };
+        assert_eq!(
+            (args.dir, args.seconds),
+            (PathBuf::from("./narad-bench-data"), 5)
+        );
+    }
 }

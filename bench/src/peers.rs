@@ -25,12 +25,10 @@ use std::time::Duration;
 use futures::StreamExt;
 use serde_json::Value;
 
+use crate::compare::SystemArgs;
 use crate::driver::{Consumer, Driver, Producer};
 
-const NATS_URL: &str = "127.0.0.1:14222";
 const NATS_MONITOR: &str = "127.0.0.1:18222";
-const REDIS_URL: &str = "redis://127.0.0.1:16379/";
-const RABBITMQ_URL: &str = "amqp://guest:guest@127.0.0.1:15673";
 const RABBITMQ_NODE: &str = "narad-bench@localhost";
 const GROUP: &str = "bench";
 /// How long a peer keeps a delivered, unacked message before giving it to
@@ -45,24 +43,13 @@ fn text(error: impl std::fmt::Display) -> String {
     error.to_string()
 }
 
-fn flag(args: &[String], name: &str) -> Option<String> {
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1).cloned())
-}
-
-/// The driver for a peer, if its server answers.
-pub fn driver(name: &str, args: &[String]) -> Result<Arc<dyn Driver>, String> {
+/// The driver for a peer, if its server answers (at the address
+/// `--nats`, `--rabbitmq` or `--redis` gives).
+pub fn driver(name: &str, system: &SystemArgs) -> Result<Arc<dyn Driver>, String> {
     match name {
-        "nats" => Ok(Arc::new(Nats::connect(
-            &flag(args, "--nats").unwrap_or_else(|| NATS_URL.into()),
-        )?)),
-        "rabbitmq" => Ok(Arc::new(RabbitMq::connect(
-            &flag(args, "--rabbitmq").unwrap_or_else(|| RABBITMQ_URL.into()),
-        )?)),
-        "redis" => Ok(Arc::new(Redis::connect(
-            &flag(args, "--redis").unwrap_or_else(|| REDIS_URL.into()),
-        )?)),
+        "nats" => Ok(Arc::new(Nats::connect(&system.nats)?)),
+        "rabbitmq" => Ok(Arc::new(RabbitMq::connect(&system.rabbitmq)?)),
+        "redis" => Ok(Arc::new(Redis::connect(&system.redis)?)),
         other => Err(format!(
             "unknown system {other:?} (narad, nats, rabbitmq, redis)"
         )),
