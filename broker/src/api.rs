@@ -8,6 +8,7 @@
 use std::rc::Rc;
 
 mod cluster;
+pub mod openapi;
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -81,6 +82,7 @@ pub const ROUTES: &[RouteSpec] = &[
     spec("healthz", "/healthz", &[(Method::GET, Need::Open)]),
     spec("readyz", "/readyz", &[(Method::GET, Need::Open)]),
     spec("metrics", "/metrics", &[(Method::GET, Need::Open)]),
+    spec("openapi", "/v1/openapi.json", &[(Method::GET, Need::Open)]),
     spec("cluster", "/v1/cluster", &[(Method::GET, Need::Anyone)]),
     spec(
         "cluster_nodes",
@@ -484,6 +486,14 @@ async fn dispatch(
             None => Ok(json_response(StatusCode::OK, &json!({"status": "ready"}))),
         },
         ("metrics", _) => Ok(metrics(shard).await),
+        ("openapi", _) => {
+            let mut response = hyper::Response::new(Full::new(openapi::document_json()?));
+            response.headers_mut().insert(
+                hyper::header::CONTENT_TYPE,
+                hyper::header::HeaderValue::from_static("application/json"),
+            );
+            Ok(response)
+        }
         ("cluster", _) => Ok(json_response(StatusCode::OK, &cluster_json(shard))),
         ("cluster_nodes", _) => {
             let (id, addr) = cluster::parse_admit(&body)?;
@@ -603,9 +613,13 @@ async fn dispatch(
                 shard.delete_child(parent, child).await?;
                 return Ok(empty_response(StatusCode::NO_CONTENT));
             }
+            // A missing parent is 404 whatever the body holds.
+            shard.topic(parent)?;
             put_child(shard, parent, child, &body, user.as_deref()).await
         }
         ("redrive", Some(dlq)) if method == Method::POST => {
+            // A missing topic is 404 whatever the body holds.
+            shard.topic(dlq)?;
             let request = RedriveRequest::parse(&body)?;
             validate_topic_name(&request.to).map_err(|e| {
                 ApiError::new(ErrorCode::InvalidRequest, format!("to: {}", e.message))
@@ -816,7 +830,15 @@ struct PasswordBody {
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct GrantsBody {
-    grants: Vec<Grant>,
+    grants: Vec<GrantBody>,
+}
+
+/// One grant as a request writes it: no other field.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GrantBody {
+    topic: String,
+    actions: Vec<Action>,
 }
 
 fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8], shape: &str) -> Result<T, ApiError> {
@@ -866,6 +888,13 @@ async fn grants(
             body,
             r#"{"grants": [{"topic": "...", "actions": ["produce" | "consume" | "admin" | "cluster"]}]}"#,
         )?;
+        let grants: Vec<Grant> = grants
+            .into_iter()
+            .map(|g| Grant {
+                topic: g.topic,
+                actions: g.actions,
+            })
+            .collect();
         validate_grants(&grants)?;
         if !shard.state().state.users.contains_key(name) {
             return Err(no_such("user", name));
@@ -1324,14 +1353,14 @@ mod tests {
     }
 
     #[test]
-    fn every_route_has_one_label_and_only_health_and_metrics_are_open() {
+    fn every_route_has_one_label_and_only_health_metrics_and_the_api_document_are_open() {
         let mut labels = std::collections::HashSet::new();
         for spec in ROUTES {
             assert!(labels.insert(spec.label), "{} twice", spec.label);
             let open = spec.methods.iter().any(|(_, need)| *need == Need::Open);
             assert_eq!(
                 open,
-                matches!(spec.label, "healthz" | "readyz" | "metrics"),
+                matches!(spec.label, "healthz" | "readyz" | "metrics" | "openapi"),
                 "{}",
                 spec.label
             );

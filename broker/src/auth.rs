@@ -253,7 +253,12 @@ pub fn validate_grants(grants: &[Grant]) -> Result<(), ApiError> {
     let invalid = |message: String| ApiError::new(ErrorCode::InvalidRequest, message);
     for (index, grant) in grants.iter().enumerate() {
         let name = grant.topic.strip_suffix('*').unwrap_or(&grant.topic);
-        let pattern_ok = name.is_empty() || narad_net::names::is_valid_topic_name(name);
+        // Empty only in `*` (every topic): an empty pattern covers nothing.
+        let pattern_ok = if name.is_empty() {
+            grant.topic == "*"
+        } else {
+            narad_net::names::is_valid_topic_name(name)
+        };
         if !pattern_ok || name.contains('*') {
             return Err(invalid(format!(
                 "grants[{index}].topic {:?} must be a topic name, a prefix ending in '*', or '*'",

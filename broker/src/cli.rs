@@ -786,10 +786,12 @@ pub fn settle(args: &ClientArgs, topic: &str, receipt: &str, how: Settle) -> Res
         Settle::Nack { delay_ms } => (
             "nack",
             json!({ "receipt": receipt, "delay_ms": delay_ms }),
+            // A message on its last allowed delivery goes to the dead-letter
+            // topic instead, whatever the delay.
             if delay_ms == 0 {
-                "nacked: delivered again".to_string()
+                "nacked".to_string()
             } else {
-                format!("nacked: delivered again in {delay_ms} ms")
+                format!("nacked (delay {delay_ms} ms)")
             },
         ),
         Settle::Extend {

@@ -243,6 +243,10 @@ pub const MOVE_RETRY_BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// Moves one plan may hold.
 pub const MOVES_PER_PLAN_MAX: usize = 10_000;
 
+/// Connections the kernel queues for a shard's client listener before the
+/// shard accepts them.
+pub const CLIENT_LISTEN_BACKLOG: i32 = 1024;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -28,6 +28,12 @@ pub fn check_document(body: &[u8]) -> Result<String, ApiError> {
             format!("a schema document may hold at most {SCHEMA_DOCUMENT_BYTES_MAX} bytes"),
         ));
     }
+    // An empty body counts as `{}`, as for every JSON body of the API.
+    let body: &[u8] = if body.iter().all(u8::is_ascii_whitespace) {
+        b"{}"
+    } else {
+        body
+    };
     let document: Value = serde_json::from_slice(body)
         .map_err(|e| invalid(format!("the schema is not valid JSON: {e}")))?;
     if !document.is_object() && !document.is_boolean() {

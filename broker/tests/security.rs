@@ -97,7 +97,7 @@ fn start_secured(dir: &std::path::Path) -> Node {
 /// fails the sweep.
 fn documented_need(label: &str, method: &Method) -> Need {
     match (label, method.as_str()) {
-        ("healthz" | "readyz" | "metrics", _) => Need::Open,
+        ("healthz" | "readyz" | "metrics" | "openapi", _) => Need::Open,
         ("cluster" | "topics" | "schemas", _) | ("schema" | "moves", "GET") => Need::Anyone,
         ("moves", "POST") => Need::Cluster,
         ("cluster_nodes" | "cluster_node" | "decommission" | "rebalance", _) => Need::Cluster,
@@ -134,7 +134,11 @@ fn fixture(
         ("cluster_nodes", _) => json!({"id": 1, "addr": "127.0.0.1:1"}),
         ("moves", "POST") => json!({"topic": "orders", "partition": 0, "to": 1}),
         ("cluster_node" | "decommission" | "rebalance" | "moves", _) => json!({}),
-        ("healthz" | "readyz" | "metrics" | "cluster" | "topics" | "schemas" | "users", _)
+        (
+            "healthz" | "readyz" | "metrics" | "openapi" | "cluster" | "topics" | "schemas"
+            | "users",
+            _,
+        )
         | ("topic" | "schema" | "user_grants" | "children" | "child", "GET" | "DELETE")
         | ("user", "DELETE")
         | ("user_tokens" | "user_token", _) => json!({}),

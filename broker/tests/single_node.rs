@@ -405,6 +405,62 @@ fn bad_input_gets_the_right_code_and_the_node_keeps_serving() {
         400,
         "unknown_field",
     );
+    // What an API fuzzer (schemathesis) found.
+    let (status, _) = node.json(
+        "PUT",
+        "/v1/users/ann",
+        json!({"password": "a long enough password"}),
+    );
+    assert_eq!(status, 201);
+    expect(
+        code(node.json(
+            "PUT",
+            "/v1/users/ann/grants",
+            json!({"grants": [{"topic": "", "actions": ["admin"]}]}),
+        )),
+        400,
+        "invalid_request",
+    );
+    expect(
+        code(node.json(
+            "PUT",
+            "/v1/users/ann/grants",
+            json!({"grants": [{"topic": "a", "actions": ["produce"], "colour": 1}]}),
+        )),
+        400,
+        "unknown_field",
+    );
+    expect(
+        code(node.json(
+            "POST",
+            "/v1/cluster/moves",
+            json!({"topic": "a", "partition": 0, "to": 1, "colour": 1}),
+        )),
+        400,
+        "unknown_field",
+    );
+    expect(
+        code(node.json("POST", "/v1/topics/nope/redrive", json!({}))),
+        404,
+        "topic_not_found",
+    );
+    expect(
+        code(node.json("PUT", "/v1/topics/nope/children/x", json!({}))),
+        404,
+        "topic_not_found",
+    );
+    for name in [".", ".."] {
+        let (status, _, body) =
+            raw_request(&node.addr, "PUT", &format!("/v1/topics/{name}"), &[], b"{}");
+        let answer: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        assert_eq!(
+            (status, answer["error"]["code"].as_str()),
+            (400, Some("invalid_topic_name")),
+            "{name}"
+        );
+    }
+    let (status, _) = node.request("PUT", "/v1/schemas/anything", b"");
+    assert_eq!(status, 201, "an empty body is the empty schema, as {{}} is");
     let batch = json!({"messages": [{"value": "ok"}, {"value": "x", "value_base64": "eA=="}]});
     let (status, answer) = node.json("POST", "/v1/topics/b/messages/batch", batch);
     assert_eq!(status, 400);
@@ -886,6 +942,52 @@ fn the_cli_produces_lines_follows_a_topic_settles_receipts_and_names_the_server(
     );
     let (ok, out, _) = narad(&node, &["man"], None);
     assert!(ok && out.contains(".TH narad 1") && out.contains("produce"));
+}
+
+#[test]
+fn a_node_stopped_with_clients_connected_starts_again_at_once_on_its_port() {
+    use std::io::{Read as _, Write as _};
+    let tmp = tempfile::tempdir().expect("tmp");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut node = Node::start(&tmp.path().join("n"), &["--listen", &listen]);
+    // Keep-alive clients that stay connected: the node closes their
+    // connections at its stop, and those sockets linger in TIME-WAIT.
+    let mut clients: Vec<std::net::TcpStream> = (0..4)
+        .map(|_| {
+            let mut stream = std::net::TcpStream::connect(&listen).expect("connect");
+            stream
+                .write_all(b"GET /healthz HTTP/1.1\r\nHost: n\r\n\r\n")
+                .expect("write");
+            let mut answer = [0u8; 256];
+            let read = stream.read(&mut answer).expect("an answer");
+            assert!(answer[..read].starts_with(b"HTTP/1.1 200"));
+            stream
+        })
+        .collect();
+    // A second process on the port is refused while the node listens.
+    let second = std::process::Command::new(env!("CARGO_BIN_EXE_narad"))
+        .args(["serve", "--listen", &listen, "--peer-listen", "127.0.0.1:0"])
+        .arg("--data-dir")
+        .arg(tmp.path().join("second"))
+        .output()
+        .expect("run narad");
+    assert!(!second.status.success());
+    assert!(
+        String::from_utf8_lossy(&second.stderr).contains("in use by another process"),
+        "{}",
+        String::from_utf8_lossy(&second.stderr)
+    );
+    node.terminate();
+    clients.clear();
+    // As a rolling restart does: the same port, at once.
+    node.restart();
+    assert_eq!(node.addr, listen);
+    let (status, _) = node.request("GET", "/healthz", b"");
+    assert_eq!(status, 200);
 }
 
 #[test]

@@ -5,7 +5,10 @@ use crate::error::{ApiError, ErrorCode};
 pub const TOPIC_NAME_BYTES_MAX: usize = 249;
 
 pub fn is_valid_topic_name(name: &str) -> bool {
+    // `.` and `..` would be path segments that clients fold away.
     !name.is_empty()
+        && name != "."
+        && name != ".."
         && name.len() <= TOPIC_NAME_BYTES_MAX
         && name
             .bytes()

@@ -13,12 +13,7 @@ pub(super) fn parse_admit(body: &[u8]) -> Result<(NodeId, String), ApiError> {
         id: NodeId,
         addr: String,
     }
-    let admit: Admit = serde_json::from_slice(body).map_err(|e| {
-        ApiError::new(
-            ErrorCode::InvalidRequest,
-            format!("the body must be {{\"id\": N, \"addr\": \"HOST:PORT\"}}: {e}"),
-        )
-    })?;
+    let admit: Admit = super::parse_body(body, r#"{"id": N, "addr": "HOST:PORT"}"#)?;
     if admit.id == 0 || admit.id > u64::from(u16::MAX) {
         return Err(ApiError::new(
             ErrorCode::InvalidRequest,
@@ -43,12 +38,7 @@ pub(super) fn parse_move(body: &[u8]) -> Result<(String, u32, NodeId), ApiError>
         partition: u32,
         to: NodeId,
     }
-    let request: MoveRequest = serde_json::from_slice(body).map_err(|e| {
-        ApiError::new(
-            ErrorCode::InvalidRequest,
-            format!("the body must be {{\"topic\": T, \"partition\": P, \"to\": N}}: {e}"),
-        )
-    })?;
+    let request: MoveRequest = super::parse_body(body, r#"{"topic": T, "partition": P, "to": N}"#)?;
     narad_net::names::validate_topic_name(&request.topic)?;
     Ok((request.topic, request.partition, request.to))
 }
@@ -134,7 +124,6 @@ mod tests {
             &br#"{"id": 0, "addr": "h:1"}"#[..],
             br#"{"id": 4}"#,
             br#"{"id": 4, "addr": "no-port"}"#,
-            br#"{"id": 4, "addr": "h:1", "x": 1}"#,
             b"nope",
         ] {
             assert_eq!(
@@ -142,6 +131,12 @@ mod tests {
                 ErrorCode::InvalidRequest
             );
         }
+        assert_eq!(
+            parse_admit(br#"{"id": 4, "addr": "h:1", "x": 1}"#)
+                .expect_err("refused")
+                .code,
+            ErrorCode::UnknownField
+        );
         assert_eq!(node_id(Some("3")).expect("ok"), 3);
         assert!(node_id(Some("x")).is_err() && node_id(Some("0")).is_err());
     }

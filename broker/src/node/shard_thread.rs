@@ -4,6 +4,7 @@
 
 use super::telemetry::METRICS_UPKEEP_INTERVAL;
 use super::*;
+use crate::limits::CLIENT_LISTEN_BACKLOG;
 
 pub(super) async fn run_shard(start: ShardStart) -> Result<(), String> {
     let ShardStart {
@@ -30,7 +31,7 @@ pub(super) async fn run_shard(start: ShardStart) -> Result<(), String> {
     // Connecting waits for every peer to connect too: start it first, so a
     // slow bind here never holds another shard.
     let connecting = glommio::spawn_local(ends.connect());
-    let listener = TcpListener::bind(listen).map_err(|e| format!("listening on {listen}: {e}"))?;
+    let listener = client_listener(listen).map_err(|e| format!("listening on {listen}: {e}"))?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
     let _ = startup.send(Startup::Bound(local));
     let (mesh, inbox) = connecting.await;
@@ -173,4 +174,26 @@ pub(super) fn orphan_wals(wal_dir: &Path, index: usize, shards: usize) -> Vec<Pa
         .collect();
     found.sort();
     found
+}
+
+/// A shard's client listener. Every shard binds the port (SO_REUSEPORT) and
+/// the kernel spreads connections over them; SO_REUSEADDR, which the
+/// accepted connections inherit, lets a node that restarts bind the port
+/// while the connections its predecessor closed linger in TIME-WAIT (a
+/// listening process still refuses it: see `folder::refuse_port_in_use`).
+fn client_listener(listen: SocketAddr) -> std::io::Result<TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    use std::os::fd::{FromRawFd, IntoRawFd};
+    let socket = Socket::new(
+        Domain::for_address(listen),
+        Type::STREAM,
+        Some(Protocol::TCP),
+    )?;
+    socket.set_reuse_address(true)?;
+    socket.set_reuse_port(true)?;
+    socket.bind(&listen.into())?;
+    socket.listen(CLIENT_LISTEN_BACKLOG)?;
+    // SAFETY: the descriptor is a bound, listening TCP socket that only the
+    // listener made from it owns.
+    Ok(unsafe { TcpListener::from_raw_fd(socket.into_raw_fd()) })
 }
