@@ -991,6 +991,72 @@ fn a_node_stopped_with_clients_connected_starts_again_at_once_on_its_port() {
 }
 
 #[test]
+fn a_node_whose_locked_memory_limit_is_too_low_says_so_and_exits() {
+    // As an unprivileged user (root's CAP_IPC_LOCK ignores the limit): only
+    // root can become one here.
+    if unsafe { libc_geteuid() } != 0 {
+        eprintln!("skipped: needs root to run the node as an unprivileged user");
+        return;
+    }
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path().to_path_buf();
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o777))
+        .expect("chmod");
+    // The binary where an unprivileged user can run it.
+    let binary = dir.join("narad");
+    std::fs::hard_link(env!("CARGO_BIN_EXE_narad"), &binary)
+        .or_else(|_| std::fs::copy(env!("CARGO_BIN_EXE_narad"), &binary).map(|_| ()))
+        .expect("the binary");
+    let script = format!(
+        "ulimit -l 64 && exec {} serve --data-dir {} --listen 127.0.0.1:0 --peer-listen 127.0.0.1:0 --shards 1",
+        binary.display(),
+        dir.join("data").display()
+    );
+    let mut child = std::process::Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "sh",
+            "-c",
+            &script,
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("setpriv");
+    let deadline = Instant::now() + WAIT;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break Some(status);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    if let Some(mut pipe) = child.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut pipe, &mut stderr);
+    }
+    assert!(
+        status.is_some_and(|s| !s.success()),
+        "the node exits with an error instead of hanging: {status:?} {stderr}"
+    );
+    assert!(
+        stderr.contains("RLIMIT_MEMLOCK") && stderr.contains("ulimit -l"),
+        "it names the limit and how to raise it: {stderr}"
+    );
+}
+
+extern "C" {
+    #[link_name = "geteuid"]
+    fn libc_geteuid() -> u32;
+}
+
+#[test]
 fn dead_lettering_survives_sigkill_in_one_topic_or_both_never_neither() {
     let tmp = tempfile::tempdir().expect("tmp");
     let mut node = Node::start(

@@ -115,6 +115,60 @@ enum Startup {
     Bound(SocketAddr),
     Serving,
     Failed(String),
+    /// Shard N's thread ended before the shard ran: glommio could not make
+    /// its executor (see [`ExecutorWatch`]).
+    NoExecutor(usize),
+}
+
+/// Moved into a shard thread's closure, which glommio calls once it has
+/// made the thread's executor: a closure dropped uncalled (io_uring setup
+/// or its locked memory refused) tells the main thread, which would
+/// otherwise wait for the shard forever.
+struct ExecutorWatch {
+    startup: mpsc::Sender<Startup>,
+    index: usize,
+    ran: bool,
+}
+
+impl Drop for ExecutorWatch {
+    fn drop(&mut self) {
+        if !self.ran {
+            let _ = self.startup.send(Startup::NoExecutor(self.index));
+        }
+    }
+}
+
+/// Why shard `index`'s executor could not be made, from its thread's end,
+/// with the locked-memory limit (the usual cause) and how to raise it.
+fn no_executor(index: usize, ended: glommio::Result<Result<(), String>, ()>) -> String {
+    let cause = match ended {
+        Err(error) => error.to_string(),
+        Ok(_) => "its thread ended".to_string(),
+    };
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct it is given.
+    let known = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut limit) } == 0;
+    let shown = |bytes: libc::rlim_t| {
+        if bytes == libc::RLIM_INFINITY {
+            "unlimited".to_string()
+        } else {
+            format!("{} KiB", bytes / 1024)
+        }
+    };
+    let limit = if known {
+        format!("{} (hard {})", shown(limit.rlim_cur), shown(limit.rlim_max))
+    } else {
+        "unknown".to_string()
+    };
+    format!(
+        "shard {index} could not set up io_uring: {cause}. The usual cause is the locked-memory limit \
+         (RLIMIT_MEMLOCK, now {limit}; a shard registers {} MiB of I/O memory): raise it with \
+         `ulimit -l unlimited`, or LimitMEMLOCK=infinity under systemd",
+        IO_MEMORY_BYTES >> 20
+    )
 }
 
 /// What every shard of the node shares: the stop flag and the two barriers
@@ -355,16 +409,25 @@ pub fn run(config: Config) -> Result<(), String> {
         } else {
             Placement::Unbound
         };
+        let mut watch = ExecutorWatch {
+            startup: startup.clone(),
+            index,
+            ran: false,
+        };
         let handle = LocalExecutorBuilder::new(placement)
             .name(&format!("narad-shard-{index}"))
             .io_memory(IO_MEMORY_BYTES)
-            .spawn(move || async move {
-                let startup = start.startup.clone();
-                let result = run_shard(start).await;
-                if let Err(error) = &result {
-                    let _ = startup.send(Startup::Failed(error.clone()));
+            .spawn(move || {
+                watch.ran = true;
+                drop(watch);
+                async move {
+                    let startup = start.startup.clone();
+                    let result = run_shard(start).await;
+                    if let Err(error) = &result {
+                        let _ = startup.send(Startup::Failed(error.clone()));
+                    }
+                    result
                 }
-                result
             })
             .map_err(|e| format!("starting shard {index}: {e}"))?;
         handles.push(handle);
@@ -374,6 +437,10 @@ pub fn run(config: Config) -> Result<(), String> {
             match started.recv() {
                 Ok(Startup::Bound(addr)) => listen = addr,
                 Ok(Startup::Failed(error)) => return Err(error),
+                Ok(Startup::NoExecutor(index)) => {
+                    let ended = handles.pop().map_or(Ok(Ok(())), |h| h.join());
+                    return Err(no_executor(index, ended));
+                }
                 Ok(Startup::Serving) | Err(_) => {
                     return Err("shard 0 stopped while starting".into());
                 }
@@ -388,6 +455,14 @@ pub fn run(config: Config) -> Result<(), String> {
             // A shard that failed leaves the others waiting for it: the
             // caller exits the process.
             Ok(Startup::Failed(error)) => return Err(error),
+            Ok(Startup::NoExecutor(index)) => {
+                let ended = if index < handles.len() {
+                    handles.swap_remove(index).join()
+                } else {
+                    Ok(Ok(()))
+                };
+                return Err(no_executor(index, ended));
+            }
             Err(_) => return Err("a shard stopped while starting".into()),
         }
     }
