@@ -52,6 +52,9 @@ pub enum ClientError {
     BadResponse(String),
     /// The server URL is not `http://HOST:PORT`.
     BadUrl(String),
+    /// The request cannot be written as HTTP (a header value with a line
+    /// break, a path with a space): nothing was sent.
+    BadRequest(String),
 }
 
 impl std::fmt::Display for ClientError {
@@ -61,6 +64,7 @@ impl std::fmt::Display for ClientError {
             Self::Transport(detail) => write!(f, "no answer from the server: {detail}"),
             Self::Tls(detail) => write!(f, "TLS with the server failed: {detail}"),
             Self::BadResponse(detail) => write!(f, "unexpected answer from the server: {detail}"),
+            Self::BadRequest(detail) => write!(f, "the request cannot be sent: {detail}"),
             Self::BadUrl(url) => write!(
                 f,
                 "server URL {url:?} must look like http://HOST:PORT or https://HOST:PORT"
@@ -77,7 +81,7 @@ impl ClientError {
             Self::Api { error, .. } => error.code.retry(),
             Self::Transport(_) => true,
             Self::Tls(_) => false,
-            Self::BadResponse(_) | Self::BadUrl(_) => false,
+            Self::BadResponse(_) | Self::BadUrl(_) | Self::BadRequest(_) => false,
         }
     }
 }
@@ -167,7 +171,25 @@ fn request_head(
     body_len: usize,
     headers: &[(&str, &str)],
     close: bool,
-) -> String {
+) -> Result<String, ClientError> {
+    // What the head is made of must not end a line or the head early: a
+    // key with a line break would otherwise add headers of its own.
+    let token = |text: &str| !text.is_empty() && text.bytes().all(|b| b.is_ascii_graphic());
+    if !token(method) || !token(path) {
+        return Err(ClientError::BadRequest(format!(
+            "{method:?} {path:?} is not a request line"
+        )));
+    }
+    for (name, value) in headers {
+        let value_ok = value
+            .bytes()
+            .all(|b| b == b'\t' || b == b' ' || b.is_ascii_graphic() || b >= 0x80);
+        if !token(name) || name.contains(':') || !value_ok {
+            return Err(ClientError::BadRequest(format!(
+                "header {name:?} with value {value:?}: a header holds no line break or control character"
+            )));
+        }
+    }
     let mut head =
         format!("{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: {body_len}\r\n");
     if close {
@@ -177,7 +199,7 @@ fn request_head(
         head.push_str(&format!("{name}: {value}\r\n"));
     }
     head.push_str("\r\n");
-    head
+    Ok(head)
 }
 
 /// An answer's status and body as the client's result: 2xx with a JSON (or
@@ -371,12 +393,12 @@ impl Client {
                 None => ClientError::Transport(format!("{}: {e}", self.url())),
             }
         };
-        let mut stream = self.open_stream(wait)?;
         let mut all: Vec<(&str, &str)> = headers.to_vec();
         if let Some(authorization) = &self.authorization {
             all.push(("Authorization", authorization));
         }
-        let head = request_head(method, path, &self.addr, body.len(), &all, true);
+        let head = request_head(method, path, &self.addr, body.len(), &all, true)?;
+        let mut stream = self.open_stream(wait)?;
         stream.write_all(head.as_bytes()).map_err(transport)?;
         stream.write_all(body).map_err(transport)?;
         stream.flush().map_err(transport)?;
@@ -565,7 +587,7 @@ impl Connection {
             all.push(("Authorization", authorization));
         }
         let mut bytes =
-            request_head(method, path, &self.host, body.len(), &all, false).into_bytes();
+            request_head(method, path, &self.host, body.len(), &all, false)?.into_bytes();
         bytes.extend_from_slice(body);
         let writer = self.stream.get_mut();
         writer.write_all(&bytes).map_err(transport)?;
@@ -634,6 +656,33 @@ mod tests {
         assert!(!api(ErrorCode::LeaseGone).retryable());
         assert!(!api(ErrorCode::InvalidRequest).retryable());
         assert!(ClientError::Transport("refused".into()).retryable());
+    }
+
+    #[test]
+    fn a_header_value_with_a_line_break_is_refused_before_anything_is_sent() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let addr = listener.local_addr().expect("addr");
+        let client = Client::new(&format!("http://{addr}")).unwrap_or_else(|e| panic!("{e}"));
+        for key in ["k\r\nX-Injected: 1", "k\nx", "k\0"] {
+            assert!(
+                matches!(
+                    client.produce("orders", Some(key), b"v"),
+                    Err(ClientError::BadRequest(_))
+                ),
+                "{key:?}"
+            );
+        }
+        assert!(matches!(
+            client.call("GET", "/v1/topics HTTP/1.1\r\nX: y", &[], b""),
+            Err(ClientError::BadRequest(_))
+        ));
+        assert!(
+            listener.accept().is_err(),
+            "no connection was made for a request that cannot be sent"
+        );
+        // A key of any other text goes as it is.
+        assert!(request_head("POST", "/p", "h", 0, &[("Narad-Key", "ключ 1")], true).is_ok());
     }
 
     #[test]
