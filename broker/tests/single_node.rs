@@ -1057,6 +1057,120 @@ extern "C" {
 }
 
 #[test]
+fn the_rust_client_produces_consumes_settles_and_its_consumer_extends_while_it_works() {
+    use narad_client::{
+        Client, ConsumeRequest, Consumer, ConsumerOptions, Outcome, Outgoing, Settle,
+    };
+    let tmp = tempfile::tempdir().expect("tmp");
+    let node = Node::start(&tmp.path().join("n"), &[]);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let client = Client::builder(&format!("http://{}", node.addr))
+            .build()
+            .expect("client");
+        client
+            .put_topic(
+                "jobs",
+                &json!({"partitions": 2, "visibility_timeout_ms": 1000}),
+            )
+            .await
+            .expect("topic");
+        let one = client
+            .produce("jobs", Some("k"), "first")
+            .await
+            .expect("202");
+        let batch = [
+            Outgoing::new("second"),
+            Outgoing::new(vec![0u8, 255, 1]).with_key("k"),
+        ];
+        let ids = client.produce_batch("jobs", &batch).await.expect("202");
+        assert_eq!(ids.len(), 2);
+        let request = ConsumeRequest {
+            max_messages: Some(10),
+            wait_ms: Some(2000),
+            ..ConsumeRequest::default()
+        };
+        let mut got = Vec::new();
+        let deadline = Instant::now() + WAIT;
+        while got.len() < 3 && Instant::now() < deadline {
+            got.extend(client.consume("jobs", &request).await.expect("consume"));
+        }
+        assert_eq!(got.len(), 3);
+        assert!(got.iter().any(|d| d.id == one && d.value == "first"));
+        assert!(
+            got.iter().any(|d| d.value.as_ref() == [0u8, 255, 1]),
+            "bytes survive"
+        );
+        // One ack, one nack with a delay, one extend then ack in a batch.
+        client.ack("jobs", &got[0].receipt).await.expect("ack");
+        let gone = client.ack("jobs", &got[0].receipt).await.expect_err("410");
+        assert_eq!(gone.code(), Some(narad_client::ErrorCode::LeaseGone));
+        assert!(!gone.is_retryable());
+        client
+            .nack("jobs", &got[1].receipt, Duration::from_millis(200))
+            .await
+            .expect("nack");
+        let until = client
+            .extend("jobs", &got[2].receipt, Duration::from_secs(60))
+            .await
+            .expect("extend");
+        assert!(until > got[2].lease_expires_at_ms);
+        let settled = client
+            .settle_batch("jobs", &[&got[2].receipt, &got[0].receipt], Settle::Ack)
+            .await
+            .expect("batch");
+        assert!(settled[0].result.is_ok());
+        assert!(settled[1].result.is_err(), "an acked receipt acks nothing");
+
+        // The consumer: a handler slower than the 1 s lease keeps its
+        // message (extended meanwhile), and what it says is done is acked.
+        let consumer = Consumer::new(
+            client.clone(),
+            "jobs",
+            ConsumerOptions {
+                wait: Duration::from_millis(2000),
+                visibility: Duration::from_millis(1000),
+                ..ConsumerOptions::default()
+            },
+        );
+        let mut handled = Vec::new();
+        let deadline = Instant::now() + WAIT;
+        while handled.is_empty() && Instant::now() < deadline {
+            consumer
+                .poll_once(&mut |delivery| {
+                    handled.push(delivery.value.clone());
+                    async {
+                        tokio::time::sleep(Duration::from_millis(2500)).await;
+                        Outcome::Done
+                    }
+                })
+                .await
+                .expect("poll");
+        }
+        assert_eq!(
+            handled,
+            vec![bytes_of("second")],
+            "the nacked message, once"
+        );
+        let (_, stats) = node.request("GET", "/v1/topics/jobs", b"");
+        let open: u64 = stats["partition_stats"]
+            .as_array()
+            .expect("stats")
+            .iter()
+            .map(|p| p["available"].as_u64().unwrap_or(0) + p["in_flight"].as_u64().unwrap_or(0))
+            .sum();
+        assert_eq!(open, 0, "everything was acked once: {stats}");
+    });
+}
+
+fn bytes_of(text: &str) -> bytes::Bytes {
+    bytes::Bytes::copy_from_slice(text.as_bytes())
+}
+
+#[test]
 fn dead_lettering_survives_sigkill_in_one_topic_or_both_never_neither() {
     let tmp = tempfile::tempdir().expect("tmp");
     let mut node = Node::start(

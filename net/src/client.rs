@@ -133,7 +133,7 @@ pub fn encode_segment(segment: &str) -> String {
 }
 
 /// The error code an answer without a JSON error body stands for.
-fn code_for_status(status: u16) -> ErrorCode {
+pub fn code_for_status(status: u16) -> ErrorCode {
     match status {
         400 => ErrorCode::InvalidRequest,
         401 => ErrorCode::Unauthenticated,

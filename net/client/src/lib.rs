@@ -1,0 +1,675 @@
+//! # narad-client
+//!
+//! An async client of Narad's HTTP API, on reqwest (rustls, a keep-alive
+//! connection pool, HTTP/1.1 or HTTP/2 over TLS).
+//!
+//! - [`Client`]: produce one message or a batch, consume with a lease, ack,
+//!   nack (with a delay), extend, and the batch forms of the three.
+//! - [`Consumer`]: a loop that consumes, runs a handler on each message,
+//!   extends the lease while the handler runs, and acks or nacks by the
+//!   handler's result.
+//! - Retries follow the API's status-code table: what it marks retryable
+//!   (408, 429, 500, 502, 503, and no answer at all) is sent again with
+//!   exponential backoff and full jitter; any other error is returned at
+//!   once. A retried produce may store a message twice, as the delivery
+//!   contract allows.
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), narad_client::Error> {
+//! use narad_client::{Client, Outgoing};
+//!
+//! let client = Client::builder("http://127.0.0.1:8080").build()?;
+//! let id = client.produce("orders", Some("customer-42"), "order 1").await?;
+//! let batch = [Outgoing::new("order 2"), Outgoing::new("order 3").with_key("k")];
+//! let ids = client.produce_batch("orders", &batch).await?;
+//! for delivery in client.consume("orders", &Default::default()).await? {
+//!     client.ack("orders", &delivery.receipt).await?;
+//! }
+//! # let _ = (id, ids);
+//! # Ok(())
+//! # }
+//! ```
+
+use std::future::Future;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use base64::Engine as _;
+use bytes::Bytes;
+use narad_net::client::{code_for_status, encode_segment};
+pub use narad_net::client::{RetryPolicy, REQUEST_TIMEOUT};
+pub use narad_net::tls::ClientTlsFiles;
+pub use narad_net::{ApiError, ErrorCode};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+mod consumer;
+pub use consumer::{Consumer, ConsumerOptions, Outcome};
+
+/// What can go wrong with a call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Error {
+    /// The node answered with an API error (after any retries).
+    Api { status: u16, error: ApiError },
+    /// No answer: refused, reset or timed out (after any retries).
+    Transport(String),
+    /// The client could not be made: a bad URL, unreadable TLS files.
+    Config(String),
+    /// An answer that is not what the API promises.
+    BadResponse(String),
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Api { status, error } => {
+                write!(f, "{status} {}: {}", error.code.as_str(), error.message)
+            }
+            Self::Transport(detail) => write!(f, "no answer: {detail}"),
+            Self::Config(detail) => write!(f, "client settings: {detail}"),
+            Self::BadResponse(detail) => write!(f, "unexpected answer: {detail}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl Error {
+    /// Whether the API's table says to try again.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::Api { error, .. } => error.code.retry(),
+            Self::Transport(_) => true,
+            Self::Config(_) | Self::BadResponse(_) => false,
+        }
+    }
+
+    /// The API error code, for an API error.
+    pub fn code(&self) -> Option<ErrorCode> {
+        match self {
+            Self::Api { error, .. } => Some(error.code),
+            _ => None,
+        }
+    }
+}
+
+/// Builds a [`Client`].
+#[derive(Debug, Clone)]
+pub struct ClientBuilder {
+    url: String,
+    authorization: Option<String>,
+    tls: ClientTlsFiles,
+    timeout: Duration,
+    retry: RetryPolicy,
+}
+
+impl ClientBuilder {
+    /// Sends `Authorization: Bearer TOKEN` with every request.
+    pub fn token(mut self, token: &str) -> Self {
+        self.authorization = Some(format!("Bearer {token}"));
+        self
+    }
+
+    /// Sends HTTP Basic credentials with every request.
+    pub fn password(mut self, user: &str, password: &str) -> Self {
+        let pair = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+        self.authorization = Some(format!("Basic {pair}"));
+        self
+    }
+
+    /// For `https://`: the CA that signed the node's certificate (else the
+    /// system's CA bundle), and a client certificate if the node asks for one.
+    pub fn tls(mut self, files: ClientTlsFiles) -> Self {
+        self.tls = files;
+        self
+    }
+
+    /// How long one attempt may take (a long poll's `wait_ms` comes on top).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// How calls are retried.
+    pub fn retry(mut self, retry: RetryPolicy) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    /// The client.
+    pub fn build(self) -> Result<Client, Error> {
+        let base = self.url.trim_end_matches('/').to_string();
+        let https = base.starts_with("https://");
+        let rest = base
+            .strip_prefix("http://")
+            .or_else(|| base.strip_prefix("https://"))
+            .filter(|rest| !rest.is_empty() && !rest.contains('/'))
+            .ok_or_else(|| {
+                Error::Config(format!(
+                    "server URL {:?} must look like http://HOST:PORT or https://HOST:PORT",
+                    self.url
+                ))
+            })?;
+        let _ = rest;
+        let mut http = reqwest::Client::builder()
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+            .tcp_nodelay(true);
+        if https {
+            let config = narad_net::tls::client_config(&self.tls).map_err(Error::Config)?;
+            http = http.use_preconfigured_tls((*config).clone());
+        }
+        let http = http.build().map_err(|e| Error::Config(e.to_string()))?;
+        Ok(Client {
+            http,
+            base,
+            authorization: self.authorization,
+            timeout: self.timeout,
+            retry: self.retry,
+        })
+    }
+}
+
+/// How long an idle pooled connection is kept.
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A client of one node (or of a load balancer in front of several). Cheap
+/// to clone: clones share the connection pool.
+#[derive(Debug, Clone)]
+pub struct Client {
+    http: reqwest::Client,
+    base: String,
+    authorization: Option<String>,
+    timeout: Duration,
+    retry: RetryPolicy,
+}
+
+/// A message to produce in a batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outgoing {
+    pub key: Option<String>,
+    pub value: Bytes,
+}
+
+impl Outgoing {
+    /// A message with this value and no key.
+    pub fn new(value: impl Into<Bytes>) -> Self {
+        Self {
+            key: None,
+            value: value.into(),
+        }
+    }
+
+    /// The same message with a key (one key, one partition, in order).
+    pub fn with_key(mut self, key: &str) -> Self {
+        self.key = Some(key.to_string());
+        self
+    }
+}
+
+/// What a consume asks for; `Default` is one message, no waiting, the
+/// topic's lease length, any partition.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ConsumeRequest {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_messages: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wait_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub visibility_timeout_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub partition: Option<u32>,
+}
+
+/// A delivered message, leased until `lease_expires_at_ms`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivery {
+    pub id: String,
+    pub topic: String,
+    pub partition: u32,
+    pub offset: u64,
+    pub key: Option<String>,
+    pub value: Bytes,
+    /// Settles this lease: ack, nack or extend.
+    pub receipt: String,
+    /// 1 on the first delivery (counted since the partition's owner started).
+    pub delivery_count: u32,
+    pub produced_at_ms: u64,
+    pub lease_expires_at_ms: u64,
+}
+
+/// A delivery as the API writes it.
+#[derive(Deserialize)]
+struct WireDelivery {
+    id: String,
+    topic: String,
+    partition: u32,
+    offset: u64,
+    key: Option<String>,
+    value: Option<String>,
+    value_base64: Option<String>,
+    receipt: String,
+    delivery_count: u32,
+    produced_at_ms: u64,
+    lease_expires_at_ms: u64,
+}
+
+impl TryFrom<WireDelivery> for Delivery {
+    type Error = Error;
+
+    fn try_from(wire: WireDelivery) -> Result<Self, Error> {
+        let value = match (wire.value, wire.value_base64) {
+            (Some(text), None) => Bytes::from(text),
+            (None, Some(encoded)) => base64::engine::general_purpose::STANDARD
+                .decode(encoded)
+                .map(Bytes::from)
+                .map_err(|e| Error::BadResponse(format!("value_base64: {e}")))?,
+            _ => {
+                return Err(Error::BadResponse(
+                    "a message with neither or both of value and value_base64".into(),
+                ))
+            }
+        };
+        Ok(Self {
+            id: wire.id,
+            topic: wire.topic,
+            partition: wire.partition,
+            offset: wire.offset,
+            key: wire.key,
+            value,
+            receipt: wire.receipt,
+            delivery_count: wire.delivery_count,
+            produced_at_ms: wire.produced_at_ms,
+            lease_expires_at_ms: wire.lease_expires_at_ms,
+        })
+    }
+}
+
+/// One receipt's result in a batch settle.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settled {
+    pub receipt: String,
+    /// What the single call would have answered: `Ok` or its error.
+    pub result: Result<(), ApiError>,
+}
+
+/// The three ways to settle a lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settle {
+    /// Done for good.
+    Ack,
+    /// Deliver again after the delay (or dead-letter it on its last allowed
+    /// delivery).
+    Nack { delay: Duration },
+    /// The lease ends this long from now.
+    Extend { visibility: Duration },
+}
+
+impl Settle {
+    fn route(self) -> &'static str {
+        match self {
+            Self::Ack => "ack",
+            Self::Nack { .. } => "nack",
+            Self::Extend { .. } => "extend",
+        }
+    }
+
+    fn fields(self, body: &mut serde_json::Map<String, Value>) {
+        match self {
+            Self::Ack => {}
+            Self::Nack { delay } => {
+                body.insert("delay_ms".into(), json!(millis(delay)));
+            }
+            Self::Extend { visibility } => {
+                body.insert("visibility_timeout_ms".into(), json!(millis(visibility)));
+            }
+        }
+    }
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl Client {
+    /// A builder for a client of `url` (`http://HOST:PORT` or
+    /// `https://HOST:PORT`).
+    pub fn builder(url: &str) -> ClientBuilder {
+        ClientBuilder {
+            url: url.to_string(),
+            authorization: None,
+            tls: ClientTlsFiles::default(),
+            timeout: REQUEST_TIMEOUT,
+            retry: RetryPolicy::default(),
+        }
+    }
+
+    /// `PUT /v1/topics/{topic}`: creates the topic, or changes the
+    /// settings `settings` names (see the API for them).
+    pub async fn put_topic(&self, topic: &str, settings: &Value) -> Result<Value, Error> {
+        let path = format!("/v1/topics/{}", encode_segment(topic));
+        self.call("PUT", &path, &[], body_of(settings), Duration::ZERO)
+            .await
+    }
+
+    /// Produces one message; its id once the node has it durably (`202`).
+    pub async fn produce(
+        &self,
+        topic: &str,
+        key: Option<&str>,
+        value: impl Into<Bytes>,
+    ) -> Result<String, Error> {
+        let path = format!("/v1/topics/{}/messages", encode_segment(topic));
+        let headers: Vec<(&str, &str)> = key.map(|k| vec![("Narad-Key", k)]).unwrap_or_default();
+        let answer = self
+            .call("POST", &path, &headers, value.into(), Duration::ZERO)
+            .await?;
+        answer["id"]
+            .as_str()
+            .map(str::to_string)
+            .ok_or_else(|| Error::BadResponse("a produce answer without an id".into()))
+    }
+
+    /// Produces up to 1,000 messages with one request; their ids, in order.
+    pub async fn produce_batch(
+        &self,
+        topic: &str,
+        messages: &[Outgoing],
+    ) -> Result<Vec<String>, Error> {
+        let items: Vec<Value> = messages
+            .iter()
+            .map(|m| {
+                let mut item = serde_json::Map::new();
+                if let Some(key) = &m.key {
+                    item.insert("key".into(), json!(key));
+                }
+                match std::str::from_utf8(&m.value) {
+                    Ok(text) => item.insert("value".into(), json!(text)),
+                    Err(_) => item.insert(
+                        "value_base64".into(),
+                        json!(base64::engine::general_purpose::STANDARD.encode(&m.value)),
+                    ),
+                };
+                Value::Object(item)
+            })
+            .collect();
+        let path = format!("/v1/topics/{}/messages/batch", encode_segment(topic));
+        let answer = self
+            .call(
+                "POST",
+                &path,
+                &[],
+                body_of(&json!({ "messages": items })),
+                Duration::ZERO,
+            )
+            .await?;
+        let ids: Vec<String> = answer["ids"]
+            .as_array()
+            .map(|ids| {
+                ids.iter()
+                    .filter_map(|id| id.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if ids.len() != messages.len() {
+            return Err(Error::BadResponse(format!(
+                "{} ids for {} messages",
+                ids.len(),
+                messages.len()
+            )));
+        }
+        Ok(ids)
+    }
+
+    /// Consumes (and leases) messages; empty when none came within
+    /// `wait_ms`.
+    pub async fn consume(
+        &self,
+        topic: &str,
+        request: &ConsumeRequest,
+    ) -> Result<Vec<Delivery>, Error> {
+        let path = format!("/v1/topics/{}/consume", encode_segment(topic));
+        let body = serde_json::to_value(request).map_err(|e| Error::Config(e.to_string()))?;
+        let wait = Duration::from_millis(request.wait_ms.unwrap_or(0));
+        let answer = self.call("POST", &path, &[], body_of(&body), wait).await?;
+        let messages: Vec<WireDelivery> = serde_json::from_value(answer["messages"].clone())
+            .map_err(|e| Error::BadResponse(format!("messages: {e}")))?;
+        messages.into_iter().map(Delivery::try_from).collect()
+    }
+
+    /// Acks a delivery: done for good.
+    pub async fn ack(&self, topic: &str, receipt: &str) -> Result<(), Error> {
+        self.settle(topic, receipt, Settle::Ack).await.map(|_| ())
+    }
+
+    /// Nacks a delivery: delivered again after `delay`.
+    pub async fn nack(&self, topic: &str, receipt: &str, delay: Duration) -> Result<(), Error> {
+        self.settle(topic, receipt, Settle::Nack { delay })
+            .await
+            .map(|_| ())
+    }
+
+    /// Extends a lease to `visibility` from now; when it ends then (Unix ms).
+    pub async fn extend(
+        &self,
+        topic: &str,
+        receipt: &str,
+        visibility: Duration,
+    ) -> Result<u64, Error> {
+        let answer = self
+            .settle(topic, receipt, Settle::Extend { visibility })
+            .await?;
+        answer["lease_expires_at_ms"]
+            .as_u64()
+            .ok_or_else(|| Error::BadResponse("an extend answer without its lease's end".into()))
+    }
+
+    async fn settle(&self, topic: &str, receipt: &str, how: Settle) -> Result<Value, Error> {
+        let mut body = serde_json::Map::new();
+        body.insert("receipt".into(), json!(receipt));
+        how.fields(&mut body);
+        let path = format!("/v1/topics/{}/{}", encode_segment(topic), how.route());
+        self.call(
+            "POST",
+            &path,
+            &[],
+            body_of(&Value::Object(body)),
+            Duration::ZERO,
+        )
+        .await
+    }
+
+    /// Settles up to 1,000 receipts with one request; one result per
+    /// receipt, in order.
+    pub async fn settle_batch(
+        &self,
+        topic: &str,
+        receipts: &[&str],
+        how: Settle,
+    ) -> Result<Vec<Settled>, Error> {
+        let mut body = serde_json::Map::new();
+        body.insert("receipts".into(), json!(receipts));
+        how.fields(&mut body);
+        let path = format!("/v1/topics/{}/{}/batch", encode_segment(topic), how.route());
+        let answer = self
+            .call(
+                "POST",
+                &path,
+                &[],
+                body_of(&Value::Object(body)),
+                Duration::ZERO,
+            )
+            .await?;
+        let results = answer["results"]
+            .as_array()
+            .ok_or_else(|| Error::BadResponse("a batch answer without results".into()))?;
+        Ok(results
+            .iter()
+            .map(|r| Settled {
+                receipt: r["receipt"].as_str().unwrap_or_default().to_string(),
+                result: match r["status"].as_u64() {
+                    Some(status) if status < 300 => Ok(()),
+                    status => Err(api_error(
+                        u16::try_from(status.unwrap_or(0)).unwrap_or(0),
+                        &r["error"],
+                    )),
+                },
+            })
+            .collect())
+    }
+
+    /// One request with the retry policy applied; the answer's JSON body
+    /// (`null` when empty).
+    async fn call(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Bytes,
+        wait: Duration,
+    ) -> Result<Value, Error> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match self.once(method, path, headers, body.clone(), wait).await {
+                Err(error) if error.is_retryable() && attempt < self.retry.attempts => {
+                    let exponential = self
+                        .retry
+                        .backoff_base
+                        .saturating_mul(1 << (attempt - 1).min(16));
+                    let ceiling = millis(exponential.min(self.retry.backoff_max)).max(1);
+                    tokio::time::sleep(Duration::from_millis(jitter_below(ceiling))).await;
+                }
+                result => return result,
+            }
+        }
+    }
+
+    async fn once(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Bytes,
+        wait: Duration,
+    ) -> Result<Value, Error> {
+        let method = reqwest::Method::from_bytes(method.as_bytes())
+            .map_err(|e| Error::Config(format!("method {method:?}: {e}")))?;
+        let mut request = self
+            .http
+            .request(method, format!("{}{path}", self.base))
+            .timeout(self.timeout + wait)
+            .header("Content-Type", "application/json");
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        if let Some(authorization) = &self.authorization {
+            request = request.header("Authorization", authorization);
+        }
+        // A header value reqwest cannot send (a line break) fails here,
+        // before anything is sent.
+        let request = request
+            .body(body)
+            .build()
+            .map_err(|e| Error::Config(e.to_string()))?;
+        let response = self
+            .http
+            .execute(request)
+            .await
+            .map_err(|e| Error::Transport(format!("{}: {e}", self.base)))?;
+        let status = response.status().as_u16();
+        let bytes = response
+            .bytes()
+            .await
+            .map_err(|e| Error::Transport(format!("{}: {e}", self.base)))?;
+        let json: Value = if bytes.is_empty() {
+            Value::Null
+        } else {
+            match serde_json::from_slice(&bytes) {
+                Ok(json) => json,
+                Err(_) if !(200..300).contains(&status) => Value::Null,
+                Err(e) => return Err(Error::BadResponse(format!("status {status}: {e}"))),
+            }
+        };
+        if (200..300).contains(&status) {
+            return Ok(json);
+        }
+        Err(Error::Api {
+            status,
+            error: api_error(status, &json["error"]),
+        })
+    }
+}
+
+/// The API error an error object stands for (its status decides the code
+/// when the body lacks the API's shape: a proxy's answer, say).
+fn api_error(status: u16, error: &Value) -> ApiError {
+    let code = error["code"]
+        .as_str()
+        .and_then(ErrorCode::parse)
+        .unwrap_or_else(|| code_for_status(status));
+    let message = error["message"]
+        .as_str()
+        .map_or_else(|| format!("the server answered {status}"), str::to_string);
+    ApiError::new(code, message)
+}
+
+fn body_of(value: &Value) -> Bytes {
+    Bytes::from(value.to_string())
+}
+
+/// A number below `ceiling`, spread by the clock and a counter (full
+/// jitter: retries of many clients do not fall in step).
+fn jitter_below(ceiling: u64) -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::from(d.subsec_nanos()));
+    let mixed = (nanos ^ COUNTER.fetch_add(0x9E37_79B9, Ordering::Relaxed))
+        .wrapping_mul(0x2545_F491_4F6C_DD1D);
+    mixed % ceiling.max(1)
+}
+
+/// Runs `future` with a deadline; `None` when it passed first.
+pub(crate) async fn within<T>(deadline: Duration, future: impl Future<Output = T>) -> Option<T> {
+    tokio::time::timeout(deadline, future).await.ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bad_url_is_refused_at_build() {
+        for url in ["ftp://x:1", "127.0.0.1:8080", "http://", "http://h:1/v1"] {
+            assert!(
+                matches!(Client::builder(url).build(), Err(Error::Config(_))),
+                "{url}"
+            );
+        }
+        assert!(Client::builder("http://127.0.0.1:8080/").build().is_ok());
+    }
+
+    #[test]
+    fn api_errors_keep_their_code_and_a_bare_status_gets_one() {
+        let known = api_error(
+            410,
+            &json!({"code": "lease_gone", "message": "the lease ended"}),
+        );
+        assert_eq!(known.code, ErrorCode::LeaseGone);
+        assert_eq!(known.message, "the lease ended");
+        let bare = api_error(503, &Value::Null);
+        assert!(bare.code.retry());
+        let error = Error::Api {
+            status: 410,
+            error: known,
+        };
+        assert!(!error.is_retryable());
+        assert_eq!(error.code(), Some(ErrorCode::LeaseGone));
+    }
+
+    #[test]
+    fn jitter_stays_below_its_ceiling() {
+        assert!((0..1000).all(|_| jitter_below(7) < 7));
+        assert_eq!(jitter_below(0), 0);
+    }
+}
