@@ -11,8 +11,9 @@
 # $NARAD_DEV_DIR/node-i/ (data/, narad.log, narad.pid); NARAD_DEV_DIR
 # defaults to ./narad-dev in the current folder.
 #
-# The binary: $NARAD_BIN if set, else target/release/narad, else
-# target/debug/narad of this repository. Build one with
+# The binary: $NARAD_BIN if set, else the newer of target/release/narad
+# and target/debug/narad of this repository (the one it picked is
+# printed). Build one with
 #   cargo build --release -p narad-broker --bin narad
 #
 # `stop` only signals processes whose pid file this script wrote and whose
@@ -40,6 +41,13 @@ find_binary() {
     if [[ -n ${NARAD_BIN:-} ]]; then
         [[ -x $NARAD_BIN ]] || die "NARAD_BIN=$NARAD_BIN is not an executable"
         BIN=$(cd "$(dirname "$NARAD_BIN")" && pwd)/$(basename "$NARAD_BIN")
+    elif [[ -x $REPO/target/release/narad && -x $REPO/target/debug/narad ]]; then
+        # The one built last: an old release build must not hide new code.
+        if [[ $REPO/target/debug/narad -nt $REPO/target/release/narad ]]; then
+            BIN=$REPO/target/debug/narad
+        else
+            BIN=$REPO/target/release/narad
+        fi
     elif [[ -x $REPO/target/release/narad ]]; then
         BIN=$REPO/target/release/narad
     elif [[ -x $REPO/target/debug/narad ]]; then

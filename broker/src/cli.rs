@@ -46,8 +46,9 @@ pub struct ClientArgs {
     pub cert_file: Option<String>,
     #[arg(long, env = "NARAD_KEY_FILE", global = true)]
     pub key_file: Option<String>,
-    /// Seconds one request may take before it is given up (and retried,
-    /// if its error is retryable); a long poll waits its `--wait-ms` on top.
+    /// Seconds one attempt of a request may take before it is given up
+    /// (a call makes up to 5 attempts when the error is retryable); a long
+    /// poll waits its `--wait-ms` on top.
     #[arg(
         long,
         env = "NARAD_TIMEOUT",
@@ -799,14 +800,23 @@ pub fn settle(args: &ClientArgs, topic: &str, receipt: &str, how: Settle) -> Res
         } => (
             "extend",
             json!({ "receipt": receipt, "visibility_timeout_ms": visibility_timeout_ms }),
-            format!("lease extended to {visibility_timeout_ms} ms from now"),
+            format!("lease extended: it ends {visibility_timeout_ms} ms from now"),
         ),
     };
     let path = format!("/v1/topics/{}/{route}", encode_segment(topic));
-    call(&client, "POST", &path, &body)?;
+    let answer = call(&client, "POST", &path, &body)?;
+    // The API's answer: `{}` for a 204, `{"lease_expires_at_ms"}` for extend.
+    let answer = if answer.body.is_null() {
+        json!({})
+    } else {
+        answer.body
+    };
     match args.output {
-        Output::Json => print_json(&json!({})),
-        Output::Human => println!("{said}"),
+        Output::Json => print_json(&answer),
+        Output::Human => match answer["lease_expires_at_ms"].as_u64() {
+            Some(at) => println!("{said} (at {at}, Unix ms)"),
+            None => println!("{said}"),
+        },
     }
     Ok(())
 }

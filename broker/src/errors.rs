@@ -92,7 +92,7 @@ pub fn from_owner(error: &OwnerError) -> ApiError {
     match error {
         OwnerError::LeaseGone(_) => ApiError::new(
             ErrorCode::LeaseGone,
-            "the lease already ended; the message is or will be delivered again",
+            "the lease already ended (it ran out, or the message was settled); unless it was acked, the message is or will be delivered again",
         ),
         OwnerError::Storage(storage) => from_storage(storage),
         OwnerError::Frozen => ApiError::new(

@@ -907,6 +907,24 @@ fn the_cli_produces_lines_follows_a_topic_settles_receipts_and_names_the_server(
         None,
     );
     assert!(ok && out.contains("lease extended"), "{out}{err}");
+    let (ok, out, err) = narad(
+        &node,
+        &[
+            "extend",
+            "lines",
+            &receipt,
+            "--visibility-timeout-ms",
+            "60000",
+            "--output",
+            "json",
+        ],
+        None,
+    );
+    let answer: Value = serde_json::from_str(&out).unwrap_or(Value::Null);
+    assert!(
+        ok && answer["lease_expires_at_ms"].is_u64(),
+        "the API's answer: {out}{err}"
+    );
     let (ok, out, err) = narad(&node, &["nack", "lines", &receipt], None);
     assert!(ok && out.contains("nacked"), "{out}{err}");
     let (ok, _, err) = narad(&node, &["ack", "lines", &receipt], None);

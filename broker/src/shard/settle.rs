@@ -81,7 +81,7 @@ impl<F: FileSystem> Shard<F> {
     pub(super) fn lease_gone() -> ApiError {
         ApiError::new(
             ErrorCode::LeaseGone,
-            "the lease already ended; the message is or will be delivered again",
+            "the lease already ended (it ran out, or the message was settled); unless it was acked, the message is or will be delivered again",
         )
     }
 
