@@ -130,6 +130,9 @@ pub const STOP_DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
 pub const STOP_DRAIN_POLL: Duration = Duration::from_millis(50);
 /// How long a stopping shard waits for the others at each stop barrier.
 pub const STOP_BARRIER_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a stopped shard waits for its dispatcher's last round; records
+/// the drain gave up on stay in the WAL for the next start.
+pub const STOP_DISPATCHER_WAIT: Duration = Duration::from_secs(1);
 
 // ------------------------------------------------------------ security
 

@@ -415,6 +415,38 @@ fn records_left_in_a_crashed_nodes_wal_stay_out_of_a_topic_created_again_while_i
 }
 
 #[test]
+fn a_node_stopped_while_an_owner_does_not_answer_exits_and_delivers_the_records_after_its_restart()
+{
+    let mut cluster = Cluster::start(3);
+    cluster.wait_ready(WAIT);
+    let (status, answer) =
+        cluster.nodes[0].json("PUT", "/v1/topics/stuck", json!({"partitions": 1}));
+    assert_eq!(status, 201, "{answer}");
+    let owner = cluster.owners("stuck")[0];
+    let entry = (0..3).find(|i| *i != owner).expect("another node");
+    // Accepted into the entry node's WAL while the only partition's owner
+    // does not answer: nothing can commit them before the stop.
+    cluster.nodes[owner].pause();
+    let waiting = produce_ids(&cluster.nodes[entry], "stuck", 5, "waiting");
+    // The drain gives up after its timeout; the node still exits, and
+    // gracefully (`terminate` waits for exit code 0).
+    cluster.nodes[entry].terminate();
+    cluster.nodes[owner].resume();
+    cluster.restart_node(entry, &[]);
+    cluster.wait_ready(WAIT);
+    let delivered = support::consume_all(&cluster.nodes[entry], "stuck");
+    assert!(
+        waiting.iter().all(|id| delivered.contains_key(id)),
+        "the WAL kept what was not committed: {} of {}",
+        waiting
+            .iter()
+            .filter(|id| delivered.contains_key(*id))
+            .count(),
+        waiting.len()
+    );
+}
+
+#[test]
 fn a_leader_stopped_with_sigterm_hands_over_within_a_second_and_the_others_carry_on() {
     let mut cluster = Cluster::start(3);
     assert!(eventually(WAIT, || (0..3).all(|i| cluster.ready(i))));

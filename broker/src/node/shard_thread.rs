@@ -4,7 +4,7 @@
 
 use super::telemetry::METRICS_UPKEEP_INTERVAL;
 use super::*;
-use crate::limits::CLIENT_LISTEN_BACKLOG;
+use crate::limits::{CLIENT_LISTEN_BACKLOG, STOP_DISPATCHER_WAIT};
 
 pub(super) async fn run_shard(start: ShardStart) -> Result<(), String> {
     let ShardStart {
@@ -152,7 +152,28 @@ pub(super) async fn run_shard(start: ShardStart) -> Result<(), String> {
     node.barrier(&node.drained, "dispatchers drained").await;
     shard.finish().await;
     node.barrier(&node.finished, "acks flushed").await;
-    dispatcher.await;
+    // The dispatcher ends once nothing is left to commit. When the drain
+    // gave up (an owner that does not answer, no live sibling to reroute
+    // to), it would retry forever: its records stay in the WAL, and the
+    // next start commits them.
+    let ended = futures_lite::future::or(
+        async {
+            dispatcher.await;
+            true
+        },
+        async {
+            glommio::timer::sleep(STOP_DISPATCHER_WAIT).await;
+            false
+        },
+    )
+    .await;
+    if !ended {
+        tracing::warn!(
+            shard = index,
+            records = shard.undispatched(),
+            "stopped with records not yet committed; the WAL keeps them for the next start"
+        );
+    }
     tracing::info!(shard = index, "stopped");
     Ok(())
 }

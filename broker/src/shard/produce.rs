@@ -245,7 +245,7 @@ impl<F: FileSystem> Shard<F> {
     /// for the WAL's fsync, waiting in the dispatcher, or in flight.
     /// (A failed WAL makes nothing durable again: what waits for it is not
     /// accepted and not counted.)
-    pub(super) fn undispatched(&self) -> usize {
+    pub(crate) fn undispatched(&self) -> usize {
         let awaiting = if self.wal.failure().is_some() {
             0
         } else {
