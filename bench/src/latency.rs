@@ -8,7 +8,8 @@
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use hdrhistogram::Histogram;
-use narad_net::client::Client;
+use narad_client::blocking::Client;
+use narad_client::{ConsumeRequest, Settle};
 
 fn now_micros() -> u64 {
     SystemTime::now()
@@ -29,7 +30,9 @@ pub struct Plan<'a> {
 }
 
 pub fn run(plan: &Plan<'_>) -> Result<Histogram<u64>, String> {
-    let consumer = Client::new(plan.server).map_err(|e| e.to_string())?;
+    let consumer = Client::builder(plan.server)
+        .build()
+        .map_err(|e| e.to_string())?;
     let producers = plan.producers.max(1);
     // Each producer sends every `producers`-th message on the shared schedule.
     let interval = Duration::from_micros(1_000_000 / plan.rate_per_second.max(1));
@@ -37,27 +40,32 @@ pub fn run(plan: &Plan<'_>) -> Result<Histogram<u64>, String> {
     let messages = plan.messages;
     let receiver = std::thread::spawn(move || -> Result<Histogram<u64>, String> {
         let mut histogram = Histogram::<u64>::new(3).map_err(|e| e.to_string())?;
+        let request = ConsumeRequest {
+            max_messages: Some(100),
+            wait_ms: Some(1000),
+            ..Default::default()
+        };
         let deadline = Instant::now()
             + Duration::from_secs(60)
             + interval * u32::try_from(messages).unwrap_or(u32::MAX);
         while histogram.len() < messages && Instant::now() < deadline {
             let got = consumer
-                .consume(&consume_topic, 100, 1000)
+                .consume(&consume_topic, &request)
                 .map_err(|e| e.to_string())?;
             let arrived = now_micros();
             for message in &got {
-                let sent: u64 = message["value"]
-                    .as_str()
+                let sent: u64 = std::str::from_utf8(&message.value)
+                    .ok()
                     .and_then(|v| v.parse().ok())
                     .unwrap_or(0);
                 histogram.record(arrived.saturating_sub(sent)).ok();
             }
             // One ack request per consume: the consumer keeps up at
             // thousands a second.
-            let receipts: Vec<&str> = got.iter().filter_map(|m| m["receipt"].as_str()).collect();
+            let receipts: Vec<&str> = got.iter().map(|m| m.receipt.as_str()).collect();
             if !receipts.is_empty() {
                 consumer
-                    .ack_batch(&consume_topic, &receipts)
+                    .settle_batch(&consume_topic, &receipts, Settle::Ack)
                     .map_err(|e| e.to_string())?;
             }
         }
@@ -68,14 +76,16 @@ pub fn run(plan: &Plan<'_>) -> Result<Histogram<u64>, String> {
         .map(|p| {
             let (server, topic) = (plan.server.to_string(), plan.topic.to_string());
             std::thread::spawn(move || -> Result<(), String> {
-                let producer = Client::new(&server).map_err(|e| e.to_string())?;
+                let producer = Client::builder(&server)
+                    .build()
+                    .map_err(|e| e.to_string())?;
                 for i in (p..messages).step_by(usize::try_from(producers).unwrap_or(1)) {
                     let due = started + interval * u32::try_from(i).unwrap_or(u32::MAX);
                     if let Some(wait) = due.checked_duration_since(Instant::now()) {
                         std::thread::sleep(wait);
                     }
                     producer
-                        .produce(&topic, None, now_micros().to_string().as_bytes())
+                        .produce(&topic, None, now_micros().to_string())
                         .map_err(|e| e.to_string())?;
                 }
                 Ok(())

@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use narad_net::client::encode_segment;
+use narad_client::encode_segment;
 use serde_json::{json, Value};
 use tokio::runtime::Runtime;
 

@@ -1,12 +1,16 @@
-//! The client subcommands of `narad`: topics, produce and consume over the
-//! `narad-net` client. Human-readable tables by default, the API's JSON with
+//! The client subcommands of `narad`: topics, produce and consume over
+//! `narad-client` (its blocking form). Human-readable tables by default, the API's JSON with
 //! `--output json`; any failure exits non-zero with the error's message.
 
 use std::io::Read;
 
 use clap::{Args, Subcommand, ValueEnum};
-use narad_net::client::{encode_segment, Client, ClientError};
-use narad_net::tls::ClientTlsFiles;
+use std::time::Duration;
+
+use narad_client::blocking::Client;
+use narad_client::{
+    encode_segment, ClientTlsFiles, Error as ClientError, Response, Settle as Settling,
+};
 use serde_json::{json, Map, Value};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -234,22 +238,21 @@ pub enum ChildAction {
 }
 
 fn client(args: &ClientArgs) -> Result<Client, String> {
-    let client = Client::new(&args.server)
-        .map_err(|e| e.to_string())?
-        .with_timeout(std::time::Duration::from_secs(args.timeout))
-        .with_tls(&ClientTlsFiles {
+    let builder = Client::builder(&args.server)
+        .timeout(Duration::from_secs(args.timeout))
+        .tls(ClientTlsFiles {
             ca_file: args.ca_file.clone(),
             cert_file: args.cert_file.clone(),
             key_file: args.key_file.clone(),
-        })
-        .map_err(|e| e.to_string())?;
-    match (&args.token, &args.user, &args.password) {
-        (Some(_), Some(_), _) => Err("give --token or --user, not both".into()),
-        (Some(token), None, _) => Ok(client.with_token(token)),
-        (None, Some(user), Some(password)) => Ok(client.with_password(user, password)),
-        (None, Some(_), None) => Err("--user needs --password (or NARAD_PASSWORD)".into()),
-        (None, None, _) => Ok(client),
-    }
+        });
+    let builder = match (&args.token, &args.user, &args.password) {
+        (Some(_), Some(_), _) => return Err("give --token or --user, not both".into()),
+        (Some(token), None, _) => builder.token(token),
+        (None, Some(user), Some(password)) => builder.password(user, password),
+        (None, Some(_), None) => return Err("--user needs --password (or NARAD_PASSWORD)".into()),
+        (None, None, _) => builder,
+    };
+    builder.build().map_err(failed)
 }
 
 fn failed(error: ClientError) -> String {
@@ -331,7 +334,7 @@ pub fn cluster(args: &ClientArgs, action: &ClusterAction) -> Result<(), String> 
     let client = client(args)?;
     match action {
         ClusterAction::Status => {
-            let status = client.cluster().map_err(failed)?;
+            let status = call(&client, "GET", "/v1/cluster", &Value::Null)?.body;
             match args.output {
                 Output::Json => print_json(&status),
                 Output::Human => {
@@ -449,7 +452,7 @@ pub fn topic(args: &ClientArgs, action: &TopicAction) -> Result<(), String> {
     let client = client(args)?;
     match action {
         TopicAction::Create { name, settings } => {
-            let answer = client.put_topic(name, &settings.body()).map_err(failed)?;
+            let answer = call(&client, "PUT", &topic_path(name), &settings.body())?;
             match args.output {
                 Output::Json => print_json(&answer.body),
                 Output::Human => {
@@ -462,7 +465,7 @@ pub fn topic(args: &ClientArgs, action: &TopicAction) -> Result<(), String> {
             }
         }
         TopicAction::List => {
-            let listing = client.list_topics().map_err(failed)?;
+            let listing = call(&client, "GET", "/v1/topics", &Value::Null)?.body;
             match args.output {
                 Output::Json => print_json(&listing),
                 Output::Human => {
@@ -498,7 +501,7 @@ pub fn topic(args: &ClientArgs, action: &TopicAction) -> Result<(), String> {
             }
         }
         TopicAction::Describe { name } => {
-            let topic = client.get_topic(name).map_err(failed)?;
+            let topic = call(&client, "GET", &topic_path(name), &Value::Null)?.body;
             match args.output {
                 Output::Json => print_json(&topic),
                 Output::Human => {
@@ -554,7 +557,7 @@ pub fn topic(args: &ClientArgs, action: &TopicAction) -> Result<(), String> {
         }
         TopicAction::Children { name } => list_children(&client, args, name)?,
         TopicAction::Delete { name } => {
-            client.delete_topic(name).map_err(failed)?;
+            call(&client, "DELETE", &topic_path(name), &Value::Null)?;
             match args.output {
                 Output::Json => print_json(&json!({})),
                 Output::Human => println!("deleted topic {name}"),
@@ -597,7 +600,7 @@ pub fn produce(args: &ClientArgs, produce: &ProduceArgs) -> Result<(), String> {
         None => read_input()?,
     };
     let id = client
-        .produce(&produce.topic, produce.key.as_deref(), &bytes)
+        .produce(&produce.topic, produce.key.as_deref(), bytes)
         .map_err(failed)?;
     match args.output {
         Output::Json => print_json(&json!({ "id": id })),
@@ -688,9 +691,7 @@ pub fn consume(args: &ClientArgs, consume: &ConsumeArgs) -> Result<(), String> {
         request["visibility_timeout_ms"] = json!(visibility);
     }
     if !consume.follow {
-        let messages = client
-            .consume_with(&consume.topic, &request)
-            .map_err(failed)?;
+        let messages = consume_once(&client, &consume.topic, &request)?;
         if consume.ack {
             ack_all(&client, &consume.topic, &messages)?;
         }
@@ -713,9 +714,7 @@ pub fn consume(args: &ClientArgs, consume: &ConsumeArgs) -> Result<(), String> {
         println!("{}", MESSAGE_COLUMNS.join("\t"));
     }
     loop {
-        let messages = client
-            .consume_with(&consume.topic, &request)
-            .map_err(failed)?;
+        let messages = consume_once(&client, &consume.topic, &request)?;
         for message in &messages {
             match args.output {
                 Output::Json => println!("{message}"),
@@ -742,7 +741,7 @@ fn message_row(m: &Value) -> Vec<String> {
     let value = if m["value"].is_null() {
         format!("base64:{}", cell(&m["value_base64"]))
     } else {
-        cell(&m["value"])
+        printable(&cell(&m["value"]))
     };
     vec![
         cell(&m["partition"]),
@@ -754,6 +753,37 @@ fn message_row(m: &Value) -> Vec<String> {
     ]
 }
 
+/// `text` with its control characters escaped (`\n`, `\t`, `\u{1b}`):
+/// a value is one cell of one line, and cannot move the terminal's cursor
+/// or change its colours. `--output json` gives values as they are.
+fn printable(text: &str) -> String {
+    if !text.chars().any(char::is_control) {
+        return text.to_string();
+    }
+    text.chars()
+        .map(|c| match c {
+            '\n' => "\\n".to_string(),
+            '\r' => "\\r".to_string(),
+            '\t' => "\\t".to_string(),
+            c if c.is_control() => c.escape_unicode().to_string(),
+            c => c.to_string(),
+        })
+        .collect()
+}
+
+/// One consume: the messages as the API wrote them (printed as they are).
+fn consume_once(client: &Client, topic: &str, request: &Value) -> Result<Vec<Value>, String> {
+    let wait = Duration::from_millis(request["wait_ms"].as_u64().unwrap_or(0));
+    let path = format!("/v1/topics/{}/consume", encode_segment(topic));
+    let answer = client
+        .request("POST", &path, &[], request.to_string(), wait)
+        .map_err(failed)?;
+    Ok(answer.body["messages"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default())
+}
+
 /// Acks `messages` with batch requests; fails if any ack was refused.
 fn ack_all(client: &Client, topic: &str, messages: &[Value]) -> Result<(), String> {
     let receipts: Vec<&str> = messages
@@ -761,17 +791,13 @@ fn ack_all(client: &Client, topic: &str, messages: &[Value]) -> Result<(), Strin
         .filter_map(|m| m["receipt"].as_str())
         .collect();
     for chunk in receipts.chunks(BATCH_MESSAGES_MAX as usize) {
-        let answer = client.ack_batch(topic, chunk).map_err(failed)?;
-        let refused: Vec<String> = answer["results"]
-            .as_array()
-            .map(|results| {
-                results
-                    .iter()
-                    .filter(|r| r["status"].as_u64().is_some_and(|s| s >= 300))
-                    .map(|r| cell(&r["error"]["message"]))
-                    .collect()
-            })
-            .unwrap_or_default();
+        let results = client
+            .settle_batch(topic, chunk, Settling::Ack)
+            .map_err(failed)?;
+        let refused: Vec<String> = results
+            .into_iter()
+            .filter_map(|settled| settled.result.err().map(|e| e.message))
+            .collect();
         if let Some(first) = refused.first() {
             return Err(format!("{} acks refused: {first}", refused.len()));
         }
@@ -876,18 +902,21 @@ pub enum SchemaAction {
     List,
 }
 
-fn call(
-    client: &Client,
-    method: &str,
-    path: &str,
-    body: &Value,
-) -> Result<narad_net::client::Answer, String> {
+/// One request of the API with a JSON body (none for `null`).
+fn call(client: &Client, method: &str, path: &str, body: &Value) -> Result<Response, String> {
     let bytes = if body.is_null() {
         Vec::new()
     } else {
         body.to_string().into_bytes()
     };
-    client.call(method, path, &[], &bytes).map_err(failed)
+    client
+        .request(method, path, &[], bytes, Duration::ZERO)
+        .map_err(failed)
+}
+
+/// `/v1/topics/{name}`.
+fn topic_path(name: &str) -> String {
+    format!("/v1/topics/{}", encode_segment(name))
 }
 
 /// A `DELETE`: `{}` with `--output json` (as `topic delete`), else `said`.
@@ -1076,11 +1105,12 @@ pub fn schema(args: &ClientArgs, action: &SchemaAction) -> Result<(), String> {
                 text = std::fs::read_to_string(file).map_err(|e| format!("reading {file}: {e}"))?;
             }
             let answer = client
-                .call(
+                .request(
                     "PUT",
                     &format!("/v1/schemas/{}", encode_segment(name)),
                     &[],
-                    text.as_bytes(),
+                    text,
+                    Duration::ZERO,
                 )
                 .map_err(failed)?;
             match args.output {

@@ -144,8 +144,14 @@ enum Command {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
-    /// Print the manual page (roff): `narad man > narad.1`.
-    Man,
+    /// Print the manual page (roff): `narad man > narad.1`; or, with
+    /// `--dir DIR`, write it and a page for every subcommand
+    /// (`narad-topic-create.1`, ...) into DIR.
+    Man {
+        /// The folder to write every page into (made if missing).
+        #[arg(long, value_name = "DIR")]
+        dir: Option<std::path::PathBuf>,
+    },
 }
 
 #[derive(Args)]
@@ -315,9 +321,12 @@ fn main() -> ExitCode {
             clap_complete::generate(*shell, &mut Cli::command(), "narad", &mut std::io::stdout());
             Ok(())
         }
-        Command::Man => clap_mangen::Man::new(Cli::command())
+        Command::Man { dir: None } => clap_mangen::Man::new(Cli::command())
             .render(&mut std::io::stdout())
             .map_err(|e| format!("writing the manual page: {e}")),
+        Command::Man { dir: Some(dir) } => std::fs::create_dir_all(dir)
+            .and_then(|()| clap_mangen::generate_to(Cli::command(), dir))
+            .map_err(|e| format!("writing the manual pages into {}: {e}", dir.display())),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -780,6 +780,16 @@ fn the_cli_creates_produces_consumes_and_reports_errors() {
     );
     let (ok, _, err) = narad(&node, &["produce", "bad name", "x"], None);
     assert!(!ok && err.contains("invalid_topic_name"), "{err}");
+    // A value with control characters is one escaped cell of one line in
+    // the table: it cannot move the cursor or colour the terminal.
+    node.create_topic("raw", json!({"partitions": 1}));
+    let (ok, _, err) = narad(&node, &["produce", "raw", "-"], Some("\u{1b}[31mred\nline"));
+    assert!(ok, "{err}");
+    let (ok, out, err) = narad(&node, &["consume", "raw", "--wait-ms", "2000"], None);
+    assert!(ok, "{err}");
+    assert!(!out.contains('\u{1b}'), "{out:?}");
+    assert!(out.contains("\\u{1b}[31mred\\nline"), "{out:?}");
+    assert_eq!(out.lines().count(), 2, "a header and one row: {out:?}");
 }
 
 #[test]
@@ -960,6 +970,23 @@ fn the_cli_produces_lines_follows_a_topic_settles_receipts_and_names_the_server(
     );
     let (ok, out, _) = narad(&node, &["man"], None);
     assert!(ok && out.contains(".TH narad 1") && out.contains("produce"));
+    // Every page the main page names (narad-produce(1), ...) is written.
+    let pages = tempfile::tempdir().expect("tmp");
+    let dir = pages.path().to_str().expect("utf-8");
+    let (ok, _, err) = narad(&node, &["man", "--dir", dir], None);
+    assert!(ok, "{err}");
+    for page in [
+        "narad.1",
+        "narad-produce.1",
+        "narad-topic-create.1",
+        "narad-cluster-move.1",
+    ] {
+        let text = std::fs::read_to_string(pages.path().join(page)).unwrap_or_default();
+        assert!(
+            text.starts_with(".ie") || text.contains(".TH"),
+            "{page}: {text:.200}"
+        );
+    }
 }
 
 #[test]

@@ -11,7 +11,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use narad_net::client::{Client, ClientError};
+use narad_client::blocking::Client;
+use narad_client::{ConsumeRequest, Error as ClientError, RetryPolicy};
 use narad_net::tls::{client_config, ClientTlsFiles};
 use serde_json::{json, Value};
 use support::tls::{path, Issued, TestCa};
@@ -42,14 +43,21 @@ fn files(ca: &TestCa, identity: Option<&Issued>) -> ClientTlsFiles {
 }
 
 fn https_client(node: &Node, ca: &TestCa, identity: Option<&Issued>) -> Client {
-    Client::new(&format!("https://{}", node.addr))
-        .expect("url")
-        .with_tls(&files(ca, identity))
-        .expect("tls")
-        .with_retry(narad_net::client::RetryPolicy {
+    Client::builder(&format!("https://{}", node.addr))
+        .tls(files(ca, identity))
+        .retry(RetryPolicy {
             attempts: 1,
             ..Default::default()
         })
+        .build()
+        .expect("client")
+}
+
+/// `GET /v1/topics` with `client`.
+fn list_topics(client: &Client) -> Result<Value, ClientError> {
+    client
+        .request("GET", "/v1/topics", &[], "", Duration::ZERO)
+        .map(|answer| answer.body)
 }
 
 /// A keep-alive HTTPS connection that sends requests one after another.
@@ -105,21 +113,20 @@ fn https_with_the_right_ca_passes_another_ca_fails_and_plain_http_is_told() {
     client
         .put_topic("orders", &json!({"partitions": 2}))
         .expect("create over HTTPS");
-    client
-        .produce("orders", None, b"over tls")
-        .expect("produce");
-    let messages = client.consume("orders", 1, 1000).expect("consume");
-    assert_eq!(messages[0]["value"], "over tls");
-    // A keep-alive connection of the client speaks HTTPS too.
-    let mut kept = client.connect().expect("keep-alive over HTTPS");
+    client.produce("orders", None, "over tls").expect("produce");
+    let request = ConsumeRequest {
+        wait_ms: Some(1000),
+        ..Default::default()
+    };
+    let messages = client.consume("orders", &request).expect("consume");
+    assert_eq!(&messages[0].value[..], b"over tls");
+    // The client's kept-alive connections speak HTTPS too.
     for _ in 0..3 {
-        let answer = kept
-            .call("POST", "/v1/topics/orders/messages", &[], b"kept")
-            .expect("produce on the kept connection");
-        assert_eq!(answer.status, 202);
+        client
+            .produce("orders", None, "kept")
+            .expect("produce on a kept connection");
     }
-    let error = https_client(&node, &other, None)
-        .list_topics()
+    let error = list_topics(&https_client(&node, &other, None))
         .expect_err("a server certificate of another CA is refused");
     assert!(
         matches!(&error, ClientError::Tls(why) if why.contains("certificate")),
@@ -149,18 +156,13 @@ fn mutual_tls_refuses_a_client_without_a_certificate_of_its_ca() {
     let node = https_node(tmp.path(), &server, Some(&clients), &[]);
     let member = clients.issue("member", &["member"]);
     let stranger = strangers.issue("stranger", &["stranger"]);
-    https_client(&node, &ca, Some(&member))
-        .list_topics()
+    list_topics(&https_client(&node, &ca, Some(&member)))
         .expect("a client with a certificate of the client CA");
-    assert!(https_client(&node, &ca, None).list_topics().is_err());
-    assert!(https_client(&node, &ca, Some(&stranger))
-        .list_topics()
-        .is_err());
+    assert!(list_topics(&https_client(&node, &ca, None)).is_err());
+    assert!(list_topics(&https_client(&node, &ca, Some(&stranger))).is_err());
     // An expired certificate of the right CA fails too, and the node says why.
     let expired = clients.issue_expired("expired", &["member"]);
-    assert!(https_client(&node, &ca, Some(&expired))
-        .list_topics()
-        .is_err());
+    assert!(list_topics(&https_client(&node, &ca, Some(&expired))).is_err());
     assert!(
         eventually(Duration::from_secs(5), || node
             .stderr()
@@ -184,19 +186,18 @@ fn certificates_are_reloaded_on_sighup_while_open_connections_go_on() {
     std::fs::copy(&renewed.cert_file, &server.cert_file).expect("cert");
     std::fs::copy(&renewed.key_file, &server.key_file).expect("key");
     assert!(
-        https_client(&node, &second, None).list_topics().is_err(),
+        list_topics(&https_client(&node, &second, None)).is_err(),
         "not before SIGHUP"
     );
     node.hangup();
     assert!(
-        eventually(Duration::from_secs(10), || https_client(
+        eventually(Duration::from_secs(10), || list_topics(&https_client(
             &node, &second, None
-        )
-        .list_topics()
+        ))
         .is_ok()),
         "new connections get the renewed certificate"
     );
-    assert!(https_client(&node, &first, None).list_topics().is_err());
+    assert!(list_topics(&https_client(&node, &first, None)).is_err());
     assert_eq!(kept.get("/v1/topics"), 200, "the open connection goes on");
     // A bad file on the next SIGHUP keeps the certificate in use.
     std::fs::write(&server.key_file, "not a key").expect("break");
@@ -206,9 +207,7 @@ fn certificates_are_reloaded_on_sighup_while_open_connections_go_on() {
         .contains(
             "could not reload the client port's TLS certificates"
         )));
-    https_client(&node, &second, None)
-        .list_topics()
-        .expect("still served");
+    list_topics(&https_client(&node, &second, None)).expect("still served");
 }
 
 #[test]

@@ -10,8 +10,8 @@
 //! - [`http_server`]: hyper 1.x on glommio, with our own header, body and
 //!   idle timeouts, body size limit and the node-wide connection and body
 //!   budget;
-//! - [`client`]: a small blocking client of the HTTP API with its retry
-//!   rules (`docs/status-codes.md`; the CLI uses it);
+//! - [`client`]: what every client shares (the retry policy of
+//!   `docs/status-codes.md`, path encoding); the client is `narad-client`;
 //! - [`tls`]: TLS on the client port (reloadable) and for clients;
 //! - [`peer`]: QUIC between nodes with mutual TLS (quinn, rustls).
 

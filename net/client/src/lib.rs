@@ -35,13 +35,15 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use base64::Engine as _;
 use bytes::Bytes;
-use narad_net::client::{code_for_status, encode_segment};
-pub use narad_net::client::{RetryPolicy, REQUEST_TIMEOUT};
+use narad_net::client::code_for_status;
+pub use narad_net::client::{encode_segment, RetryPolicy, REQUEST_TIMEOUT};
 pub use narad_net::tls::ClientTlsFiles;
 pub use narad_net::{ApiError, ErrorCode};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+pub mod blocking;
+mod connection;
 mod consumer;
 pub use consumer::{Consumer, ConsumerOptions, Outcome};
 
@@ -52,6 +54,9 @@ pub enum Error {
     Api { status: u16, error: ApiError },
     /// No answer: refused, reset or timed out (after any retries).
     Transport(String),
+    /// The TLS handshake failed (a certificate the other side does not
+    /// trust, a missing client certificate): not retried.
+    Tls(String),
     /// The client could not be made: a bad URL, unreadable TLS files.
     Config(String),
     /// An answer that is not what the API promises.
@@ -64,7 +69,8 @@ impl std::fmt::Display for Error {
             Self::Api { status, error } => {
                 write!(f, "{status} {}: {}", error.code.as_str(), error.message)
             }
-            Self::Transport(detail) => write!(f, "no answer: {detail}"),
+            Self::Transport(detail) => write!(f, "no answer from {detail}"),
+            Self::Tls(detail) => write!(f, "TLS with the server failed: {detail}"),
             Self::Config(detail) => write!(f, "client settings: {detail}"),
             Self::BadResponse(detail) => write!(f, "unexpected answer: {detail}"),
         }
@@ -79,7 +85,7 @@ impl Error {
         match self {
             Self::Api { error, .. } => error.code.retry(),
             Self::Transport(_) => true,
-            Self::Config(_) | Self::BadResponse(_) => false,
+            Self::Tls(_) | Self::Config(_) | Self::BadResponse(_) => false,
         }
     }
 
@@ -153,13 +159,17 @@ impl ClientBuilder {
         let mut http = reqwest::Client::builder()
             .pool_idle_timeout(POOL_IDLE_TIMEOUT)
             .tcp_nodelay(true);
-        if https {
+        let tls = if https {
             let config = narad_net::tls::client_config(&self.tls).map_err(Error::Config)?;
             http = http.use_preconfigured_tls((*config).clone());
-        }
+            Some(config)
+        } else {
+            None
+        };
         let http = http.build().map_err(|e| Error::Config(e.to_string()))?;
         Ok(Client {
             http,
+            tls,
             base,
             authorization: self.authorization,
             timeout: self.timeout,
@@ -176,10 +186,21 @@ const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 #[derive(Debug, Clone)]
 pub struct Client {
     http: reqwest::Client,
+    /// The TLS settings of an `https://` client, for
+    /// [`blocking::Connection`]s.
+    tls: Option<std::sync::Arc<rustls::ClientConfig>>,
     base: String,
     authorization: Option<String>,
     timeout: Duration,
     retry: RetryPolicy,
+}
+
+/// A successful answer of [`Client::request`]: its status (`200`, `201`,
+/// `202`, `204`) and JSON body (`null` when empty).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Response {
+    pub status: u16,
+    pub body: Value,
 }
 
 /// A message to produce in a batch.
@@ -516,16 +537,21 @@ impl Client {
             .collect())
     }
 
-    /// One request with the retry policy applied; the answer's JSON body
-    /// (`null` when empty).
-    async fn call(
+    /// Any request of the API, for the routes the typed methods do not
+    /// cover (topics' settings, users, schemas, the cluster): `path` from
+    /// `/v1/...` with its segments percent-encoded ([`encode_segment`]),
+    /// `body` JSON or empty. The retry rules apply as for every call. A
+    /// request the node may hold (a long-polling consume) gives its wait as
+    /// `wait`, which the timeout allows on top.
+    pub async fn request(
         &self,
         method: &str,
         path: &str,
         headers: &[(&str, &str)],
-        body: Bytes,
+        body: impl Into<Bytes>,
         wait: Duration,
-    ) -> Result<Value, Error> {
+    ) -> Result<Response, Error> {
+        let body = body.into();
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -543,7 +569,8 @@ impl Client {
         }
     }
 
-    async fn once(
+    /// [`Self::request`], for the answer's body alone.
+    async fn call(
         &self,
         method: &str,
         path: &str,
@@ -551,6 +578,58 @@ impl Client {
         body: Bytes,
         wait: Duration,
     ) -> Result<Value, Error> {
+        Ok(self.request(method, path, headers, body, wait).await?.body)
+    }
+
+    /// What a request that got no answer is: [`Error::Tls`] when the TLS
+    /// handshake failed (retrying changes nothing), else
+    /// [`Error::Transport`]; with the URL and every cause reqwest gives.
+    fn failed(&self, error: &reqwest::Error) -> Error {
+        let mut detail = self.base.clone();
+        let mut tls = false;
+        let mut note = |error: &(dyn std::error::Error + 'static)| {
+            tls |= error.is::<rustls::Error>();
+            let text = error.to_string();
+            if !detail.contains(&text) {
+                detail.push_str(": ");
+                detail.push_str(&text);
+            }
+        };
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
+        while let Some(current) = cause {
+            note(current);
+            // An I/O error hides the error it wraps (which may be another
+            // I/O error) from `source()`.
+            let mut inner = current;
+            while let Some(wrapped) = inner
+                .downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+            {
+                inner = wrapped;
+                note(inner);
+            }
+            cause = current.source();
+        }
+        if tls {
+            Error::Tls(detail)
+        } else {
+            Error::Transport(detail)
+        }
+    }
+
+    /// The URL this client sends to (`http://HOST:PORT`).
+    pub fn url(&self) -> &str {
+        &self.base
+    }
+
+    async fn once(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Bytes,
+        wait: Duration,
+    ) -> Result<Response, Error> {
         let method = reqwest::Method::from_bytes(method.as_bytes())
             .map_err(|e| Error::Config(format!("method {method:?}: {e}")))?;
         let mut request = self
@@ -574,29 +653,32 @@ impl Client {
             .http
             .execute(request)
             .await
-            .map_err(|e| Error::Transport(format!("{}: {e}", self.base)))?;
+            .map_err(|e| self.failed(&e))?;
         let status = response.status().as_u16();
-        let bytes = response
-            .bytes()
-            .await
-            .map_err(|e| Error::Transport(format!("{}: {e}", self.base)))?;
-        let json: Value = if bytes.is_empty() {
-            Value::Null
-        } else {
-            match serde_json::from_slice(&bytes) {
-                Ok(json) => json,
-                Err(_) if !(200..300).contains(&status) => Value::Null,
-                Err(e) => return Err(Error::BadResponse(format!("status {status}: {e}"))),
-            }
-        };
-        if (200..300).contains(&status) {
-            return Ok(json);
-        }
-        Err(Error::Api {
-            status,
-            error: api_error(status, &json["error"]),
-        })
+        let bytes = response.bytes().await.map_err(|e| self.failed(&e))?;
+        answer(status, &bytes)
     }
+}
+
+/// An answer's status and body as a call's result: 2xx with its JSON (or
+/// empty) body, or the API error it carries.
+fn answer(status: u16, bytes: &[u8]) -> Result<Response, Error> {
+    let json: Value = if bytes.is_empty() {
+        Value::Null
+    } else {
+        match serde_json::from_slice(bytes) {
+            Ok(json) => json,
+            Err(_) if !(200..300).contains(&status) => Value::Null,
+            Err(e) => return Err(Error::BadResponse(format!("status {status}: {e}"))),
+        }
+    };
+    if (200..300).contains(&status) {
+        return Ok(Response { status, body: json });
+    }
+    Err(Error::Api {
+        status,
+        error: api_error(status, &json["error"]),
+    })
 }
 
 /// The API error an error object stands for (its status decides the code
