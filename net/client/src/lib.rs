@@ -30,6 +30,8 @@
 //! # }
 //! ```
 
+#![warn(missing_docs)]
+
 use std::future::Future;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -51,7 +53,12 @@ pub use consumer::{Consumer, ConsumerOptions, Outcome};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Error {
     /// The node answered with an API error (after any retries).
-    Api { status: u16, error: ApiError },
+    Api {
+        /// The answer's HTTP status.
+        status: u16,
+        /// Its error code and message.
+        error: ApiError,
+    },
     /// No answer: refused, reset or timed out (after any retries).
     Transport(String),
     /// The TLS handshake failed (a certificate the other side does not
@@ -199,14 +206,18 @@ pub struct Client {
 /// `202`, `204`) and JSON body (`null` when empty).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Response {
+    /// The HTTP status.
     pub status: u16,
+    /// The JSON body, `null` when the answer had none.
     pub body: Value,
 }
 
 /// A message to produce in a batch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outgoing {
+    /// Its key: messages with one key go to one partition, in order.
     pub key: Option<String>,
+    /// Its bytes (sent as text when they are UTF-8, else as base64).
     pub value: Bytes,
 }
 
@@ -230,12 +241,18 @@ impl Outgoing {
 /// topic's lease length, any partition.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct ConsumeRequest {
+    /// The most messages to take (1-1,000; the API's default is 1).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_messages: Option<u32>,
+    /// How long to wait for the first message (a long poll; at most
+    /// 20,000 ms); none is no waiting.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub wait_ms: Option<u64>,
+    /// How long the lease lasts; none is the topic's
+    /// `visibility_timeout_ms`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub visibility_timeout_ms: Option<u64>,
+    /// Take only from this partition; none is any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub partition: Option<u32>,
 }
@@ -243,17 +260,25 @@ pub struct ConsumeRequest {
 /// A delivered message, leased until `lease_expires_at_ms`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Delivery {
+    /// The message's id, as the produce answered it.
     pub id: String,
+    /// The topic it was consumed from.
     pub topic: String,
+    /// Its partition.
     pub partition: u32,
+    /// Its offset in the partition.
     pub offset: u64,
+    /// Its key, if it was produced with one.
     pub key: Option<String>,
+    /// Its bytes.
     pub value: Bytes,
     /// Settles this lease: ack, nack or extend.
     pub receipt: String,
     /// 1 on the first delivery (counted since the partition's owner started).
     pub delivery_count: u32,
+    /// When the node accepted it (Unix ms).
     pub produced_at_ms: u64,
+    /// When this lease ends unless extended (Unix ms).
     pub lease_expires_at_ms: u64,
 }
 
@@ -307,6 +332,7 @@ impl TryFrom<WireDelivery> for Delivery {
 /// One receipt's result in a batch settle.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settled {
+    /// The receipt, as given.
     pub receipt: String,
     /// What the single call would have answered: `Ok` or its error.
     pub result: Result<(), ApiError>,
@@ -319,9 +345,15 @@ pub enum Settle {
     Ack,
     /// Deliver again after the delay (or dead-letter it on its last allowed
     /// delivery).
-    Nack { delay: Duration },
+    Nack {
+        /// How long until it is delivered again.
+        delay: Duration,
+    },
     /// The lease ends this long from now.
-    Extend { visibility: Duration },
+    Extend {
+        /// The lease's new length, from now.
+        visibility: Duration,
+    },
 }
 
 impl Settle {
