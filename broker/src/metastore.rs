@@ -26,6 +26,11 @@ pub trait Metastore {
     fn caught_up(&self) -> bool;
     /// The leader, if one can commit.
     fn leader(&self) -> Option<NodeId>;
+    /// Why this node's Raft stopped for good, if it did (a storage error):
+    /// the node then serves no metadata until it is restarted.
+    fn failed(&self) -> Option<String> {
+        None
+    }
     /// Whether this node is that leader.
     fn is_leader(&self) -> bool;
     fn term(&self) -> u64;
@@ -58,6 +63,10 @@ impl Metastore for MetaNode {
 
     fn leader(&self) -> Option<NodeId> {
         MetaNode::leader(self)
+    }
+
+    fn failed(&self) -> Option<String> {
+        MetaNode::failed(self)
     }
 
     fn is_leader(&self) -> bool {
@@ -104,6 +113,10 @@ impl<T: Metastore + ?Sized> Metastore for Arc<T> {
 
     fn leader(&self) -> Option<NodeId> {
         (**self).leader()
+    }
+
+    fn failed(&self) -> Option<String> {
+        (**self).failed()
     }
 
     fn is_leader(&self) -> bool {

@@ -185,6 +185,48 @@ fn a_node_back_with_an_empty_folder_rejoins_the_cluster_it_left() {
     assert_eq!(leaders, 1, "one leader");
 }
 
+#[test]
+fn a_follower_that_lost_its_volume_rejoins_and_every_node_can_still_change_metadata() {
+    let mut cluster = Cluster::start(3);
+    cluster.wait_ready(WAIT);
+    let (status, answer) =
+        cluster.nodes[0].json("PUT", "/v1/topics/before", json!({"partitions": 3}));
+    assert_eq!(status, 201, "{answer}");
+    assert!(eventually(WAIT, || cluster
+        .nodes
+        .iter()
+        .all(|n| has_topic(n, "before"))));
+    // A follower (the leader has replicated its log to it) loses its volume.
+    let leader = cluster.leader(&[0, 1, 2]).expect("a leader");
+    let follower = (leader + 1) % 3;
+    cluster.nodes[follower].kill();
+    std::fs::remove_dir_all(&cluster.nodes[follower].data_dir).expect("wipe");
+    cluster.nodes[follower].restart();
+    assert!(
+        eventually(WAIT, || cluster.ready(follower)
+            && has_topic(&cluster.nodes[follower], "before")),
+        "metadata comes back from the peers"
+    );
+    // The leader took the follower's empty log in its stride: a change of
+    // metadata at every node commits and reaches every node.
+    for (i, node) in cluster.nodes.iter().enumerate() {
+        let path = format!("/v1/topics/after-{i}");
+        let (status, answer) = node.json("PUT", &path, json!({"partitions": 1}));
+        assert_eq!(status, 201, "at node {}: {answer}", i + 1);
+    }
+    assert!(eventually(WAIT, || cluster
+        .nodes
+        .iter()
+        .all(|n| (0..3).all(|i| has_topic(n, &format!("after-{i}"))))));
+    let leaders = (0..3).filter(|i| cluster.leader(&[*i]).is_some()).count();
+    assert_eq!(leaders, 1, "one leader");
+    assert!(
+        !cluster.nodes[leader].stderr().contains("panicked"),
+        "{}",
+        cluster.nodes[leader].stderr()
+    );
+}
+
 /// Produces `count` messages at `node`; every one must be answered 202.
 fn produce_ids(node: &Node, topic: &str, count: usize, tag: &str) -> BTreeSet<String> {
     (0..count)

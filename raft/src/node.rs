@@ -1173,6 +1173,10 @@ impl MetaNode {
     pub fn leader(&self) -> Option<NodeId> {
         let metrics = self.raft.metrics();
         let metrics = metrics.borrow();
+        // A Raft that stopped for good leads nothing and follows no one.
+        if metrics.running_state.is_err() {
+            return None;
+        }
         match metrics.current_leader {
             Some(leader) if leader == self.node_id => metrics
                 .millis_since_quorum_ack
@@ -1180,6 +1184,18 @@ impl MetaNode {
                 .map(|_| leader),
             other => other,
         }
+    }
+
+    /// Why this node's Raft stopped for good (a storage error), if it did.
+    pub fn failed(&self) -> Option<String> {
+        let metrics = self.raft.metrics();
+        let failed = metrics
+            .borrow()
+            .running_state
+            .as_ref()
+            .err()
+            .map(ToString::to_string);
+        failed
     }
 
     /// The members of the cluster with their peer addresses.

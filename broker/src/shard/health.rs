@@ -26,6 +26,12 @@ impl<F: FileSystem> Shard<F> {
                 ));
             }
         }
+        if let Some(reason) = self.env.meta.failed() {
+            return Some(ApiError::new(
+                ErrorCode::Internal,
+                format!("this node's metastore stopped ({reason}); restart the node"),
+            ));
+        }
         if self.env.meta.leader().is_none() {
             return Some(ApiError::new(
                 ErrorCode::NoLeader,
