@@ -196,6 +196,8 @@ pub enum DlqAction {
     /// durably there before it is acked in DLQ.
     Redrive {
         dlq: String,
+        /// The topic to write the messages to (usually the one they were
+        /// dead-lettered from).
         #[arg(long)]
         to: String,
         /// At most this many messages a second.
@@ -256,7 +258,21 @@ fn client(args: &ClientArgs) -> Result<Client, String> {
 }
 
 fn failed(error: ClientError) -> String {
-    error.to_string()
+    match error {
+        // Most often nothing listens there: say how to point elsewhere.
+        ClientError::Transport(_) => format!(
+            "{error}\n(is a node running there? point the CLI at one with --server URL or NARAD_URL)"
+        ),
+        error => error.to_string(),
+    }
+}
+
+/// `3 partitions`, `1 partition`.
+fn partitions(count: &Value) -> String {
+    match count.as_u64() {
+        Some(1) => "1 partition".into(),
+        _ => format!("{} partitions", cell(count)),
+    }
 }
 
 fn print_json(value: &Value) {
@@ -458,8 +474,8 @@ pub fn topic(args: &ClientArgs, action: &TopicAction) -> Result<(), String> {
                 Output::Human => {
                     let verb = created_or_updated(answer.status);
                     println!(
-                        "{verb} topic {name} ({} partitions)",
-                        cell(&answer.body["partitions"])
+                        "{verb} topic {name} ({})",
+                        partitions(&answer.body["partitions"])
                     );
                 }
             }
@@ -1231,8 +1247,8 @@ pub fn child(args: &ClientArgs, action: &ChildAction) -> Result<(), String> {
                 Output::Human => {
                     let verb = created_or_updated(answer.status);
                     println!(
-                        "{verb} {kind} child {child} of {parent} ({} partitions)",
-                        cell(&answer.body["partitions"])
+                        "{verb} {kind} child {child} of {parent} ({})",
+                        partitions(&answer.body["partitions"])
                     );
                 }
             }
