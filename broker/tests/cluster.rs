@@ -227,6 +227,36 @@ fn a_follower_that_lost_its_volume_rejoins_and_every_node_can_still_change_metad
     );
 }
 
+#[test]
+fn a_node_restarted_with_peers_that_disagree_with_its_stored_membership_says_so() {
+    let mut cluster = Cluster::start(3);
+    cluster.wait_ready(WAIT);
+    let stored = cluster.peers.clone();
+    for node in &mut cluster.nodes {
+        node.kill();
+    }
+    // The folders are restored on hosts with other addresses.
+    let moved: Vec<u16> = (0..3).map(|_| support::cluster::free_udp_port()).collect();
+    cluster.peers = moved
+        .iter()
+        .enumerate()
+        .map(|(i, p)| format!("{}=127.0.0.1:{p}", i + 1))
+        .collect::<Vec<_>>()
+        .join(",");
+    cluster.ports = moved;
+    cluster.restart_node(0, &[]);
+    let old_address = stored.split(',').nth(1).expect("node 2").to_string();
+    assert!(
+        eventually(WAIT, || {
+            let log = cluster.nodes[0].stderr();
+            log.contains("disagree with the membership stored in the data folder")
+                && log.contains(&old_address)
+        }),
+        "{}",
+        cluster.nodes[0].stderr()
+    );
+}
+
 /// Produces `count` messages at `node`; every one must be answered 202.
 fn produce_ids(node: &Node, topic: &str, count: usize, tag: &str) -> BTreeSet<String> {
     (0..count)

@@ -920,6 +920,9 @@ impl MetaNode {
         // peers already form a cluster lost its volume: it bootstraps
         // nothing, and grants no vote in a term it may have voted in before.
         let initialized = raft.is_initialized().await.map_err(|e| failed(&e))?;
+        if initialized {
+            Self::warn_of_moved_peers(config, &raft);
+        }
         // Every start asks the others how far they applied: until this node
         // applied as far, it cannot tell a missing topic from one it has not
         // learned yet (`caught_up`).
@@ -965,6 +968,36 @@ impl MetaNode {
             raft.initialize(members).await.map_err(|e| failed(&e))?;
         }
         Ok((raft, view, refuse_votes_up_to, probed.applied))
+    }
+
+    /// Says so when `peers` names members at other addresses than the
+    /// membership this node's folder holds: the stored membership is what
+    /// Raft uses (a cluster restored on hosts with other addresses finds no
+    /// quorum).
+    fn warn_of_moved_peers(config: &MetaNodeConfig, raft: &Raft<TypeConfig>) {
+        let metrics = raft.metrics();
+        let stored: BTreeMap<NodeId, String> = metrics
+            .borrow()
+            .membership_config
+            .membership()
+            .nodes()
+            .map(|(id, node)| (*id, node.addr.clone()))
+            .collect();
+        let differ: Vec<String> = config
+            .members
+            .iter()
+            .filter_map(|(id, addr)| match stored.get(id) {
+                Some(kept) if kept == addr => None,
+                Some(kept) => Some(format!("{id}={addr} (stored {id}={kept})")),
+                None => Some(format!("{id}={addr} (not a stored member)")),
+            })
+            .collect();
+        if !differ.is_empty() {
+            tracing::warn!(
+                differ = %differ.join(", "),
+                "the peers given disagree with the membership stored in the data folder, which is what this node uses: members are reached at their stored addresses (keep them, or use DNS names that move with the hosts)"
+            );
+        }
     }
 
     /// Asks every other member, all at once, whether it is part of an

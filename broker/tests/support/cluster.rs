@@ -10,7 +10,7 @@ use super::{eventually, Node};
 pub const CLUSTER_SECRET: &str = "dev-secret";
 const CLUSTER_WAL_RING: &str = "storage.wal_ring_bytes=67108864";
 
-fn free_udp_port() -> u16 {
+pub fn free_udp_port() -> u16 {
     std::net::UdpSocket::bind("127.0.0.1:0")
         .and_then(|s| s.local_addr())
         .expect("udp port")
