@@ -993,10 +993,22 @@ fn the_cli_produces_lines_follows_a_topic_settles_receipts_and_names_the_server(
 fn a_node_stopped_with_clients_connected_starts_again_at_once_on_its_port() {
     use std::io::{Read as _, Write as _};
     let tmp = tempfile::tempdir().expect("tmp");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
+    // A port below the kernel's ephemeral range, as a configured port is:
+    // once the node let go of one the kernel handed out, another test's
+    // outgoing connection could take it as its own port (seen in CI: the
+    // restart found the port in use).
+    let (low, _) = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| {
+            let mut bounds = range.split_whitespace().map(|b| b.parse::<u16>());
+            Some((bounds.next()?.ok()?, bounds.next()?.ok()?))
+        })
+        .unwrap_or((32768, 60999));
+    let start = 20_000 + (std::process::id() % 5_000) as u16;
+    let port = (start..low.max(start + 1))
+        .chain(20_000..start)
+        .find(|port| std::net::TcpListener::bind(("127.0.0.1", *port)).is_ok())
+        .expect("a free port below the ephemeral range");
     let listen = format!("127.0.0.1:{port}");
     let mut node = Node::start(&tmp.path().join("n"), &["--listen", &listen]);
     // Keep-alive clients that stay connected: the node closes their
