@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use narad_client::blocking::Client;
 use narad_client::{
-    encode_segment, ClientTlsFiles, Error as ClientError, Response, Settle as Settling,
+    encode_segment, ClientTlsFiles, Error as ClientError, Outgoing, Response, Settle as Settling,
 };
 use serde_json::{json, Map, Value};
 
@@ -638,46 +638,18 @@ fn produce_lines(
         .map(|line| line.strip_suffix(b"\r").unwrap_or(line))
         .filter(|line| !line.is_empty())
         .collect();
-    let path = format!(
-        "/v1/topics/{}/messages/batch",
-        encode_segment(&produce.topic)
-    );
     let mut all = Vec::new();
     for chunk in lines.chunks(produce.batch as usize) {
-        let messages: Vec<Value> = chunk
+        let messages: Vec<Outgoing> = chunk
             .iter()
-            .map(|line| {
-                let mut message = Map::new();
-                if let Some(key) = &produce.key {
-                    message.insert("key".into(), json!(key));
-                }
-                match std::str::from_utf8(line) {
-                    Ok(text) => message.insert("value".into(), json!(text)),
-                    Err(_) => {
-                        use base64::Engine;
-                        let encoded = base64::engine::general_purpose::STANDARD.encode(line);
-                        message.insert("value_base64".into(), json!(encoded))
-                    }
-                };
-                Value::Object(message)
+            .map(|line| Outgoing {
+                key: produce.key.clone(),
+                value: line.to_vec().into(),
             })
             .collect();
-        let answer = call(client, "POST", &path, &json!({ "messages": messages }))?;
-        let ids: Vec<String> = answer.body["ids"]
-            .as_array()
-            .map(|ids| {
-                ids.iter()
-                    .filter_map(|id| id.as_str().map(str::to_string))
-                    .collect()
-            })
-            .unwrap_or_default();
-        if ids.len() != chunk.len() {
-            return Err(format!(
-                "unexpected answer from the server: {} ids for {} messages",
-                ids.len(),
-                chunk.len()
-            ));
-        }
+        let ids = client
+            .produce_batch(&produce.topic, &messages)
+            .map_err(failed)?;
         if args.output == Output::Human {
             for id in &ids {
                 println!("{id}");
