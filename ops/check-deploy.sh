@@ -15,7 +15,8 @@
 #      a. the file as shipped;
 #      b. the file with every commented key uncommented at once (each with its
 #         default value);
-#      c. the example-only keys (cluster.secret, http.tls.*, admin_password);
+#      c. the example-only keys (cluster.secret, http.tls.*, admin_password,
+#         children.remote_ca_file);
 #      d. `join` instead of `peers`;
 #    and refuses a misspelt key. For each run a copy is made with data_dir in
 #    a temporary folder, listen/peer_listen on 127.0.0.1, peers on free
@@ -269,6 +270,7 @@ ex.update({
     "http.tls.key_file": f'"{tls / "https.key"}"',
     "http.tls.client_ca_file": f'"{tls / "clients-ca.pem"}"',
     "auth.admin_password": '"check-deploy-admin"',
+    "children.remote_ca_file": f'"{tls / "ca.pem"}"',
 })
 configs["examples"] = rewrite(
     sample, None,

@@ -24,13 +24,16 @@ pub struct Plan<'a> {
     pub topic: &'a str,
     /// Consumed from (the produced topic, or a child of it).
     pub consume_topic: &'a str,
+    /// Where `consume_topic` is (`server`, unless it is a remote child's
+    /// topic on another cluster).
+    pub consume_server: &'a str,
     pub rate_per_second: u64,
     pub messages: u64,
     pub producers: u64,
 }
 
 pub fn run(plan: &Plan<'_>) -> Result<Histogram<u64>, String> {
-    let consumer = Client::builder(plan.server)
+    let consumer = Client::builder(plan.consume_server)
         .build()
         .map_err(|e| e.to_string())?;
     let producers = plan.producers.max(1);

@@ -186,6 +186,10 @@ struct LatencyArgs {
     /// example a child topic fed by the produced one); defaults to --topic.
     #[arg(long, value_name = "TOPIC")]
     consume_topic: Option<String>,
+    /// Node to consume from when it is not --server (a remote child's
+    /// topic on another cluster); defaults to --server.
+    #[arg(long, value_name = "URL")]
+    consume_server: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -482,10 +486,15 @@ fn latency_main(args: LatencyArgs) -> Result<(), String> {
     let topic = &args.target.topic;
     let rate = args.rate;
     let consume_topic = args.consume_topic.as_ref().unwrap_or(topic);
+    let consume_server = args
+        .consume_server
+        .as_deref()
+        .unwrap_or(&args.target.server);
     let histogram = latency::run(&latency::Plan {
         server: &args.target.server,
         topic,
         consume_topic,
+        consume_server,
         rate_per_second: rate,
         messages: args.messages,
         producers: args.producers,

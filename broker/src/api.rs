@@ -17,11 +17,11 @@ use narad_net::batch::parse_batch;
 use narad_net::http_server::{error_response, HttpRequest, HttpResponse};
 use narad_net::names::validate_topic_name;
 use narad_net::types::{
-    ChildRequest, ConsumeRequest, ConsumeResponse, ExtendResponse, RedriveRequest, SettleAction,
-    SettleBatchResponse, SettleKind, SettleRequest, SettleResult, TopicPatch,
+    ChildKindName, ChildRequest, ConsumeRequest, ConsumeResponse, ExtendResponse, RedriveRequest,
+    SettleAction, SettleBatchResponse, SettleKind, SettleRequest, SettleResult, TopicPatch,
 };
 use narad_net::{ApiError, ErrorCode};
-use narad_raft::state::{Action, ChildKind, Grant, RedriveState, Topic, ADMIN_USER};
+use narad_raft::state::{Action, ChildKind, Grant, RedriveState, RemoteTarget, Topic, ADMIN_USER};
 use serde_json::{json, Value};
 
 use crate::auth::{
@@ -33,7 +33,7 @@ use crate::metric_names::{
     HTTP_BUFFERED_BODY_BYTES, HTTP_REQUESTS_TOTAL, HTTP_REQUEST_SECONDS, INGRESS_WAL_FAILED,
     NODE_ALIVE, PARTITION_AVAILABLE_MESSAGES, PARTITION_FRONTIER, PARTITION_HIGH_WATERMARK,
     PARTITION_IN_FLIGHT, PARTITION_OLDEST_UNACKED_AGE_SECONDS, RAFT_IS_LEADER, RAFT_TERM,
-    WAL_USED_BYTES,
+    REMOTE_CHILD_HEADROOM_SECONDS, WAL_USED_BYTES,
 };
 use crate::rpc::ShardGauges;
 use crate::schemas::check_document;
@@ -1081,8 +1081,10 @@ fn children_json(children: &[ChildStatus]) -> Vec<Value> {
                 "state": c.state,
                 "last_error": c.last_error,
             });
-            if let ChildKind::Delay { delay_ms } = c.kind {
-                value["delay_ms"] = json!(delay_ms);
+            match &c.kind {
+                ChildKind::Delay { delay_ms } => value["delay_ms"] = json!(delay_ms),
+                ChildKind::Remote { remote } => value["remote"] = remote_json(remote),
+                ChildKind::Fanout | ChildKind::Replica => {}
             }
             value
         })
@@ -1106,6 +1108,15 @@ fn topic_bounds(shard: &Shard) -> (u64, u64) {
     )
 }
 
+/// A remote child's target as answers show it: never its token.
+fn remote_json(remote: &RemoteTarget) -> Value {
+    json!({
+        "url": remote.url,
+        "topic": remote.topic,
+        "rate_bytes_per_s": remote.rate_bytes_per_s,
+    })
+}
+
 /// `PUT /v1/topics/{parent}/children/{child}`; a dead-letter topic of the
 /// child needs `produce` on it, as for any topic.
 async fn put_child(
@@ -1120,13 +1131,31 @@ async fn put_child(
     if let (Some(user), Some(Some(dlq))) = (user, &request.topic.dead_letter_topic) {
         shard.authorize(user, Action::Produce, Some(dlq))?;
     }
-    let (created, topic) = shard.put_child(parent, child, request).await?;
-    let status = if created {
-        StatusCode::CREATED
-    } else {
-        StatusCode::OK
+    let status = |created| {
+        if created {
+            StatusCode::CREATED
+        } else {
+            StatusCode::OK
+        }
     };
-    Ok(json_response(status, &topic_json(&topic)))
+    if let ChildKindName::Remote(remote) = request.kind {
+        let (created, link) = shard.put_remote_child(parent, child, remote).await?;
+        let ChildKind::Remote { remote } = &link.kind else {
+            return Err(ApiError::new(
+                ErrorCode::Internal,
+                "the metastore kept a remote child as another kind",
+            ));
+        };
+        let answer = json!({
+            "name": child,
+            "parent": parent,
+            "kind": "remote",
+            "remote": remote_json(remote),
+        });
+        return Ok(json_response(status(created), &answer));
+    }
+    let (created, topic) = shard.put_child(parent, child, request).await?;
+    Ok(json_response(status(created), &topic_json(&topic)))
 }
 
 /// `PUT /v1/topics/{topic}`; with auth on, naming a dead-letter topic
@@ -1162,6 +1191,12 @@ async fn metrics(shard: &Shard) -> HttpResponse {
     let mut gauge = |name: &str, help: &str, samples: Vec<(String, f64)>| {
         out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} gauge\n"));
         for (labels, value) in samples {
+            // Prometheus spells infinity `+Inf`, Rust `inf`.
+            let value = if value == f64::INFINITY {
+                "+Inf".to_string()
+            } else {
+                value.to_string()
+            };
             out.push_str(&format!("{name}{labels} {value}\n"));
         }
     };
@@ -1299,6 +1334,30 @@ async fn metrics(shard: &Shard) -> HttpResponse {
         FANOUT_CHILD_LAG_SECONDS,
         "age of the oldest message not yet copied to the child (a delay child: how far past its due time)",
         lag_seconds,
+    );
+    // The least headroom over this node's partitions of each remote child.
+    let mut headroom: std::collections::BTreeMap<(&str, &str), u64> =
+        std::collections::BTreeMap::new();
+    for (parent, child, ms) in shards.iter().flat_map(|g| &g.remote_headroom) {
+        let least = headroom
+            .entry((parent.as_str(), child.as_str()))
+            .or_insert(u64::MAX);
+        *least = (*least).min(*ms);
+    }
+    gauge(
+        REMOTE_CHILD_HEADROOM_SECONDS,
+        "seconds until the oldest message not yet shipped to the remote child ages out of its parent (the parent's retention when none waits; +Inf when it keeps messages forever)",
+        headroom
+            .iter()
+            .map(|((parent, child), ms)| {
+                let seconds = if *ms == u64::MAX {
+                    f64::INFINITY
+                } else {
+                    *ms as f64 / 1000.0
+                };
+                (format!("{{parent=\"{parent}\",child=\"{child}\"}}"), seconds)
+            })
+            .collect(),
     );
     out.push_str(&format!(
         "# HELP {FANOUT_CHILD_DROPPED_MESSAGES} messages the child skipped because the parent's retention removed them first (since this node started)\n# TYPE {FANOUT_CHILD_DROPPED_MESSAGES} counter\n"

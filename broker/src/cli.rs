@@ -214,6 +214,9 @@ pub enum DlqAction {
 }
 
 /// What `narad child` does.
+// Parsed once per command run: the size of its largest variant costs
+// nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 pub enum ChildAction {
     /// Create a child of PARENT that gets a copy of every message written
@@ -221,14 +224,31 @@ pub enum ChildAction {
     Create {
         parent: String,
         child: String,
-        /// fanout (copy at once), delay (copy after --delay-ms) or replica
-        /// (each partition on another node than its parent partition).
-        #[arg(long, value_parser = ["fanout", "delay", "replica"])]
+        /// fanout (copy at once), delay (copy after --delay-ms), replica
+        /// (each partition on another node than its parent partition) or
+        /// remote (a topic of another Narad cluster: --remote-url,
+        /// --remote-topic).
+        #[arg(long, value_parser = ["fanout", "delay", "replica", "remote"])]
         kind: String,
         /// For a delay child: how long after the parent accepted a message
         /// its copy becomes consumable.
         #[arg(long)]
         delay_ms: Option<u64>,
+        /// For a remote child: the other cluster (`https://HOST:PORT`).
+        #[arg(long, value_name = "URL")]
+        remote_url: Option<String>,
+        /// For a remote child: the topic there (it must exist).
+        #[arg(long, value_name = "TOPIC")]
+        remote_topic: Option<String>,
+        /// For a remote child: a file holding a bearer token of the other
+        /// cluster with the produce grant on that topic (left out for a
+        /// cluster without auth).
+        #[arg(long, value_name = "PATH")]
+        remote_token_file: Option<std::path::PathBuf>,
+        /// For a remote child: bytes per second it ships at most, over the
+        /// whole cluster.
+        #[arg(long, value_name = "N")]
+        rate_bytes_per_s: Option<u64>,
         /// The child topic's settings (as `topic create`).
         #[command(flatten)]
         settings: TopicSettings,
@@ -1206,9 +1226,46 @@ pub fn child(args: &ClientArgs, action: &ChildAction) -> Result<(), String> {
             child,
             kind,
             delay_ms,
+            remote_url,
+            remote_topic,
+            remote_token_file,
+            rate_bytes_per_s,
             settings,
         } => {
-            let mut body = json!({ "kind": kind, "topic": settings.body() });
+            let mut body = json!({ "kind": kind });
+            if kind == "remote" {
+                if settings.body().as_object().is_some_and(|o| !o.is_empty()) {
+                    return Err(
+                        "a remote child has no topic here: its settings are those of --remote-topic on the other cluster".into(),
+                    );
+                }
+                let token = match remote_token_file {
+                    Some(path) => Some(
+                        std::fs::read_to_string(path)
+                            .map_err(|e| format!("--remote-token-file {}: {e}", path.display()))?
+                            .trim()
+                            .to_string(),
+                    ),
+                    None => None,
+                };
+                body["remote"] = json!({
+                    "url": remote_url.as_deref().ok_or("a remote child needs --remote-url")?,
+                    "topic": remote_topic.as_deref().ok_or("a remote child needs --remote-topic")?,
+                    "token": token,
+                    "rate_bytes_per_s": rate_bytes_per_s,
+                });
+            } else {
+                if remote_url.is_some()
+                    || remote_topic.is_some()
+                    || remote_token_file.is_some()
+                    || rate_bytes_per_s.is_some()
+                {
+                    return Err(format!(
+                        "--remote-url, --remote-topic, --remote-token-file and --rate-bytes-per-s are for a remote child, not {kind}"
+                    ));
+                }
+                body["topic"] = settings.body();
+            }
             if let Some(delay_ms) = delay_ms {
                 body["delay_ms"] = json!(delay_ms);
             }
@@ -1218,10 +1275,18 @@ pub fn child(args: &ClientArgs, action: &ChildAction) -> Result<(), String> {
                 Output::Json => print_json(&answer.body),
                 Output::Human => {
                     let verb = created_or_updated(answer.status);
-                    println!(
-                        "{verb} {kind} child {child} of {parent} ({})",
-                        partitions(&answer.body["partitions"])
-                    );
+                    if kind == "remote" {
+                        println!(
+                            "{verb} remote child {child} of {parent} (to {} at {})",
+                            cell(&answer.body["remote"]["topic"]),
+                            cell(&answer.body["remote"]["url"])
+                        );
+                    } else {
+                        println!(
+                            "{verb} {kind} child {child} of {parent} ({})",
+                            partitions(&answer.body["partitions"])
+                        );
+                    }
                 }
             }
         }

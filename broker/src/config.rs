@@ -33,12 +33,6 @@ impl std::fmt::Display for Source {
 pub enum ConfigError {
     #[error("unknown config key {key:?} (from the {from})")]
     UnknownKey { key: String, from: Source },
-    #[error("config key {key:?} (from the {from}) is refused: {feature} are not available in this release")]
-    NotAvailable {
-        key: String,
-        from: Source,
-        feature: &'static str,
-    },
     #[error("config key {key} = {value:?} (from the {from}): {reason}")]
     InvalidValue {
         key: String,
@@ -289,6 +283,14 @@ const KEYS: &[(&str, Kind, Option<&str>)] = &[
     ("auth.enabled", Kind::Bool, Some("false")),
     ("auth.admin_password", Kind::Text, None),
     ("auth.admin_password_file", Kind::Text, None),
+    // Remote children (docs/children.md): the CA their https:// targets
+    // are verified against, and requests in flight per node to each.
+    ("children.remote_ca_file", Kind::Text, None),
+    (
+        "children.remote_max_in_flight",
+        Kind::U64 { min: 1, max: 1024 },
+        Some("4"),
+    ),
     // For tests only: a fault layer under every storage file, switched at
     // runtime through `<data_dir>/fault-control` (see docs/testing.md).
     (
@@ -309,27 +311,6 @@ const NON_CONFIG_ENV: &[&str] = &[
     "NARAD_CERT_FILE",
     "NARAD_KEY_FILE",
 ];
-
-/// Keys of features this release does not have, and the feature: refused
-/// at start with that said, never accepted and ignored (an `auth.enabled`
-/// that enforced nothing would leave a node open while its operator
-/// believes it closed). A prefix ends with `.`.
-const NOT_AVAILABLE: &[(&str, &str)] = &[
-    ("children.", "remote children"),
-    ("remote.", "remote children"),
-];
-
-/// The feature a key belongs to, if this release does not have it.
-fn not_available(key: &str) -> Option<&'static str> {
-    NOT_AVAILABLE.iter().find_map(|(name, feature)| {
-        let hit = if name.ends_with('.') {
-            key.starts_with(name)
-        } else {
-            key == *name
-        };
-        hit.then_some(*feature)
-    })
-}
 
 /// The resolved configuration: every key's value and where it came from.
 #[derive(Debug, Clone)]
@@ -472,13 +453,6 @@ impl Config {
             .map(|(k, _, d)| (*k, (d.map(str::to_string), Source::Default)))
             .collect();
         let mut set = |key: &str, value: String, source: Source| -> Result<(), ConfigError> {
-            if let Some(feature) = not_available(key) {
-                return Err(ConfigError::NotAvailable {
-                    key: key.to_string(),
-                    from: source,
-                    feature,
-                });
-            }
             let (name, kind) = spec(key).ok_or_else(|| ConfigError::UnknownKey {
                 key: key.to_string(),
                 from: source,
@@ -517,7 +491,7 @@ impl Config {
             // one (a typo is refused, not ignored). Other `NARAD_` names are
             // config keys only when they name one (tests use `NARAD_SIM_SEED`
             // and the like for themselves).
-            if name.contains("__") || spec(&key).is_some() || not_available(&key).is_some() {
+            if name.contains("__") || spec(&key).is_some() {
                 set(&key, value, Source::Env)?;
             }
         }

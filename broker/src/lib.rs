@@ -39,4 +39,5 @@ pub mod runtime;
 pub mod schemas;
 pub mod settings;
 pub mod shard;
+pub mod ship;
 pub mod signal;

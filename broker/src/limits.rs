@@ -178,6 +178,23 @@ pub const CHILD_CURSOR_STORE_INTERVAL: Duration = Duration::from_millis(200);
 pub const CHILD_OBSERVED_MARKS_MAX: usize = 4096;
 /// A delay copy notes when commits became visible at most this often.
 pub const CHILD_OBSERVED_COALESCE_MS: u64 = 50;
+/// A remote child's batch (one request of the remote's batch produce API):
+/// at most this many messages and about this many bytes of keys and
+/// values; with a rate, at most `REMOTE_RATE_BATCH_DIVISOR`th of a
+/// second's share.
+pub const REMOTE_SHIP_RECORDS_MAX: usize = 1000;
+pub const REMOTE_SHIP_BYTES_MAX: usize = 1024 * 1024;
+pub const REMOTE_RATE_BATCH_DIVISOR: u64 = 4;
+/// How long one request to a remote cluster may take; one without an
+/// answer by then is sent again (the remote may hold it twice).
+pub const REMOTE_SHIP_TIMEOUT: Duration = Duration::from_secs(10);
+/// Backoff of a remote copy whose request failed, with full jitter.
+pub const REMOTE_RETRY_BACKOFF_MIN: Duration = Duration::from_millis(100);
+pub const REMOTE_RETRY_BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// Requests in flight per node to each remote child
+/// (`children.remote_max_in_flight`): its default and its largest value.
+pub const REMOTE_MAX_IN_FLIGHT_DEFAULT: u64 = 4;
+pub const REMOTE_MAX_IN_FLIGHT_MAX: u64 = 1024;
 /// Messages a redrive moves per batch (leased, written, acked together).
 pub const REDRIVE_BATCH_MAX: usize = 100;
 /// How long a redrive's lease on a dead-letter message lasts: past it, a
@@ -218,6 +235,9 @@ const _: () = assert!(RECENT_IDS_MAX > CHILD_COPY_RECORDS_MAX);
 const _: () = assert!(CHILD_COPY_RECORDS_MAX as u64 <= BATCH_RECORDS_MAX as u64);
 const _: () = assert!((CHILD_COPY_BYTES_MAX as u64) < BATCH_BYTES_MAX);
 const _: () = assert!(CHILD_RETRY_BACKOFF_MIN.as_millis() <= CHILD_RETRY_BACKOFF_MAX.as_millis());
+const _: () = assert!(REMOTE_RETRY_BACKOFF_MIN.as_millis() <= REMOTE_RETRY_BACKOFF_MAX.as_millis());
+// A remote batch fits the batch produce API of any Narad.
+const _: () = assert!(REMOTE_SHIP_RECORDS_MAX <= narad_net::batch::BATCH_MESSAGES_MAX);
 
 /// A move reads at most this many bytes of its source in one call.
 pub const MOVE_CHUNK_BYTES: u64 = 1 << 20;

@@ -22,6 +22,9 @@ pub const FANOUT_CHILD_DROPPED_MESSAGES: &str = "narad_fanout_child_dropped_mess
 pub const FANOUT_CHILD_LAG_MESSAGES: &str = "narad_fanout_child_lag_messages";
 /// Age of the oldest message not yet copied to a child.
 pub const FANOUT_CHILD_LAG_SECONDS: &str = "narad_fanout_child_lag_seconds";
+/// How long until a remote child's oldest message not yet shipped ages
+/// out of its parent.
+pub const REMOTE_CHILD_HEADROOM_SECONDS: &str = "narad_remote_child_headroom_seconds";
 /// Partition moves this node runs as their destination.
 pub const MOVES_IN_PROGRESS: &str = "narad_moves_in_progress";
 /// Bytes partition moves copied to this node.
@@ -87,6 +90,7 @@ pub const ALL: &[(&str, Kind, &str)] = &[
     (FANOUT_CHILD_DROPPED_MESSAGES, Kind::Counter, "Messages a child skipped because its parent's retention removed them first."),
     (FANOUT_CHILD_LAG_MESSAGES, Kind::Gauge, "Messages of a parent not yet copied to a child (this node's partitions)."),
     (FANOUT_CHILD_LAG_SECONDS, Kind::Gauge, "Age of the oldest message not yet copied to a child."),
+    (REMOTE_CHILD_HEADROOM_SECONDS, Kind::Gauge, "Seconds until a remote child's oldest unshipped message ages out of its parent."),
     (DISPATCHER_REROUTES_TOTAL, Kind::Counter, "Records rerouted around an unavailable owner."),
     (HTTP_BUFFERED_BODY_BYTES, Kind::Gauge, "Request-body bytes held by the node."),
     (HTTP_REQUESTS_TOTAL, Kind::Counter, "Requests answered, by route and status."),

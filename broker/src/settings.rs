@@ -32,7 +32,19 @@ pub struct Settings {
     pub raft: Raft,
     pub http: Http,
     pub auth: Auth,
+    pub children: Children,
     pub testing: Testing,
+}
+
+/// Remote children, node-wide.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Children {
+    /// The CA remote children's `https://` targets are verified against
+    /// (else the system's bundle).
+    pub remote_ca_file: Option<String>,
+    /// Requests in flight per node to each remote child.
+    pub remote_max_in_flight: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -141,8 +141,9 @@ fn a_fanout_child_copies_every_later_message_whole_and_keeps_its_cursor_across_a
         );
     }
 
-    // What the API refuses: a replica on one node, a remote child, a child
-    // of a child, a parent deleted under its children.
+    // What the API refuses: a replica on one node, a remote child with a
+    // URL that is not one, a child of a child, a parent deleted under its
+    // children.
     let (status, answer) = put_child(&node, "orders", "dr", json!({"kind": "replica"}));
     assert_eq!(status, 400, "{answer}");
     assert!(answer["error"]["message"]
@@ -153,13 +154,13 @@ fn a_fanout_child_copies_every_later_message_whole_and_keeps_its_cursor_across_a
         &node,
         "orders",
         "far",
-        json!({"kind": "remote", "remote": {"url": "https://x:1", "topic": "t", "token": "t"}}),
+        json!({"kind": "remote", "remote": {"url": "ftp://x:1", "topic": "t", "token": "t"}}),
     );
     assert_eq!(status, 400, "{answer}");
     assert!(answer["error"]["message"]
         .as_str()
         .unwrap_or_default()
-        .contains("remote"));
+        .contains("remote.url"));
     let (status, answer) = put_child(&node, "audit", "deeper", json!({"kind": "fanout"}));
     assert_eq!(status, 400, "{answer}");
     let (status, answer) = node.request("DELETE", "/v1/topics/orders", b"");

@@ -16,6 +16,9 @@
 //!   `orders` has a fanout and a delay child, consumed by a client of their
 //!   own: every message accepted on `orders` after they existed must be
 //!   delivered in each, and none in the delay child before its delay.
+//!   It also has a remote child on a single-node cluster of its own: every
+//!   message accepted on `orders` must be there at least once, unless the
+//!   child counted it dropped, and nothing else.
 //! - Suite 3, a lost volume: under load, one node is killed, its data folder
 //!   deleted, and it rejoins empty. Only the messages that may have been on
 //!   that volume may be lost; every other 202'd message, and every one
@@ -45,7 +48,7 @@ use narad_check::{
 };
 use serde_json::{json, Value};
 use support::cluster::Cluster;
-use support::{eventually, send_and_vanish, try_raw_request, try_request};
+use support::{eventually, send_and_vanish, try_raw_request, try_request, Node};
 
 /// How long a client waits for one answer before recording it as unknown.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -62,6 +65,10 @@ const CLUSTER_NODES: usize = 3;
 /// Suite 2's children of `orders`: (name, delay_ms of a delay child).
 const CHILDREN_PARENT: &str = "orders";
 const CHILDREN: [(&str, Option<u64>); 2] = [("orders-copy", None), ("orders-later", Some(1_500))];
+/// Suite 2's remote child of `orders`, and its topic on a single-node
+/// cluster of its own.
+const REMOTE_CHILD: &str = "orders-dr";
+const REMOTE_TOPIC: &str = "orders-far";
 /// In the fault suite, the share (percent) of produces, consumes and ack
 /// batches a client sends whole and then abandons, closing the connection
 /// before it reads the answer (only while producers run, so the drain is
@@ -640,6 +647,107 @@ fn create_children(cluster: &Cluster, shared: &Shared) {
     }
 }
 
+/// Creates suite 2's remote child: `orders` copied to a topic of another
+/// (single-node) cluster.
+fn create_remote_child(cluster: &Cluster, remote: &Node) {
+    remote.create_topic(REMOTE_TOPIC, json!({"partitions": 2}));
+    let body = json!({
+        "kind": "remote",
+        "remote": {"url": format!("http://{}", remote.addr), "topic": REMOTE_TOPIC},
+    });
+    let path = format!("/v1/topics/{CHILDREN_PARENT}/children/{REMOTE_CHILD}");
+    let created = eventually(SETTLE_DEADLINE, || {
+        matches!(
+            try_request(
+                &cluster.nodes[0].addr,
+                "PUT",
+                &path,
+                body.to_string().as_bytes(),
+                CLIENT_TIMEOUT
+            ),
+            Ok((201 | 200, _))
+        )
+    });
+    assert!(created, "remote child {REMOTE_CHILD} created");
+}
+
+/// After the faults: the remote child catches up, and every message a 202
+/// accepted on its parent is on the remote cluster at least once, unless
+/// the child counted it dropped; the remote holds nothing no producer sent
+/// to the parent. Returns how many copies were there twice or more.
+fn check_remote_copy(shared: &Shared, remote: &Node, seed: u64) -> usize {
+    let mut dropped = 0;
+    let caught_up = eventually(SETTLE_DEADLINE, || {
+        let listing = try_request(
+            &shared.addr(0),
+            "GET",
+            &format!("/v1/topics/{CHILDREN_PARENT}/children"),
+            b"",
+            CLIENT_TIMEOUT,
+        );
+        let Ok((200, listing)) = listing else {
+            return false;
+        };
+        listing["children"].as_array().is_some_and(|children| {
+            children.iter().any(|c| {
+                dropped = c["dropped_messages"].as_u64().unwrap_or(0);
+                c["name"] == REMOTE_CHILD && c["lag_messages"] == 0 && c["state"] == "copying"
+            })
+        })
+    });
+    assert!(caught_up, "the remote child caught up (seed {seed})");
+    let mut required = HashSet::new();
+    let mut sent = HashSet::new();
+    for event in shared.history.events() {
+        match event.op {
+            Op::Produce {
+                topic,
+                value,
+                outcome,
+                ..
+            } if topic == CHILDREN_PARENT => {
+                if matches!(outcome, Outcome::Ok { .. }) {
+                    required.insert(value.clone());
+                }
+                sent.insert(value);
+            }
+            Op::ProduceAbandoned { topic, value } if topic == CHILDREN_PARENT => {
+                sent.insert(value);
+            }
+            _ => {}
+        }
+    }
+    let mut copies: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    eventually(SETTLE_DEADLINE, || {
+        let messages = remote.consume(REMOTE_TOPIC, json!({"max_messages": 1000, "wait_ms": 100}));
+        if !messages.is_empty() {
+            support::ack_batch(remote, REMOTE_TOPIC, &messages);
+        }
+        for message in &messages {
+            let value = message["value"].as_str().unwrap_or_default().to_string();
+            *copies.entry(value).or_insert(0) += 1;
+        }
+        messages.is_empty() && required.iter().all(|v| copies.contains_key(v))
+    });
+    let missing: Vec<&String> = required
+        .iter()
+        .filter(|v| !copies.contains_key(*v))
+        .collect();
+    assert!(
+        missing.len() as u64 <= dropped,
+        "{} of {} accepted messages never reached the remote ({dropped} counted dropped), e.g. {:?} (seed {seed})",
+        missing.len(),
+        required.len(),
+        missing.iter().take(5).collect::<Vec<_>>()
+    );
+    let strays: Vec<&String> = copies.keys().filter(|v| !sent.contains(*v)).collect();
+    assert!(
+        strays.is_empty(),
+        "the remote holds messages nobody sent to {CHILDREN_PARENT}: {strays:?} (seed {seed})"
+    );
+    copies.values().filter(|n| **n > 1).count()
+}
+
 /// Consumes the children, recording each consume, and acks all it gets
 /// (the children keep acks of their own: the parent's are not theirs).
 fn child_consumer(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
@@ -711,8 +819,12 @@ fn children_drained(shared: &Shared) -> bool {
         return false;
     };
     let caught_up = listing["children"].as_array().is_some_and(|children| {
-        children.len() == CHILDREN.len()
-            && children
+        let local: Vec<&Value> = children
+            .iter()
+            .filter(|c| CHILDREN.iter().any(|(name, _)| c["name"] == *name))
+            .collect();
+        local.len() == CHILDREN.len()
+            && local
                 .iter()
                 .all(|c| c["lag_messages"] == 0 && c["state"] == "copying")
     });
@@ -966,6 +1078,9 @@ fn suite_2_faults_every_accepted_message_is_acked_in_the_end() {
     let shared = shared_for(&cluster);
     create_topics(&cluster, &shared, 2_000);
     create_children(&cluster, &shared);
+    let remote_dir = tempfile::tempdir().expect("tmp");
+    let remote = Node::start(&remote_dir.path().join("remote"), &[]);
+    create_remote_child(&cluster, &remote);
     let mix = Mix {
         nack_percent: 5,
         vanish_percent: VANISH_PERCENT,
@@ -1086,6 +1201,8 @@ fn suite_2_faults_every_accepted_message_is_acked_in_the_end() {
     children_stop.store(true, Ordering::SeqCst);
     children_consuming.join().expect("children's consumer");
     keep_logs("suite2-faults", seed, &cluster);
+    let resent = check_remote_copy(&shared, &remote, seed);
+    eprintln!("suite2: {resent} messages are on the remote cluster twice or more (resends)");
     for kind in [
         NemesisAction::Kill,
         NemesisAction::PowerCut,

@@ -258,11 +258,112 @@ impl TopicPatch {
 }
 
 /// The kinds of child `PUT /v1/topics/{parent}/children/{child}` names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ChildKindName {
     Fanout,
     Delay { delay_ms: u64 },
     Replica,
+    Remote(RemoteRequest),
+}
+
+/// The `remote` object of a remote child: a topic of another cluster.
+#[derive(Clone, PartialEq, Eq)]
+pub struct RemoteRequest {
+    /// `http://HOST:PORT` or `https://HOST:PORT`, without a trailing `/`.
+    pub url: String,
+    pub topic: String,
+    pub token: Option<String>,
+    pub rate_bytes_per_s: Option<u64>,
+}
+
+impl std::fmt::Debug for RemoteRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteRequest")
+            .field("url", &self.url)
+            .field("topic", &self.topic)
+            .field("token", &self.token.as_ref().map(|_| "(hidden)"))
+            .field("rate_bytes_per_s", &self.rate_bytes_per_s)
+            .finish()
+    }
+}
+
+/// The longest remote URL and token a remote child takes.
+pub const REMOTE_URL_BYTES_MAX: usize = 2048;
+pub const REMOTE_TOKEN_BYTES_MAX: usize = 4096;
+
+impl RemoteRequest {
+    fn parse(value: Value) -> Result<Self, ApiError> {
+        let Value::Object(map) = value else {
+            return Err(invalid(format!("remote must be an object, got {value}")));
+        };
+        let mut fields = Fields { map };
+        let url = fields
+            .required_string("url")
+            .map_err(|e| ApiError::new(e.code, format!("remote.{}", e.message)))?;
+        let topic = fields
+            .required_string("topic")
+            .map_err(|e| ApiError::new(e.code, format!("remote.{}", e.message)))?;
+        let token = fields
+            .nullable_string("token")
+            .map_err(|e| ApiError::new(e.code, format!("remote.{}", e.message)))?
+            .flatten();
+        let rate_bytes_per_s = fields
+            .u64_in("rate_bytes_per_s", 1, u64::MAX)
+            .map_err(|e| ApiError::new(e.code, format!("remote.{}", e.message)))?;
+        fields
+            .finish()
+            .map_err(|e| ApiError::new(e.code, format!("remote: {}", e.message)))?;
+        let url = remote_url(&url)?;
+        if !crate::names::is_valid_topic_name(&topic) {
+            return Err(invalid(format!(
+                "remote.topic {:?} is not a topic name: 1 to {} characters of A-Z, a-z, 0-9, '.', '_' or '-'",
+                topic.chars().take(64).collect::<String>(),
+                crate::names::TOPIC_NAME_BYTES_MAX
+            )));
+        }
+        if let Some(token) = &token {
+            let printable = token.bytes().all(|b| b.is_ascii_graphic());
+            if token.is_empty() || token.len() > REMOTE_TOKEN_BYTES_MAX || !printable {
+                return Err(invalid(format!(
+                    "remote.token must be 1 to {REMOTE_TOKEN_BYTES_MAX} printable ASCII characters without spaces (a bearer token of the remote cluster); leave it out for a remote without auth"
+                )));
+            }
+        }
+        Ok(Self {
+            url,
+            topic,
+            token,
+            rate_bytes_per_s,
+        })
+    }
+}
+
+/// A remote child's URL, checked: `http://` or `https://`, a host and an
+/// optional port, nothing after them.
+fn remote_url(url: &str) -> Result<String, ApiError> {
+    let trimmed = url.trim_end_matches('/');
+    let rest = trimmed
+        .strip_prefix("https://")
+        .or_else(|| trimmed.strip_prefix("http://"));
+    let well_formed = rest.is_some_and(|rest| {
+        let (host, port) = match rest.rsplit_once(':') {
+            // An IPv6 literal without a port ends with `]`.
+            Some((host, port)) if !port.ends_with(']') => (host, Some(port)),
+            _ => (rest, None),
+        };
+        !host.is_empty()
+            && host.bytes().all(|b| {
+                b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_' | b'[' | b']' | b':')
+            })
+            && port.is_none_or(|p| p.parse::<u16>().is_ok_and(|p| p > 0))
+    });
+    if !well_formed || url.len() > REMOTE_URL_BYTES_MAX {
+        let shown: String = url.chars().take(80).collect();
+        return Err(invalid(format!(
+            "remote.url must look like https://HOST:PORT (or http://HOST:PORT), without a path; got {shown:?}"
+        )));
+    }
+    Ok(trimmed.to_string())
 }
 
 /// `PUT /v1/topics/{parent}/children/{child}`.
@@ -286,7 +387,9 @@ impl ChildRequest {
         let kind = fields.required_string("kind")?;
         let delay_ms = fields.u64_in("delay_ms", 1, CHILD_DELAY_MS_MAX)?;
         let remote = fields.take("remote");
-        let topic = match fields.take("topic") {
+        let topic_field = fields.take("topic");
+        let topic_given = topic_field.as_ref().is_some_and(|t| !t.is_null());
+        let topic = match topic_field {
             None | Some(Value::Null) => TopicPatch::default(),
             Some(value @ Value::Object(_)) => {
                 let bytes =
@@ -302,21 +405,34 @@ impl ChildRequest {
             ("replica", None) => ChildKindName::Replica,
             ("delay", Some(delay_ms)) => ChildKindName::Delay { delay_ms },
             ("delay", None) => return Err(invalid("a delay child needs delay_ms")),
-            ("fanout" | "replica", Some(_)) => {
-                return Err(invalid(format!("delay_ms is only for a delay child, not {kind}")))
+            ("fanout" | "replica" | "remote", Some(_)) => {
+                return Err(invalid(format!(
+                    "delay_ms is only for a delay child, not {kind}"
+                )))
             }
-            ("remote", _) => {
-                return Err(invalid(
-                    "kind \"remote\" (a copy on another cluster) is not available in this version; use fanout, delay or replica",
-                ))
+            ("remote", None) => {
+                let Some(remote) = remote.filter(|r| !r.is_null()) else {
+                    return Err(invalid(
+                        "a remote child needs remote: {\"url\": \"https://HOST:PORT\", \"topic\": \"name\", \"token\": \"...\"}",
+                    ));
+                };
+                if topic_given {
+                    return Err(invalid(
+                        "a remote child has no topic here: its messages go to remote.topic on the remote cluster, whose settings are that cluster's",
+                    ));
+                }
+                return Ok(Self {
+                    kind: ChildKindName::Remote(RemoteRequest::parse(remote)?),
+                    topic,
+                });
             }
             (other, _) => {
                 return Err(invalid(format!(
-                    "kind must be fanout, delay or replica, got {other:?}"
+                    "kind must be fanout, delay, replica or remote, got {other:?}"
                 )))
             }
         };
-        if remote.is_some() {
+        if remote.is_some_and(|r| !r.is_null()) {
             return Err(invalid("remote is only for a remote child"));
         }
         Ok(Self { kind, topic })
@@ -534,9 +650,53 @@ mod tests {
         ] {
             assert_eq!(code(parse(bad)), ErrorCode::InvalidRequest, "{bad:?}");
         }
-        let remote =
-            parse(br#"{"kind":"remote","remote":{"url":"https://x:1"}}"#).expect_err("remote");
-        assert!(remote.message.contains("remote"), "{}", remote.message);
+        let remote = parse(
+            br#"{"kind":"remote","remote":{"url":"https://dr.example:8443/","topic":"orders","token":"t0k","rate_bytes_per_s":1000}}"#,
+        )
+        .expect("remote");
+        assert_eq!(
+            remote.kind,
+            ChildKindName::Remote(RemoteRequest {
+                url: "https://dr.example:8443".into(),
+                topic: "orders".into(),
+                token: Some("t0k".into()),
+                rate_bytes_per_s: Some(1000),
+            })
+        );
+        assert!(
+            !format!("{remote:?}").contains("t0k"),
+            "the token stays hidden"
+        );
+        let open = parse(br#"{"kind":"remote","remote":{"url":"http://[::1]:7","topic":"o"}}"#)
+            .expect("a remote without auth and an IPv6 literal");
+        assert!(matches!(
+            open.kind,
+            ChildKindName::Remote(RemoteRequest { token: None, .. })
+        ));
+        for (bad, says) in [
+            (&br#"{"kind":"remote"}"#[..], "needs remote"),
+            (br#"{"kind":"remote","remote":{"url":"https://x:1"}}"#, "remote.topic"),
+            (br#"{"kind":"remote","remote":{"topic":"t"}}"#, "remote.url"),
+            (br#"{"kind":"remote","remote":{"url":"ftp://x:1","topic":"t"}}"#, "remote.url"),
+            (br#"{"kind":"remote","remote":{"url":"https://x:1/v1","topic":"t"}}"#, "remote.url"),
+            (br#"{"kind":"remote","remote":{"url":"https://x:0","topic":"t"}}"#, "remote.url"),
+            (br#"{"kind":"remote","remote":{"url":"https://x:1","topic":"a/b"}}"#, "remote.topic"),
+            (br#"{"kind":"remote","remote":{"url":"https://x:1","topic":"t","token":"a b"}}"#, "remote.token"),
+            (br#"{"kind":"remote","remote":{"url":"https://x:1","topic":"t","rate_bytes_per_s":0}}"#, "rate_bytes_per_s"),
+            (br#"{"kind":"remote","remote":{"url":"https://x:1","topic":"t"},"topic":{"partitions":2}}"#, "no topic here"),
+            (br#"{"kind":"remote","remote":"https://x:1"}"#, "object"),
+            (br#"{"kind":"fanout","remote":{"url":"https://x:1","topic":"t"}}"#, "only for a remote"),
+        ] {
+            let error = parse(bad).expect_err("refused");
+            assert_eq!(error.code, ErrorCode::InvalidRequest, "{bad:?}");
+            assert!(error.message.contains(says), "{bad:?}: {}", error.message);
+        }
+        assert_eq!(
+            code(parse(
+                br#"{"kind":"remote","remote":{"url":"https://x:1","topic":"t","tokn":"x"}}"#
+            )),
+            ErrorCode::UnknownField
+        );
         assert_eq!(
             code(parse(br#"{"kind":"fanout","colour":1}"#)),
             ErrorCode::UnknownField

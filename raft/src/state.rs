@@ -44,7 +44,7 @@ pub struct Topic {
 }
 
 /// How a child copies its parent.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase")]
 pub enum ChildKind {
     /// As fast as the child's owners take commits.
@@ -53,15 +53,54 @@ pub enum ChildKind {
     Delay { delay_ms: u64 },
     /// Each partition on another node than the parent partition it copies.
     Replica,
+    /// A topic of another Narad cluster, sent to its batch produce API (no
+    /// local child topic).
+    Remote { remote: Box<RemoteTarget> },
 }
 
 impl ChildKind {
-    pub fn name(self) -> &'static str {
+    pub fn name(&self) -> &'static str {
         match self {
             ChildKind::Fanout => "fanout",
             ChildKind::Delay { .. } => "delay",
             ChildKind::Replica => "replica",
+            ChildKind::Remote { .. } => "remote",
         }
+    }
+
+    /// Whether the child is a topic of this cluster.
+    pub fn is_local(&self) -> bool {
+        !matches!(self, ChildKind::Remote { .. })
+    }
+}
+
+/// Where a remote child sends its copies. The token is kept as given (in
+/// the metastore, so on every node's volume) and never shown: not by any
+/// answer, nor by `Debug`.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoteTarget {
+    /// `https://HOST:PORT` (or `http://` for loopback and tests).
+    pub url: String,
+    /// The topic on the remote cluster.
+    pub topic: String,
+    /// A bearer token with the produce grant there; none for a remote
+    /// without auth.
+    #[serde(default)]
+    pub token: Option<String>,
+    /// Bytes (keys and values) per second over the whole cluster; none
+    /// for no limit.
+    #[serde(default)]
+    pub rate_bytes_per_s: Option<u64>,
+}
+
+impl std::fmt::Debug for RemoteTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteTarget")
+            .field("url", &self.url)
+            .field("topic", &self.topic)
+            .field("token", &self.token.as_ref().map(|_| "(hidden)"))
+            .field("rate_bytes_per_s", &self.rate_bytes_per_s)
+            .finish()
     }
 }
 
@@ -281,6 +320,14 @@ pub enum Command {
         new_owners: Vec<NodeId>,
         now_ms: u64,
     },
+    /// Creates a remote child of `parent` (or changes its target): a link
+    /// only, no local topic.
+    PutRemoteChild {
+        parent: String,
+        child: String,
+        remote: Box<RemoteTarget>,
+        now_ms: u64,
+    },
     /// Stops copying to `child`; the child topic stays.
     DeleteChild {
         parent: String,
@@ -386,6 +433,11 @@ pub enum Applied {
     /// The child topic, as PUT left it, and whether this created it.
     ChildPut {
         topic: Topic,
+        created: bool,
+    },
+    /// A remote child's link, as PUT left it, and whether this created it.
+    RemoteChildPut {
+        link: Child,
         created: bool,
     },
     ChildDeleted,
@@ -718,7 +770,13 @@ impl MetaState {
                 config,
                 new_owners,
                 now_ms,
-            } => self.put_child(parent, child, *kind, config, new_owners, *now_ms),
+            } => self.put_child(parent, child, kind.clone(), config, new_owners, *now_ms),
+            Command::PutRemoteChild {
+                parent,
+                child,
+                remote,
+                now_ms,
+            } => self.put_remote_child(parent, child, remote, *now_ms),
             Command::StartRedrive {
                 id,
                 dlq,
@@ -803,14 +861,16 @@ impl MetaState {
                     .topics
                     .get_mut(parent)
                     .and_then(|p| p.children.remove(child));
-                if removed.is_none() {
+                let Some(removed) = removed else {
                     return Err(Refused::NoSuchChild {
                         parent: parent.clone(),
                         child: child.clone(),
                     });
-                }
-                if let Some(topic) = self.topics.get_mut(child) {
-                    topic.parent = None;
+                };
+                if removed.kind.is_local() {
+                    if let Some(topic) = self.topics.get_mut(child) {
+                        topic.parent = None;
+                    }
                 }
                 Ok(Applied::ChildDeleted)
             }
@@ -840,6 +900,13 @@ impl MetaState {
         }
         let existing = self.topics.get(child);
         let created = match (existing, parent_topic.children.get(child)) {
+            (_, Some(link)) if !link.kind.is_local() => {
+                return Err(Refused::ChildKindChange {
+                    child: child.to_string(),
+                    from: link.kind.name().to_string(),
+                    to: kind.name().to_string(),
+                });
+            }
             (Some(topic), Some(link)) if topic.parent.as_deref() == Some(parent) => {
                 if std::mem::discriminant(&link.kind) != std::mem::discriminant(&kind) {
                     return Err(Refused::ChildKindChange {
@@ -899,7 +966,7 @@ impl MetaState {
                 .children
                 .entry(child.to_string())
                 .or_insert(Child {
-                    kind,
+                    kind: kind.clone(),
                     incarnation,
                     created_at_ms: now_ms,
                 });
@@ -907,6 +974,68 @@ impl MetaState {
         }
         let topic = self.topics.get(child).cloned().unwrap_or(topic);
         Ok(Applied::ChildPut { topic, created })
+    }
+
+    /// A remote child is a link of its parent alone: its name may be that
+    /// of a local topic, which it does not touch. Created again, it starts
+    /// afresh (a new incarnation, so new cursors).
+    fn put_remote_child(
+        &mut self,
+        parent: &str,
+        child: &str,
+        remote: &RemoteTarget,
+        now_ms: u64,
+    ) -> Result<Applied, Refused> {
+        if parent == child {
+            return Err(Refused::OwnChild);
+        }
+        let next_incarnation = self.next_incarnation;
+        let Some(parent_topic) = self.topics.get_mut(parent) else {
+            return Err(Refused::NoSuchTopic(parent.to_string()));
+        };
+        if let Some(grandparent) = &parent_topic.parent {
+            return Err(Refused::ChildOfChild {
+                parent: parent.to_string(),
+                grandparent: grandparent.clone(),
+            });
+        }
+        let kind = ChildKind::Remote {
+            remote: Box::new(remote.clone()),
+        };
+        let created = match parent_topic.children.get_mut(child) {
+            Some(link) if link.kind.is_local() => {
+                return Err(Refused::ChildKindChange {
+                    child: child.to_string(),
+                    from: link.kind.name().to_string(),
+                    to: kind.name().to_string(),
+                });
+            }
+            Some(link) => {
+                link.kind = kind;
+                false
+            }
+            None => {
+                parent_topic.children.insert(
+                    child.to_string(),
+                    Child {
+                        kind,
+                        incarnation: next_incarnation,
+                        created_at_ms: now_ms,
+                    },
+                );
+                true
+            }
+        };
+        if created {
+            self.next_incarnation += 1;
+        }
+        let link = self
+            .topics
+            .get(parent)
+            .and_then(|p| p.children.get(child))
+            .cloned()
+            .ok_or_else(|| Refused::NoSuchTopic(parent.to_string()))?;
+        Ok(Applied::RemoteChildPut { link, created })
     }
 
     fn put_topic(
@@ -1110,6 +1239,99 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_remote_child_is_a_link_whose_target_changes_in_place_and_whose_token_stays_hidden() {
+        let mut state = MetaState::default();
+        put(&mut state, "orders", config(2), vec![1, 1]).expect("parent");
+        put(&mut state, "far", config(1), vec![1]).expect("a local topic named as the child");
+        let target = |token: &str| RemoteTarget {
+            url: "https://dr.example:8443".into(),
+            topic: "orders".into(),
+            token: Some(token.into()),
+            rate_bytes_per_s: None,
+        };
+        let remote = |state: &mut MetaState, token: &str| {
+            state.apply(&Command::PutRemoteChild {
+                parent: "orders".into(),
+                child: "far".into(),
+                remote: Box::new(target(token)),
+                now_ms: 7,
+            })
+        };
+        let Ok(Applied::RemoteChildPut {
+            link: first,
+            created: true,
+        }) = remote(&mut state, "tok-one")
+        else {
+            panic!("created")
+        };
+        assert_eq!(first.created_at_ms, 7);
+        assert!(
+            state.topics["far"].parent.is_none(),
+            "the local topic is untouched"
+        );
+        // A new token: the same link (same cursors), the new target.
+        let Ok(Applied::RemoteChildPut {
+            link: second,
+            created: false,
+        }) = remote(&mut state, "tok-two")
+        else {
+            panic!("updated")
+        };
+        assert_eq!(second.incarnation, first.incarnation);
+        assert_eq!(
+            second.kind,
+            ChildKind::Remote {
+                remote: Box::new(target("tok-two"))
+            }
+        );
+        // Neither kind turns into the other.
+        assert!(matches!(
+            put_child(
+                &mut state,
+                "orders",
+                "far",
+                ChildKind::Fanout,
+                config(2),
+                vec![1, 1]
+            ),
+            Err(Refused::ChildKindChange { .. })
+        ));
+        put_child(
+            &mut state,
+            "orders",
+            "audit",
+            ChildKind::Fanout,
+            config(2),
+            vec![1, 1],
+        )
+        .expect("a local child");
+        assert!(matches!(
+            state.apply(&Command::PutRemoteChild {
+                parent: "orders".into(),
+                child: "audit".into(),
+                remote: Box::new(target("x")),
+                now_ms: 8,
+            }),
+            Err(Refused::ChildKindChange { .. })
+        ));
+        assert!(!format!("{:?}", state.topics["orders"]).contains("tok-two"));
+        // Deleted, the local topic of that name stays as it was; created
+        // again, a new incarnation.
+        state
+            .apply(&Command::DeleteChild {
+                parent: "orders".into(),
+                child: "far".into(),
+            })
+            .expect("deleted");
+        assert!(state.topics.contains_key("far"));
+        let Ok(Applied::RemoteChildPut { link: third, .. }) = remote(&mut state, "tok-three")
+        else {
+            panic!("created again")
+        };
+        assert_ne!(third.incarnation, first.incarnation);
+    }
+
     fn put_child(
         state: &mut MetaState,
         parent: &str,
@@ -1149,7 +1371,7 @@ mod tests {
         assert_eq!(topic.parent.as_deref(), Some("orders"));
         let link = &state.topics["orders"].children["audit"];
         assert_eq!(
-            (link.kind, link.incarnation, link.created_at_ms),
+            (link.kind.clone(), link.incarnation, link.created_at_ms),
             (ChildKind::Fanout, topic.incarnation, 9)
         );
         // Again: updated, not created; the kind cannot change.

@@ -108,29 +108,39 @@ fn unknown_keys_and_bad_values_are_refused_naming_the_key() {
 }
 
 #[test]
-fn keys_of_features_not_in_this_release_are_refused_from_every_source() {
-    for (key, value) in [
-        ("remote.rate_bytes_per_s", "1000"),
-        ("children.remote_max_in_flight", "4"),
-    ] {
-        let flag = Config::resolve(None, Vec::new(), &flags(&[(key, value)])).expect_err("flag");
-        assert!(
-            flag.to_string().contains(key) && flag.to_string().contains("not available"),
-            "{flag}"
-        );
-        let env = Config::resolve(None, vec![(env_name(key), value.to_string())], &[])
-            .expect_err("environment");
-        assert!(env.to_string().contains(key), "{env}");
-    }
+fn remote_children_keys_are_taken_from_every_source_and_their_bounds_kept() {
+    let key = "children.remote_max_in_flight";
+    let flag = Config::resolve(None, Vec::new(), &flags(&[(key, "8")])).expect("flag");
+    assert_eq!(flag.text(key), Some("8"));
+    let env = Config::resolve(None, vec![(env_name(key), "9".to_string())], &[]).expect("env");
+    assert_eq!(env.text(key), Some("9"));
     let file = Config::resolve(
-        Some(("f.toml", "[children]\nremote_max_in_flight = 4\n")),
+        Some((
+            "f.toml",
+            "[children]\nremote_max_in_flight = 5\nremote_ca_file = \"/ca.pem\"\n",
+        )),
         Vec::new(),
         &[],
     )
-    .expect_err("file");
+    .expect("file");
+    assert_eq!(file.text(key), Some("5"));
+    assert_eq!(file.text("children.remote_ca_file"), Some("/ca.pem"));
+    let defaults = Config::resolve(None, Vec::new(), &[]).expect("defaults");
+    assert_eq!(defaults.text(key), Some("4"));
+    for bad in ["0", "1025", "many"] {
+        let refused = Config::resolve(None, Vec::new(), &flags(&[(key, bad)])).expect_err(bad);
+        assert!(refused.to_string().contains(key), "{refused}");
+    }
+    // The child's own settings are not node keys.
+    let unknown = Config::resolve(
+        None,
+        Vec::new(),
+        &flags(&[("remote.rate_bytes_per_s", "1")]),
+    )
+    .expect_err("unknown");
     assert!(
-        file.to_string().contains("children.remote_max_in_flight"),
-        "{file}"
+        unknown.to_string().contains("remote.rate_bytes_per_s"),
+        "{unknown}"
     );
 }
 

@@ -186,6 +186,8 @@ struct NodeShared {
     wal_failed: Arc<AtomicBool>,
     /// Connections and request bodies the node's clients hold, all shards.
     http_budget: Arc<NodeBudget>,
+    /// Where remote children's copies leave the node.
+    ship: Arc<dyn crate::ship::Ship + Send + Sync>,
 }
 
 impl NodeShared {
@@ -283,8 +285,20 @@ pub fn run(config: Config) -> Result<(), String> {
         ),
         _ => None,
     };
+    // A CA file that cannot serve is refused now, not at the first copy.
+    if let Some(ca_file) = &settings.children.remote_ca_file {
+        narad_net::tls::client_config(&narad_net::tls::ClientTlsFiles {
+            ca_file: Some(ca_file.clone()),
+            ..Default::default()
+        })
+        .map_err(|e| format!("children.remote_ca_file {ca_file}: {e}"))?;
+    }
     let (stopping, stop_signalled) = mpsc::channel();
     let stop = handle_signals(stopping.clone(), tls.clone())?;
+    let ship = crate::ship::Shipper::start(
+        settings.children.remote_ca_file.clone(),
+        usize::try_from(settings.children.remote_max_in_flight).unwrap_or(usize::MAX),
+    )?;
     let faults = fault_control(&settings, &data_dir)?;
     let blocking_fs = BlockingFs::with_faults(faults.clone());
     let epoch = next_epoch(&blocking_fs, &data_dir)?;
@@ -367,6 +381,7 @@ pub fn run(config: Config) -> Result<(), String> {
             usize::try_from(settings.http.max_connections).unwrap_or(usize::MAX),
             settings.http.max_buffered_body_bytes,
         ),
+        ship: Arc::new(ship),
     });
     let cpus = std::thread::available_parallelism().map_or(1, usize::from);
     let (startup, started) = mpsc::channel();

@@ -196,6 +196,9 @@ pub struct ShardGauges {
     pub partitions: Vec<(String, u32, PartitionStats)>,
     /// Every copy to a child this shard runs.
     pub copies: Vec<CopyFigures>,
+    /// (parent, child, headroom in ms; `u64::MAX`: no limit) of every copy
+    /// to a remote child this shard runs.
+    pub remote_headroom: Vec<(String, String, u64)>,
 }
 
 /// A move's destination asks the partition's source (its owner) for what

@@ -9,8 +9,8 @@
 //! (at least once); nothing is skipped but what the parent's retention
 //! removed first, which is counted.
 
-use narad_net::types::{ChildKindName, ChildRequest};
-use narad_raft::state::{Child, ChildKind};
+use narad_net::types::{ChildKindName, ChildRequest, RemoteRequest};
+use narad_raft::state::{Child, ChildKind, RemoteTarget};
 use narad_storage::cursor::Cursor;
 use narad_storage::log::StoredMessage;
 
@@ -20,8 +20,10 @@ use crate::limits::{
     CHILD_BEHIND_AFTER_MS, CHILD_COPY_BYTES_MAX, CHILD_COPY_RECORDS_MAX,
     CHILD_CURSOR_STORE_INTERVAL, CHILD_IDLE_RECHECK, CHILD_OBSERVED_COALESCE_MS,
     CHILD_OBSERVED_MARKS_MAX, CHILD_RETRY_BACKOFF_MAX, CHILD_RETRY_BACKOFF_MIN,
-    CHILD_START_CLOCK_SLACK_MS,
+    CHILD_START_CLOCK_SLACK_MS, REMOTE_RATE_BATCH_DIVISOR, REMOTE_RETRY_BACKOFF_MAX,
+    REMOTE_RETRY_BACKOFF_MIN, REMOTE_SHIP_BYTES_MAX, REMOTE_SHIP_RECORDS_MAX,
 };
+use crate::ship::Shipment;
 
 /// One copy: a parent partition of this shard to one child.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -40,6 +42,13 @@ pub(super) struct CopyState {
     lag_ms: Cell<u64>,
     dropped: Cell<u64>,
     last_error: RefCell<Option<String>>,
+    /// A remote copy's headroom: how long until its oldest message not yet
+    /// shipped ages out of the parent (`u64::MAX`: never); `None` for the
+    /// other kinds.
+    headroom_ms: Cell<Option<u64>>,
+    /// The link as the copy last saw it: a change (a remote child's new
+    /// token) wakes the copy, which tries again at once.
+    link: RefCell<Option<ChildKind>>,
     stop: Cell<bool>,
     /// Raised to stop the copy.
     wake: Signal,
@@ -49,6 +58,12 @@ pub(super) struct CopyState {
 
 /// The copies this shard runs.
 pub(super) type Copies = RefCell<HashMap<CopyKey, Rc<CopyState>>>;
+
+/// Where a copy goes: a topic of this cluster, or one of another.
+enum Target {
+    Local(Rc<Topic>),
+    Remote(RemoteTarget),
+}
 
 /// A child as `GET /v1/topics/{parent}/children` shows it: its figures
 /// summed over the parent's partitions.
@@ -179,6 +194,15 @@ impl<F: FileSystem> Shard<F> {
             ChildKindName::Fanout => ChildKind::Fanout,
             ChildKindName::Delay { delay_ms } => ChildKind::Delay { delay_ms },
             ChildKindName::Replica => ChildKind::Replica,
+            ChildKindName::Remote(remote) => {
+                return Err(ApiError::new(
+                    ErrorCode::Internal,
+                    format!(
+                        "a remote child ({}) goes through put_remote_child",
+                        remote.url
+                    ),
+                ))
+            }
         };
         let existing = self.view().state.topics.get(child).cloned();
         let mut patch = request.topic;
@@ -187,7 +211,7 @@ impl<F: FileSystem> Shard<F> {
             patch.partitions = Some(parent_topic.config.partitions);
         }
         let (config, added) = self.resolve_config(existing.as_ref(), patch)?;
-        let new_owners = match (kind, &existing) {
+        let new_owners = match (&kind, &existing) {
             (ChildKind::Replica, None) => {
                 if config.partitions != parent_topic.config.partitions {
                     return Err(ApiError::new(
@@ -213,7 +237,7 @@ impl<F: FileSystem> Shard<F> {
         let command = Command::PutChild {
             parent: parent.to_string(),
             child: child.to_string(),
-            kind,
+            kind: kind.clone(),
             config,
             new_owners,
             now_ms: self.now(),
@@ -237,6 +261,49 @@ impl<F: FileSystem> Shard<F> {
         .await;
         self.reconcile_owners();
         Ok((created, topic))
+    }
+
+    /// Creates a remote child, or changes its target (a new token, URL,
+    /// topic or rate: the copy goes on from its cursor with it). Returns
+    /// whether it was created, and the link.
+    pub async fn put_remote_child(
+        &self,
+        parent: &str,
+        child: &str,
+        remote: RemoteRequest,
+    ) -> Result<(bool, Child), ApiError> {
+        self.topic(parent)?;
+        let remote = Box::new(RemoteTarget {
+            url: remote.url,
+            topic: remote.topic,
+            token: remote.token,
+            rate_bytes_per_s: remote.rate_bytes_per_s,
+        });
+        let command = Command::PutRemoteChild {
+            parent: parent.to_string(),
+            child: child.to_string(),
+            remote,
+            now_ms: self.now(),
+        };
+        let (created, link) = match self.propose(command).await? {
+            Applied::RemoteChildPut { link, created } => (created, link),
+            _ => {
+                return Err(ApiError::new(
+                    ErrorCode::Internal,
+                    "the metastore answered a child change oddly",
+                ))
+            }
+        };
+        let (parent_name, child_name, kind) =
+            (parent.to_string(), child.to_string(), link.kind.clone());
+        self.applied_here_when(|state| {
+            state
+                .topics
+                .get(&parent_name)
+                .is_some_and(|p| p.children.get(&child_name).is_some_and(|c| c.kind == kind))
+        })
+        .await;
+        Ok((created, link))
     }
 
     /// Stops copying to `child` (the child topic stays).
@@ -292,11 +359,12 @@ impl<F: FileSystem> Shard<F> {
                     continue;
                 }
                 for (name, link) in &parent.children {
-                    let child_exists = view
-                        .state
-                        .topics
-                        .get(name)
-                        .is_some_and(|c| c.incarnation == link.incarnation);
+                    let child_exists = !link.kind.is_local()
+                        || view
+                            .state
+                            .topics
+                            .get(name)
+                            .is_some_and(|c| c.incarnation == link.incarnation);
                     if child_exists {
                         let key = CopyKey {
                             parent: parent.name.clone(),
@@ -305,26 +373,34 @@ impl<F: FileSystem> Shard<F> {
                             child: name.clone(),
                             child_incarnation: link.incarnation,
                         };
-                        wanted.insert(key, ());
+                        wanted.insert(key, link.kind.clone());
                     }
                 }
             }
         }
         let mut copies = self.copies.borrow_mut();
         copies.retain(|key, state| {
-            let keep = wanted.contains_key(key);
-            if !keep {
+            let Some(kind) = wanted.get(key) else {
                 tracing::debug!(?key, "stopping a copy");
                 state.stop.set(true);
                 state.wake.notify();
+                return false;
+            };
+            let mut seen = state.link.borrow_mut();
+            if seen.as_ref() != Some(kind) {
+                *seen = Some(kind.clone());
+                state.wake.notify();
             }
-            keep
+            true
         });
-        for key in wanted.into_keys() {
+        for (key, kind) in wanted {
             if copies.contains_key(&key) {
                 continue;
             }
-            let state = Rc::new(CopyState::default());
+            let state = Rc::new(CopyState {
+                link: RefCell::new(Some(kind)),
+                ..CopyState::default()
+            });
             copies.insert(key.clone(), state.clone());
             let shard = self.clone();
             self.env
@@ -391,9 +467,33 @@ impl<F: FileSystem> Shard<F> {
             .collect()
     }
 
+    /// (parent, child, headroom) of this shard's remote copies that have
+    /// looked at their partition.
+    pub(super) fn remote_headroom(&self) -> Vec<(String, String, u64)> {
+        self.copies
+            .borrow()
+            .iter()
+            .filter_map(|(key, state)| {
+                let headroom = state.headroom_ms.get()?;
+                Some((key.parent.clone(), key.child.clone(), headroom))
+            })
+            .collect()
+    }
+
     /// Runs one copy until it is stopped, trying again after failures.
     async fn run_copy(self: Rc<Self>, key: CopyKey, state: Rc<CopyState>) {
-        let mut backoff = CHILD_RETRY_BACKOFF_MIN;
+        let remote = state
+            .link
+            .borrow()
+            .as_ref()
+            .is_some_and(|kind| !kind.is_local());
+        let (backoff_min, backoff_max) = if remote {
+            (REMOTE_RETRY_BACKOFF_MIN, REMOTE_RETRY_BACKOFF_MAX)
+        } else {
+            (CHILD_RETRY_BACKOFF_MIN, CHILD_RETRY_BACKOFF_MAX)
+        };
+        let mut backoff = backoff_min;
+        let mut attempt: u64 = 0;
         // Kept across attempts: a failed attempt must not make a delay
         // child's waiting copies wait a whole delay again.
         let mut observed = Observed::default();
@@ -408,12 +508,17 @@ impl<F: FileSystem> Shard<F> {
                         tracing::warn!(parent = %key.parent, partition = key.partition, child = %key.child, %error, "copying to a child failed; trying again");
                     }
                     *state.last_error.borrow_mut() = Some(error.message);
+                    // Full jitter between the least backoff and this
+                    // attempt's ceiling: copies that failed together (a
+                    // remote that went away) do not come back together.
+                    attempt += 1;
+                    let wait = jittered(backoff_min, backoff, self.jitter_seed(&key, attempt));
                     futures_lite::future::or(
                         state.wake.changed(seen),
-                        self.env.runtime.sleep(backoff),
+                        self.env.runtime.sleep(wait),
                     )
                     .await;
-                    backoff = (backoff * 2).min(CHILD_RETRY_BACKOFF_MAX);
+                    backoff = (backoff * 2).min(backoff_max);
                 }
             }
         }
@@ -430,8 +535,9 @@ impl<F: FileSystem> Shard<F> {
         self.forget_cursor_if_unlinked(&key).await;
     }
 
-    /// The parent, the child and their link, while the copy should run.
-    fn copy_topics(&self, key: &CopyKey) -> Option<(Rc<Topic>, Rc<Topic>, Child)> {
+    /// The parent, where the copy goes and their link, while the copy
+    /// should run.
+    fn copy_topics(&self, key: &CopyKey) -> Option<(Rc<Topic>, Target, Child)> {
         let parent = self
             .topic(&key.parent)
             .ok()
@@ -441,11 +547,15 @@ impl<F: FileSystem> Shard<F> {
             .get(&key.child)
             .filter(|c| c.incarnation == key.child_incarnation)?
             .clone();
-        let child = self
-            .topic(&key.child)
-            .ok()
-            .filter(|t| t.incarnation == key.child_incarnation)?;
-        Some((parent, child, link))
+        let target = match &link.kind {
+            ChildKind::Remote { remote } => Target::Remote((**remote).clone()),
+            _ => Target::Local(
+                self.topic(&key.child)
+                    .ok()
+                    .filter(|t| t.incarnation == key.child_incarnation)?,
+            ),
+        };
+        Some((parent, target, link))
     }
 
     fn cursor_place(&self, key: &CopyKey) -> (PathBuf, String) {
@@ -505,7 +615,7 @@ impl<F: FileSystem> Shard<F> {
             let due_to_store =
                 now.saturating_sub(stored_at) >= CHILD_CURSOR_STORE_INTERVAL.as_millis() as u64;
             let ending = state.stop.get() || self.is_stopping();
-            let Some((parent, child, link)) = self.copy_topics(key).filter(|_| !ending) else {
+            let Some((parent, target, link)) = self.copy_topics(key).filter(|_| !ending) else {
                 if position != cursor.position() {
                     cursor.store(position).await.map_err(|e| from_storage(&e))?;
                 }
@@ -534,6 +644,11 @@ impl<F: FileSystem> Shard<F> {
             if position >= high_watermark {
                 state.lag_messages.set(0);
                 state.lag_ms.set(0);
+                if let Target::Remote(_) = target {
+                    state
+                        .headroom_ms
+                        .set(Some(headroom_ms(parent.config.retention_ms, None, now)));
+                }
                 *state.last_error.borrow_mut() = None;
                 // Caught up with a cursor not stored yet: look again when
                 // it is due to be.
@@ -546,8 +661,20 @@ impl<F: FileSystem> Shard<F> {
                 self.idle(&owner, seen, state, woken, at_most).await;
                 continue;
             }
+            let (records_max, bytes_max) = match &target {
+                Target::Local(_) => (CHILD_COPY_RECORDS_MAX, CHILD_COPY_BYTES_MAX),
+                Target::Remote(remote) => (
+                    REMOTE_SHIP_RECORDS_MAX,
+                    self.rate_share(&parent, remote)
+                        .map_or(REMOTE_SHIP_BYTES_MAX, |share| {
+                            usize::try_from(share / REMOTE_RATE_BATCH_DIVISOR)
+                                .unwrap_or(usize::MAX)
+                                .clamp(1, REMOTE_SHIP_BYTES_MAX)
+                        }),
+                ),
+            };
             let batch = owner
-                .read(position, CHILD_COPY_RECORDS_MAX, CHILD_COPY_BYTES_MAX)
+                .read(position, records_max, bytes_max)
                 .await
                 .map_err(|e| from_owner(&e))?;
             let Some(first) = batch.first() else {
@@ -558,9 +685,16 @@ impl<F: FileSystem> Shard<F> {
                 continue;
             };
             state.lag_messages.set(high_watermark - position);
+            if let Target::Remote(_) = target {
+                state.headroom_ms.set(Some(headroom_ms(
+                    parent.config.retention_ms,
+                    Some(first.message.produced_at_ms),
+                    now,
+                )));
+            }
             let delay_ms = match link.kind {
                 ChildKind::Delay { delay_ms } => Some(delay_ms),
-                ChildKind::Fanout | ChildKind::Replica => None,
+                ChildKind::Fanout | ChildKind::Replica | ChildKind::Remote { .. } => None,
             };
             let oldest_due = delay_ms.map_or(first.message.produced_at_ms, |delay| {
                 due_at(first, observed, delay, now)
@@ -579,10 +713,14 @@ impl<F: FileSystem> Shard<F> {
                 continue;
             }
             let copied = batch.get(..due).unwrap_or_default();
-            if let Err(error) = self
-                .copy_to_child(&parent, &child, key.partition, copied)
-                .await
-            {
+            let sent = match &target {
+                Target::Local(child) => {
+                    self.copy_to_child(&parent, child, key.partition, copied)
+                        .await
+                }
+                Target::Remote(remote) => self.ship(key, &parent, remote, copied).await,
+            };
+            if let Err(error) = sent {
                 // Keep what was confirmed before this attempt failed.
                 if position != cursor.position() {
                     cursor.store(position).await.map_err(|e| from_storage(&e))?;
@@ -658,6 +796,51 @@ impl<F: FileSystem> Shard<F> {
         Ok(())
     }
 
+    /// Sends messages of one parent partition to a remote child; Ok once the
+    /// remote answered 202 for all of them.
+    async fn ship(
+        &self,
+        key: &CopyKey,
+        parent: &Topic,
+        remote: &RemoteTarget,
+        messages: &[StoredMessage],
+    ) -> Result<(), ApiError> {
+        let shipment = Shipment {
+            lane: format!("{}/{}/{}", key.parent, key.child, key.child_incarnation),
+            target: remote.clone(),
+            messages: messages
+                .iter()
+                .map(|m| (m.message.key.clone(), m.message.value.clone()))
+                .collect(),
+            rate_bytes_per_s: self.rate_share(parent, remote),
+        };
+        self.env
+            .ship
+            .ship(shipment)
+            .await
+            .map_err(|message| ApiError::new(ErrorCode::OwnerUnreachable, message))
+    }
+
+    /// This node's share of a remote child's byte rate: in proportion to
+    /// the parent partitions it owns (at least a byte a second).
+    fn rate_share(&self, parent: &Topic, remote: &RemoteTarget) -> Option<u64> {
+        let rate = remote.rate_bytes_per_s?;
+        let total = parent.owners.len().max(1) as u64;
+        let node = NodeId::from(self.identity.node_id);
+        let mine = parent.owners.iter().filter(|o| **o == node).count().max(1) as u64;
+        Some((u128::from(rate) * u128::from(mine) / u128::from(total)).max(1) as u64)
+    }
+
+    /// A seed for one retry's jitter: differs by copy and attempt, and
+    /// repeats under a seeded simulation.
+    fn jitter_seed(&self, key: &CopyKey, attempt: u64) -> u64 {
+        let mut seed = self.identity.incarnation ^ attempt.rotate_left(32);
+        for byte in key.parent.bytes().chain(key.child.bytes()) {
+            seed = (seed ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+        }
+        seed ^ u64::from(key.partition) ^ self.now()
+    }
+
     /// Where a new child's copy of this partition starts: the first message
     /// accepted after the child was created (less the clock slack), found
     /// going back from the end; at most the end of the partition now.
@@ -705,6 +888,33 @@ impl<F: FileSystem> Shard<F> {
     }
 }
 
+/// A wait from `min` to `ceiling`, spread by `seed` (splitmix64).
+fn jittered(min: Duration, ceiling: Duration, seed: u64) -> Duration {
+    let mut z = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    let low = min.min(ceiling).as_millis() as u64;
+    let high = ceiling.as_millis() as u64;
+    Duration::from_millis(low + z % (high - low + 1))
+}
+
+/// How long until a remote copy's oldest message not yet shipped
+/// (`oldest_produced_at_ms`; none: nothing waits) ages out of a parent
+/// that keeps messages `retention_ms` (0: forever, `u64::MAX` here).
+fn headroom_ms(retention_ms: u64, oldest_produced_at_ms: Option<u64>, now_ms: u64) -> u64 {
+    if retention_ms == 0 {
+        return u64::MAX;
+    }
+    match oldest_produced_at_ms {
+        None => retention_ms,
+        Some(produced) => produced
+            .saturating_add(retention_ms)
+            .saturating_sub(now_ms)
+            .min(retention_ms),
+    }
+}
+
 /// Sums each child's copies over the parent's partitions.
 pub fn child_statuses(parent: &Topic, copies: &[CopyFigures]) -> Vec<ChildStatus> {
     parent
@@ -739,7 +949,7 @@ pub fn child_statuses(parent: &Topic, copies: &[CopyFigures]) -> Vec<ChildStatus
             });
             ChildStatus {
                 name: name.clone(),
-                kind: link.kind,
+                kind: link.kind.clone(),
                 lag_messages,
                 lag_seconds: lag_ms as f64 / 1000.0,
                 dropped_messages: mine.iter().map(|c| c.dropped).sum(),

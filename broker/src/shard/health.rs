@@ -69,6 +69,7 @@ impl<F: FileSystem> Shard<F> {
             dispatcher_pending: self.dispatcher_pending() as u64,
             partitions,
             copies: self.copy_figures(None),
+            remote_headroom: self.remote_headroom(),
         }
     }
 

@@ -229,6 +229,8 @@ pub struct ShardEnv<F: FileSystem = NodeFs> {
     pub wal_failed: Arc<AtomicBool>,
     /// The node's connections and request bodies (for its metrics).
     pub http_budget: Arc<NodeBudget>,
+    /// Where remote children's copies leave the node.
+    pub ship: Arc<dyn crate::ship::Ship + Send + Sync>,
 }
 
 /// The partitions of this shard, each opened on first use.

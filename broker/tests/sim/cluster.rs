@@ -172,6 +172,24 @@ impl StandIn {
 }
 
 /// One node's handle on the stand-in.
+/// The simulated cluster has no other cluster to ship to: a remote child
+/// here would stay failing with this said.
+struct NoRemoteClusters;
+
+impl narad_broker::ship::Ship for NoRemoteClusters {
+    fn ship(
+        &self,
+        shipment: narad_broker::ship::Shipment,
+    ) -> narad_raft::node::BoxFuture<Result<(), String>> {
+        let url = shipment.target.url;
+        Box::pin(async move {
+            Err(format!(
+                "could not reach the remote {url}: the simulation has no other cluster"
+            ))
+        })
+    }
+}
+
 struct NodeMeta {
     standin: Rc<StandIn>,
     me: NodeId,
@@ -523,6 +541,7 @@ impl SimCluster {
                     metrics: metrics_handle(),
                     wal_failed: wal_failed.clone(),
                     http_budget: NodeBudget::new(1024, 1 << 30),
+                    ship: Arc::new(NoRemoteClusters),
                 },
             });
             let recovered = recovery

@@ -1,0 +1,214 @@
+//! Remote children's copies leave the node here: a [`Ship`] takes a batch
+//! of one parent partition for a topic of another Narad cluster and
+//! answers once that cluster answered 202 (or why not).
+//!
+//! [`Shipper`] is the node's: one thread with a tokio runtime, where
+//! `narad-client` sends each batch with the remote's batch produce API.
+//! Shards await its answers from glommio. Per remote child (a lane) it
+//! keeps one client (its connection pool, token and TLS), at most
+//! `children.remote_max_in_flight` requests in flight, and the child's
+//! byte rate, as this node's share of it. A request is tried once: the
+//! copy that sent it decides when to send it again, from its cursor.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use narad_client::{Client, ClientTlsFiles, Error as ClientError, Outgoing, RetryPolicy};
+use narad_raft::node::BoxFuture;
+use narad_raft::state::RemoteTarget;
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+
+use crate::limits::REMOTE_SHIP_TIMEOUT;
+
+/// One batch for a remote child.
+pub struct Shipment {
+    /// The remote child (`parent/child/incarnation`): its lane.
+    pub lane: String,
+    pub target: RemoteTarget,
+    /// Keys and values, in the parent partition's order.
+    pub messages: Vec<(Option<Vec<u8>>, Bytes)>,
+    /// This node's share of the child's byte rate, if it has one.
+    pub rate_bytes_per_s: Option<u64>,
+}
+
+impl Shipment {
+    /// Bytes of keys and values: what the rate counts.
+    pub fn bytes(&self) -> u64 {
+        self.messages
+            .iter()
+            .map(|(key, value)| (key.as_ref().map_or(0, Vec::len) + value.len()) as u64)
+            .sum()
+    }
+}
+
+/// Sends batches to remote clusters; `Err` says why one was not taken (a
+/// line for the child's status and the log, with the remote's URL).
+pub trait Ship {
+    fn ship(&self, shipment: Shipment) -> BoxFuture<Result<(), String>>;
+}
+
+/// The node's [`Ship`]: a thread of its own with a tokio runtime.
+pub struct Shipper {
+    runtime: tokio::runtime::Handle,
+    lanes: Arc<Mutex<HashMap<String, Arc<Lane>>>>,
+    ca_file: Option<String>,
+    max_in_flight: usize,
+    /// Dropped to end the thread.
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+/// What is kept per remote child.
+struct Lane {
+    in_flight: Semaphore,
+    /// When the rate lets the next batch go.
+    next_free: Mutex<Instant>,
+    /// The client of the target it was made for (a new URL or token makes
+    /// a new one).
+    client: Mutex<Option<(String, Option<String>, Client)>>,
+}
+
+impl Shipper {
+    /// Starts the thread. `ca_file`: the CA `https://` remotes are verified
+    /// against (else the system's bundle).
+    pub fn start(ca_file: Option<String>, max_in_flight: usize) -> Result<Self, String> {
+        let (ready_sender, ready) = std::sync::mpsc::channel();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        std::thread::Builder::new()
+            .name("narad-ship".into())
+            .spawn(move || {
+                let runtime = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(runtime) => runtime,
+                    Err(error) => {
+                        let _ = ready_sender.send(Err(error.to_string()));
+                        return;
+                    }
+                };
+                let _ = ready_sender.send(Ok(runtime.handle().clone()));
+                // Runs the shipments until the node drops its shipper.
+                runtime.block_on(async move {
+                    let _ = stopped.await;
+                });
+            })
+            .map_err(|e| format!("starting the remote children's thread: {e}"))?;
+        let runtime = ready
+            .recv()
+            .map_err(|e| format!("starting the remote children's thread: {e}"))??;
+        Ok(Self {
+            runtime,
+            lanes: Arc::new(Mutex::new(HashMap::new())),
+            ca_file,
+            max_in_flight: max_in_flight.max(1),
+            _stop: stop,
+        })
+    }
+
+    fn lane(&self, name: &str) -> Arc<Lane> {
+        let mut lanes = self.lanes.lock().unwrap_or_else(|e| e.into_inner());
+        lanes
+            .entry(name.to_string())
+            .or_insert_with(|| {
+                Arc::new(Lane {
+                    in_flight: Semaphore::new(self.max_in_flight),
+                    next_free: Mutex::new(Instant::now()),
+                    client: Mutex::new(None),
+                })
+            })
+            .clone()
+    }
+}
+
+impl Ship for Shipper {
+    fn ship(&self, shipment: Shipment) -> BoxFuture<Result<(), String>> {
+        let lane = self.lane(&shipment.lane);
+        let ca_file = self.ca_file.clone();
+        let task = self.runtime.spawn(async move {
+            let _permit = lane
+                .in_flight
+                .acquire()
+                .await
+                .map_err(|_| "the node is stopping".to_string())?;
+            if let Some(rate) = shipment.rate_bytes_per_s.filter(|r| *r > 0) {
+                let cost = Duration::from_secs_f64(shipment.bytes() as f64 / rate as f64);
+                let start = {
+                    let mut next = lane.next_free.lock().unwrap_or_else(|e| e.into_inner());
+                    let start = (*next).max(Instant::now());
+                    *next = start + cost;
+                    start
+                };
+                tokio::time::sleep_until(start).await;
+            }
+            let client = lane.client_for(&shipment.target, ca_file)?;
+            let messages: Vec<Outgoing> = shipment
+                .messages
+                .into_iter()
+                .map(|(key, value)| Outgoing {
+                    key: key.map(|k| String::from_utf8_lossy(&k).into_owned()),
+                    value,
+                })
+                .collect();
+            client
+                .produce_batch(&shipment.target.topic, &messages)
+                .await
+                .map(|_| ())
+                .map_err(|error| describe(&shipment.target.url, &error))
+        });
+        Box::pin(async move {
+            task.await
+                .map_err(|e| format!("the shipment was cut short: {e}"))?
+        })
+    }
+}
+
+impl Lane {
+    fn client_for(&self, target: &RemoteTarget, ca_file: Option<String>) -> Result<Client, String> {
+        let mut slot = self.client.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((url, token, client)) = slot.as_ref() {
+            if *url == target.url && *token == target.token {
+                return Ok(client.clone());
+            }
+        }
+        let mut builder = Client::builder(&target.url)
+            .timeout(REMOTE_SHIP_TIMEOUT)
+            .retry(RetryPolicy {
+                attempts: 1,
+                ..RetryPolicy::default()
+            })
+            .tls(ClientTlsFiles {
+                ca_file,
+                ..ClientTlsFiles::default()
+            });
+        if let Some(token) = &target.token {
+            builder = builder.token(token);
+        }
+        let client = builder
+            .build()
+            .map_err(|error| describe(&target.url, &error))?;
+        *slot = Some((target.url.clone(), target.token.clone(), client.clone()));
+        Ok(client)
+    }
+}
+
+/// A failed shipment as the child's status says it.
+fn describe(url: &str, error: &ClientError) -> String {
+    match error {
+        ClientError::Api { status, error } => format!(
+            "the remote {url} answered {status} {}: {}",
+            error.code.as_str(),
+            error.message
+        ),
+        ClientError::Transport(detail) => format!("could not reach the remote: {detail}"),
+        ClientError::Tls(detail) => format!(
+            "TLS with the remote failed (is children.remote_ca_file the CA that signed its certificate?): {detail}"
+        ),
+        ClientError::Config(detail) => format!("the remote child's settings: {detail}"),
+        ClientError::BadResponse(detail) => {
+            format!("the remote {url} answered what Narad does not: {detail}")
+        }
+    }
+}
