@@ -550,3 +550,101 @@ fn failing_over_to_the_remote_cluster_and_back() {
         before_loss.len()
     );
 }
+
+#[test]
+fn a_remote_child_verifies_the_remote_against_its_ca_and_keeps_to_its_rate() {
+    use support::tls::{path, TestCa};
+    let tmp = tempfile::tempdir().expect("tmp");
+    let ca = TestCa::new(tmp.path(), "dr");
+    let server = ca.issue("remote", &["127.0.0.1"]);
+    let ca_file = path(&ca.cert_file);
+    let mut remote = Node::start(
+        &tmp.path().join("remote"),
+        &[
+            "--set",
+            &format!("http.tls.cert_file={}", path(&server.cert_file)),
+            "--set",
+            &format!("http.tls.key_file={}", path(&server.key_file)),
+        ],
+    );
+    let files = narad_net::tls::ClientTlsFiles {
+        ca_file: Some(ca_file.clone()),
+        ..Default::default()
+    };
+    remote.set_access(Access {
+        tls: Some(narad_net::tls::client_config(&files).expect("client TLS")),
+        authorization: None,
+    });
+    remote.create_topic("far", json!({"partitions": 2}));
+    let target = json!({"url": format!("https://{}", remote.addr), "topic": "far"});
+
+    // A node that trusts only the system's CAs does not trust the remote.
+    let untrusting = Node::start(&tmp.path().join("untrusting"), &[]);
+    untrusting.create_topic("orders", json!({"partitions": 2}));
+    let (status, answer) = remote_child(&untrusting, "orders", "dr", target.clone());
+    assert_eq!(status, 201, "{answer}");
+    produce(&untrusting, "orders", "untrusted", 10);
+    assert!(eventually(WAIT, || {
+        let status = child_status(&untrusting, "orders", "dr");
+        status["state"] == "failing"
+            && status["last_error"]
+                .as_str()
+                .is_some_and(|e| e.contains("CA"))
+    }));
+
+    // One given the remote's CA ships, at no more than the child's rate.
+    let trusting = Node::start(
+        &tmp.path().join("trusting"),
+        &["--set", &format!("children.remote_ca_file={ca_file}")],
+    );
+    trusting.create_topic("orders", json!({"partitions": 2}));
+    const RATE: u64 = 100_000;
+    let mut limited = target.clone();
+    limited["rate_bytes_per_s"] = json!(RATE);
+    let (status, answer) = remote_child(&trusting, "orders", "dr", limited);
+    assert_eq!(status, 201, "{answer}");
+    assert_eq!(answer["remote"]["rate_bytes_per_s"], RATE);
+    let padding = "x".repeat(1_000);
+    let started = std::time::Instant::now();
+    let mut sent = BTreeSet::new();
+    for chunk in 0..8 {
+        let messages: Vec<Value> = (0..50)
+            .map(|i| json!({"value": format!("rated-{chunk}-{i}-{padding}")}))
+            .collect();
+        let (status, answer) = trusting.json(
+            "POST",
+            "/v1/topics/orders/messages/batch",
+            json!({ "messages": messages }),
+        );
+        assert_eq!(status, 202, "{answer}");
+        sent.extend(
+            messages
+                .iter()
+                .filter_map(|m| m["value"].as_str().map(str::to_string)),
+        );
+    }
+    let bytes: usize = sent.iter().map(String::len).sum();
+    collect(&remote, "far", &sent, &mut BTreeMap::new());
+    // The first batch goes at once (at most a quarter second of the rate);
+    // the rest cannot go faster than the rate.
+    let least = Duration::from_secs_f64((bytes as f64 - RATE as f64 / 4.0) / RATE as f64);
+    assert!(
+        started.elapsed() >= least,
+        "{bytes} bytes shipped in {:?} at {RATE} bytes/s",
+        started.elapsed()
+    );
+
+    // A CA file that holds no certificate refuses the start, naming the key.
+    let not_a_ca = tmp.path().join("not-a-ca.pem");
+    std::fs::write(&not_a_ca, "not a certificate").expect("write");
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_narad"));
+    command
+        .args(["serve", "--data-dir"])
+        .arg(tmp.path().join("refused"))
+        .args(["--listen", "127.0.0.1:0", "--set"])
+        .arg(format!("children.remote_ca_file={}", path(&not_a_ca)));
+    let output = support::run_to_exit(command, Duration::from_secs(30));
+    assert!(!output.status.success());
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert!(said.contains("children.remote_ca_file"), "{said}");
+}
