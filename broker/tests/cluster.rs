@@ -20,6 +20,36 @@ fn has_topic(node: &Node, name: &str) -> bool {
     node.request("GET", &format!("/v1/topics/{name}"), b"").0 == 200
 }
 
+/// Behind a load balancer, the next request after a topic's `201` lands on
+/// any node: each must take it, though a follower learns of the topic a
+/// moment after the node that answered.
+#[test]
+fn a_topic_created_through_one_node_takes_messages_on_every_node_at_once() {
+    let cluster = Cluster::start(3);
+    cluster.wait_ready(WAIT);
+    for i in 0..30 {
+        let name = format!("fresh-{i}");
+        let creator = i % 3;
+        let (status, answer) =
+            cluster.nodes[creator].json("PUT", &format!("/v1/topics/{name}"), json!({}));
+        assert_eq!(status, 201, "{answer}");
+        for other in (0..3).filter(|n| *n != creator) {
+            let (status, answer) = cluster.nodes[other].request(
+                "POST",
+                &format!("/v1/topics/{name}/messages"),
+                b"first",
+            );
+            assert_eq!(
+                status, 202,
+                "topic {name} made at node {creator}, produced at node {other}: {answer}"
+            );
+        }
+    }
+    // A topic that does not exist is still a 404.
+    let (status, answer) = cluster.nodes[1].request("POST", "/v1/topics/never/messages", b"x");
+    assert_eq!(status, 404, "{answer}");
+}
+
 #[test]
 fn three_nodes_share_metadata_survive_a_lost_leader_and_refuse_without_quorum() {
     let mut cluster = Cluster::start(3);
