@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
 use support::cluster::Cluster;
-use support::{eventually, metric, narad, Node};
+use support::{child_status, eventually, metric, narad, Node};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -19,16 +19,6 @@ fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
-}
-
-/// `GET /v1/topics/{parent}/children`, one child by name.
-fn child_status(node: &Node, parent: &str, child: &str) -> Value {
-    let (status, answer) = node.request("GET", &format!("/v1/topics/{parent}/children"), b"");
-    assert_eq!(status, 200, "{answer}");
-    answer["children"]
-        .as_array()
-        .and_then(|c| c.iter().find(|c| c["name"] == child).cloned())
-        .unwrap_or_else(|| panic!("no child {child} in {answer}"))
 }
 
 fn put_child(node: &Node, parent: &str, child: &str, body: Value) -> (u16, Value) {

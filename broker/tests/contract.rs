@@ -613,6 +613,25 @@ fn create_topics(cluster: &Cluster, shared: &Shared, visibility_timeout_ms: u64)
     }
 }
 
+/// Creates (or changes) a child of `orders` through the first node, trying
+/// until a leader takes it.
+fn put_child(cluster: &Cluster, child: &str, body: &Value) {
+    let path = format!("/v1/topics/{CHILDREN_PARENT}/children/{child}");
+    let created = eventually(SETTLE_DEADLINE, || {
+        matches!(
+            try_request(
+                &cluster.nodes[0].addr,
+                "PUT",
+                &path,
+                body.to_string().as_bytes(),
+                CLIENT_TIMEOUT
+            ),
+            Ok((201 | 200, _))
+        )
+    });
+    assert!(created, "child {child} created");
+}
+
 /// Creates suite 2's children and records when each existed.
 fn create_children(cluster: &Cluster, shared: &Shared) {
     for (child, delay_ms) in CHILDREN {
@@ -620,21 +639,8 @@ fn create_children(cluster: &Cluster, shared: &Shared) {
             Some(delay_ms) => json!({"kind": "delay", "delay_ms": delay_ms}),
             None => json!({"kind": "fanout"}),
         };
-        let path = format!("/v1/topics/{CHILDREN_PARENT}/children/{child}");
         let begin = now_ms();
-        let created = eventually(SETTLE_DEADLINE, || {
-            matches!(
-                try_request(
-                    &cluster.nodes[0].addr,
-                    "PUT",
-                    &path,
-                    body.to_string().as_bytes(),
-                    CLIENT_TIMEOUT
-                ),
-                Ok((201 | 200, _))
-            )
-        });
-        assert!(created, "child {child} created");
+        put_child(cluster, child, &body);
         shared.history.record(
             "suite",
             begin,
@@ -655,20 +661,7 @@ fn create_remote_child(cluster: &Cluster, remote: &Node) {
         "kind": "remote",
         "remote": {"url": format!("http://{}", remote.addr), "topic": REMOTE_TOPIC},
     });
-    let path = format!("/v1/topics/{CHILDREN_PARENT}/children/{REMOTE_CHILD}");
-    let created = eventually(SETTLE_DEADLINE, || {
-        matches!(
-            try_request(
-                &cluster.nodes[0].addr,
-                "PUT",
-                &path,
-                body.to_string().as_bytes(),
-                CLIENT_TIMEOUT
-            ),
-            Ok((201 | 200, _))
-        )
-    });
-    assert!(created, "remote child {REMOTE_CHILD} created");
+    put_child(cluster, REMOTE_CHILD, &body);
 }
 
 /// After the faults: the remote child catches up, and every message a 202

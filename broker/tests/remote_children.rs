@@ -4,8 +4,10 @@
 //! can refuse, drop answers after the remote took a batch, or go slow.
 //! Every message a 202 accepted on the parent arrives on the remote at
 //! least once (duplicates only from resends), through an outage, a revoked
-//! token, a crash of the parent's node and of the remote; and a failover
-//! to the remote cluster and back follows the documented steps.
+//! token, a crash of the parent's node and of the remote; what ages out of
+//! the parent before it ships is skipped and counted; https is verified
+//! against the configured CA and the byte rate kept; and a failover to the
+//! remote cluster and back follows the documented steps.
 
 mod support;
 
@@ -18,7 +20,7 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use serde_json::{json, Value};
-use support::{eventually, metric, Access, Node};
+use support::{child_status, eventually, metric, Access, Node};
 
 const WAIT: Duration = Duration::from_secs(60);
 const ADMIN_PASSWORD: &str = "admin-pw";
@@ -197,15 +199,6 @@ fn remote_child(node: &Node, parent: &str, child: &str, remote: Value) -> (u16, 
         &format!("/v1/topics/{parent}/children/{child}"),
         json!({"kind": "remote", "remote": remote}),
     )
-}
-
-fn child_status(node: &Node, parent: &str, child: &str) -> Value {
-    let (status, answer) = node.request("GET", &format!("/v1/topics/{parent}/children"), b"");
-    assert_eq!(status, 200, "{answer}");
-    answer["children"]
-        .as_array()
-        .and_then(|c| c.iter().find(|c| c["name"] == child).cloned())
-        .unwrap_or_else(|| panic!("no child {child} in {answer}"))
 }
 
 /// Produces `count` messages with values `{tag}-{i}` in batches of 50 (with
@@ -647,4 +640,77 @@ fn a_remote_child_verifies_the_remote_against_its_ca_and_keeps_to_its_rate() {
     assert!(!output.status.success());
     let said = String::from_utf8_lossy(&output.stderr);
     assert!(said.contains("children.remote_ca_file"), "{said}");
+}
+
+#[test]
+fn a_remote_child_skips_and_counts_what_ages_out_of_its_parent_before_it_ships() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let remote = Node::start(&tmp.path().join("remote"), &[]);
+    remote.create_topic("far", json!({"partitions": 1}));
+    let proxy = Proxy::start(&remote.addr);
+    let parent = Node::start(
+        &tmp.path().join("parent"),
+        &[
+            "--set",
+            "topics.retention_floor_ms=1000",
+            "--set",
+            "storage.segment_bytes=65536",
+        ],
+    );
+    parent.create_topic("feed", json!({"partitions": 1, "retention_ms": 2_000}));
+    let (status, answer) = remote_child(
+        &parent,
+        "feed",
+        "dr",
+        json!({"url": proxy.url(), "topic": "far"}),
+    );
+    assert_eq!(status, 201, "{answer}");
+
+    // The link down while the parent's retention removes what did not ship.
+    proxy.set(Link::Refuse);
+    let value = "x".repeat(4096);
+    let produced: Vec<String> = (0..64).map(|_| parent.produce("feed", &value)).collect();
+    let frontier = || {
+        let (_, topic) = parent.request("GET", "/v1/topics/feed", b"");
+        topic["partition_stats"][0]["frontier"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    assert!(
+        eventually(WAIT, || frontier() > 0),
+        "retention removed the oldest messages"
+    );
+    let headroom = metric(
+        &parent,
+        r#"narad_remote_child_headroom_seconds{parent="feed",child="dr"}"#,
+    );
+    assert!(headroom < 2.0, "headroom {headroom} with a 2 s retention");
+    proxy.set(Link::Forward);
+
+    assert!(
+        eventually(WAIT, || {
+            let status = child_status(&parent, "feed", "dr");
+            status["dropped_messages"].as_u64().unwrap_or(0) > 0 && status["lag_messages"] == 0
+        }),
+        "the copy skipped and counted: {}",
+        child_status(&parent, "feed", "dr")
+    );
+    let dropped = child_status(&parent, "feed", "dr")["dropped_messages"]
+        .as_u64()
+        .unwrap_or(0);
+    assert_eq!(
+        metric(
+            &parent,
+            r#"narad_fanout_child_dropped_messages{parent="feed",child="dr"}"#
+        ) as u64,
+        dropped
+    );
+    // Everything not counted as dropped reached the remote.
+    let delivered = support::consume_all(&remote, "far");
+    assert!(
+        delivered.len() as u64 + dropped >= produced.len() as u64,
+        "{} delivered + {dropped} dropped < {} produced",
+        delivered.len(),
+        produced.len()
+    );
 }

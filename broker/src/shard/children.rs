@@ -251,14 +251,7 @@ impl<F: FileSystem> Shard<F> {
                 ))
             }
         };
-        let (parent_name, child_name) = (parent.to_string(), child.to_string());
-        self.applied_here_when(|state| {
-            state
-                .topics
-                .get(&parent_name)
-                .is_some_and(|p| p.children.get(&child_name).is_some_and(|c| c.kind == kind))
-        })
-        .await;
+        self.applied_link_here(parent, child, &kind).await;
         self.reconcile_owners();
         Ok((created, topic))
     }
@@ -294,16 +287,20 @@ impl<F: FileSystem> Shard<F> {
                 ))
             }
         };
-        let (parent_name, child_name, kind) =
-            (parent.to_string(), child.to_string(), link.kind.clone());
+        self.applied_link_here(parent, child, &link.kind).await;
+        Ok((created, link))
+    }
+
+    /// Waits until this node applied the link of `child` to `parent` as
+    /// `kind` (so the next request here sees the change).
+    async fn applied_link_here(&self, parent: &str, child: &str, kind: &ChildKind) {
         self.applied_here_when(|state| {
             state
                 .topics
-                .get(&parent_name)
-                .is_some_and(|p| p.children.get(&child_name).is_some_and(|c| c.kind == kind))
+                .get(parent)
+                .is_some_and(|p| p.children.get(child).is_some_and(|c| c.kind == *kind))
         })
         .await;
-        Ok((created, link))
     }
 
     /// Stops copying to `child` (the child topic stays).

@@ -574,6 +574,16 @@ pub fn consume_all(node: &Node, topic: &str) -> std::collections::BTreeMap<Strin
     seen
 }
 
+/// `GET /v1/topics/{parent}/children`, one child by name.
+pub fn child_status(node: &Node, parent: &str, child: &str) -> Value {
+    let (status, answer) = node.request("GET", &format!("/v1/topics/{parent}/children"), b"");
+    assert_eq!(status, 200, "{answer}");
+    answer["children"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["name"] == child).cloned())
+        .unwrap_or_else(|| panic!("no child {child} in {answer}"))
+}
+
 /// Acks delivered messages with one batch request; returns each status.
 pub fn ack_batch(node: &Node, topic: &str, messages: &[Value]) -> Vec<u64> {
     let receipts: Vec<&str> = messages
