@@ -25,6 +25,8 @@ work="$(mktemp -d)"
 pids=()
 started_peers=no
 cleanup() {
+  # fresh_node runs in a command substitution: its pids are in files.
+  for f in "$work"/*.pid; do [[ -e $f ]] && pids+=("$(cat "$f")"); done
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   if [[ $started_peers == yes ]]; then bench/peers.sh stop; fi
   rm -rf "$work"
@@ -38,7 +40,6 @@ bench/peers.sh start
 fresh_node() { # name: starts a node with its own folder, prints its address
   target/release/narad serve --data-dir "$work/$1" --listen 127.0.0.1:0 --shards "$shards" \
     >"$work/$1.out" 2>"$work/$1.err" &
-  pids+=($!)
   echo $! >"$work/$1.pid"
   address_of "$1"
 }
