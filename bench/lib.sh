@@ -9,3 +9,13 @@ address_of() { # name: prints the client address once the node listens
   done
   echo "$1 did not start" >&2; cat "$work/$1.err" >&2; return 1
 }
+
+remote_child() { # node parent child url topic: (re)points a remote child of parent at url's topic
+  curl -sf -X PUT "http://$1/v1/topics/$2/children/$3" \
+    -d "{\"kind\": \"remote\", \"remote\": {\"url\": \"$4\", \"topic\": \"$5\"}}" >/dev/null
+}
+
+held() { # node topic: the messages its partitions hold (the sum of their high watermarks)
+  curl -sf "http://$1/v1/topics/$2" | grep -o '"high_watermark":[0-9]*' | cut -d: -f2 \
+    | awk '{s+=$1} END {print s+0}'
+}

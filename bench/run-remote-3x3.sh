@@ -32,11 +32,6 @@ ready() {
   done
   echo "$1 never became ready" >&2; return 1
 }
-# Messages a topic's partitions hold (the sum of their high watermarks).
-held() {
-  curl -sf "http://$1/v1/topics/$2" | grep -o '"high_watermark":[0-9]*' | cut -d: -f2 \
-    | awk '{s+=$1} END {print s+0}'
-}
 lag_of() { curl -sf "http://$1/v1/topics/orders/children" | grep -o '"lag_messages":[0-9]*' | cut -d: -f2; }
 caught_up() {
   local started
@@ -68,8 +63,7 @@ b=${client_of[b1]}
 ready "$a"; ready "$b"
 curl -sf -X PUT "http://$a/v1/topics/orders" -d '{"partitions": 6}' >/dev/null
 curl -sf -X PUT "http://$b/v1/topics/orders" -d '{"partitions": 6}' >/dev/null
-curl -sf -X PUT "http://$a/v1/topics/orders/children/dr" \
-  -d "{\"kind\": \"remote\", \"remote\": {\"url\": \"http://$b\", \"topic\": \"orders\"}}" >/dev/null
+remote_child "$a" orders dr "http://$b" orders
 
 echo "== produce: 1 KiB produces, 64 connections, $seconds s, on A's node 1"
 target/release/narad-bench produce --server "http://$a" --topic orders --seconds "$seconds" \
@@ -79,8 +73,7 @@ echo "caught up $(caught_up "$a") s after the run; A holds $(held "$a" orders), 
 echo "== lag: produce on A -> consumable on B at 5000 msg/s, 8 producers, 10000 messages (topic lag)"
 curl -sf -X PUT "http://$a/v1/topics/lag" -d '{"partitions": 6}' >/dev/null
 curl -sf -X PUT "http://$b/v1/topics/lag" -d '{"partitions": 6}' >/dev/null
-curl -sf -X PUT "http://$a/v1/topics/lag/children/dr" \
-  -d "{\"kind\": \"remote\", \"remote\": {\"url\": \"http://$b\", \"topic\": \"lag\"}}" >/dev/null
+remote_child "$a" lag dr "http://$b" lag
 for run in 1 2 3; do
   target/release/narad-bench latency --server "http://$a" --topic lag --consume-server "http://$b" \
     --rate 5000 --producers 8 --messages 10000
@@ -89,8 +82,7 @@ done
 echo "== B's node 2 killed for 5 s during a $seconds s produce run (topic faulted)"
 curl -sf -X PUT "http://$a/v1/topics/faulted" -d '{"partitions": 6}' >/dev/null
 curl -sf -X PUT "http://$b/v1/topics/faulted" -d '{"partitions": 6}' >/dev/null
-curl -sf -X PUT "http://$a/v1/topics/faulted/children/dr" \
-  -d "{\"kind\": \"remote\", \"remote\": {\"url\": \"http://$b\", \"topic\": \"faulted\"}}" >/dev/null
+remote_child "$a" faulted dr "http://$b" faulted
 target/release/narad-bench produce --server "http://$a" --topic faulted --seconds "$seconds" \
   --connections 64 >"$work/produce.txt" &
 producer=$!

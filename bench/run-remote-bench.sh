@@ -39,11 +39,6 @@ remote=$(address_of remote)
 msgs() { grep -o '[0-9]* msg/s' | awk '{print $1}'; }
 median() { sort -n | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
 put() { curl -sf -X PUT "http://$1$2" -d "$3" >/dev/null; }
-# Messages a topic's partitions hold (the sum of their high watermarks).
-held() {
-  curl -sf "http://$1/v1/topics/$2" | grep -o '"high_watermark":[0-9]*' | cut -d: -f2 \
-    | awk '{s+=$1} END {print s+0}'
-}
 # Seconds (to 0.1 s) until every child of topic $1 copied all it has.
 caught_up() {
   local started
@@ -60,8 +55,7 @@ put "$parent" /v1/topics/t-fanout '{"partitions": 16}'
 put "$parent" /v1/topics/t-fanout/children/t-fanout-copy '{"kind": "fanout", "topic": {"partitions": 16}}'
 put "$parent" /v1/topics/t-remote '{"partitions": 16}'
 put "$remote" /v1/topics/t-far '{"partitions": 16}'
-put "$parent" /v1/topics/t-remote/children/t-remote-copy \
-  "{\"kind\": \"remote\", \"remote\": {\"url\": \"http://$remote\", \"topic\": \"t-far\"}}"
+remote_child "$parent" t-remote t-remote-copy "http://$remote" t-far
 for k in "${kinds[@]}"; do : >"$work/rate-$k"; : >"$work/copy-$k"; done
 
 echo "== produce: 1 KiB single produces, 64 connections, $seconds s a run, $rounds rounds ($shards shards)"
@@ -91,15 +85,13 @@ put "$parent" /v1/topics/backlog '{"partitions": 16}'
 put "$remote" /v1/topics/backlog-far '{"partitions": 16}'
 # A port nothing listens on: the copy fails and waits.
 closed=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-put "$parent" /v1/topics/backlog/children/far \
-  "{\"kind\": \"remote\", \"remote\": {\"url\": \"http://127.0.0.1:$closed\", \"topic\": \"backlog-far\"}}"
+remote_child "$parent" backlog far "http://127.0.0.1:$closed" backlog-far
 target/release/narad-bench produce --server "http://$parent" --topic backlog \
   --seconds 5 --connections 64 >/dev/null
 before=$(held "$remote" backlog-far)
 waiting=$(held "$parent" backlog)
 started=$(date +%s.%N)
-put "$parent" /v1/topics/backlog/children/far \
-  "{\"kind\": \"remote\", \"remote\": {\"url\": \"http://$remote\", \"topic\": \"backlog-far\"}}"
+remote_child "$parent" backlog far "http://$remote" backlog-far
 while curl -sf "http://$parent/v1/topics/backlog/children" | grep -q '"lag_messages":[1-9]'; do sleep 0.05; done
 took=$(awk "BEGIN {printf \"%.2f\", $(date +%s.%N) - $started}")
 shipped=$(( $(held "$remote" backlog-far) - before ))
@@ -111,8 +103,7 @@ put "$parent" /v1/topics/lag-fan '{"partitions": 16}'
 put "$parent" /v1/topics/lag-fan/children/lag-fan-copy '{"kind": "fanout", "topic": {"partitions": 16}}'
 put "$parent" /v1/topics/lag-rem '{"partitions": 16}'
 put "$remote" /v1/topics/lag-far '{"partitions": 16}'
-put "$parent" /v1/topics/lag-rem/children/lag-rem-copy \
-  "{\"kind\": \"remote\", \"remote\": {\"url\": \"http://$remote\", \"topic\": \"lag-far\"}}"
+remote_child "$parent" lag-rem lag-rem-copy "http://$remote" lag-far
 for run in 1 2 3; do
   target/release/narad-bench latency --server "http://$parent" --topic lag-plain --rate 5000 \
     --producers 8 --messages 10000
