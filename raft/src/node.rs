@@ -546,6 +546,10 @@ pub struct MetaNode {
     /// How far the other members had applied when this node started: it is
     /// caught up only once it applied as far.
     catch_up_to: u64,
+    /// Set the first time this node applied every entry it held (and at
+    /// least `catch_up_to`): from then on an entry appended but not yet
+    /// applied is a write in flight, not metadata still being learned.
+    caught_up_once: Arc<std::sync::atomic::AtomicBool>,
     /// Heartbeats this node received while it leads.
     heard: Heard,
     leaving: Leaving,
@@ -885,6 +889,7 @@ impl MetaNode {
             caller,
             refuse_votes_up_to,
             catch_up_to,
+            caught_up_once: Arc::default(),
             heard: served_heard,
             leaving,
         })
@@ -1271,8 +1276,21 @@ impl MetaNode {
     /// state is trusted), for at most `timeout`; awaitable from any executor.
     /// Whether this node has a leader and applied every entry it holds: only
     /// then does a topic missing from its state mean the topic is gone.
+    /// Once caught up, a node stays so while it knows a leader: entries it
+    /// appended and has not applied yet are writes whose callers have no
+    /// answer yet, so its state is as current as any client may expect.
     pub fn caught_up(&self) -> bool {
-        metrics_caught_up(&self.raft.metrics().borrow(), self.catch_up_to)
+        use std::sync::atomic::Ordering;
+        let receiver = self.raft.metrics();
+        let metrics = receiver.borrow();
+        if self.caught_up_once.load(Ordering::Acquire) {
+            return metrics.current_leader.is_some();
+        }
+        let caught_up = metrics_caught_up(&metrics, self.catch_up_to);
+        if caught_up {
+            self.caught_up_once.store(true, Ordering::Release);
+        }
+        caught_up
     }
 
     pub async fn wait_caught_up(&self, timeout: Duration) -> Result<(), MetaError> {
@@ -1288,7 +1306,10 @@ impl MetaNode {
                 .map_err(|e| MetaError::NoQuorum(e.to_string()))
         });
         task.await
-            .map_err(|e| MetaError::Failed(format!("the metastore thread: {e}")))?
+            .map_err(|e| MetaError::Failed(format!("the metastore thread: {e}")))??;
+        self.caught_up_once
+            .store(true, std::sync::atomic::Ordering::Release);
+        Ok(())
     }
 
     /// Before a graceful stop: if this node leads, waits (briefly) until a

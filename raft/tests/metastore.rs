@@ -128,3 +128,33 @@ fn a_torn_log_tail_is_cut_and_the_node_starts() {
         .contains_key("kept")));
     node.shutdown();
 }
+
+/// A node that caught up stays caught up while it writes: an entry that is
+/// appended but not yet applied does not make it "still learning the
+/// cluster's metadata" (which turns a final 404 into a 503 "retry").
+#[test]
+fn a_caught_up_node_stays_caught_up_while_entries_are_in_flight() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let node = std::sync::Arc::new(start(&tmp.path().join("raft")));
+    block_on(node.wait_for_leader(LEADER_DEADLINE)).expect("leader");
+    block_on(node.wait_caught_up(LEADER_DEADLINE)).expect("caught up");
+    let writer = {
+        let node = node.clone();
+        std::thread::spawn(move || {
+            for i in 0..200 {
+                create(&node, &format!("t{i}"), 1).expect("create");
+            }
+        })
+    };
+    let mut checks = 0u64;
+    let mut lapses = 0u64;
+    while !writer.is_finished() {
+        checks += 1;
+        if !node.caught_up() {
+            lapses += 1;
+        }
+    }
+    writer.join().expect("writer");
+    assert!(checks > 0);
+    assert_eq!(lapses, 0, "not caught up in {lapses} of {checks} checks");
+}
