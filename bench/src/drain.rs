@@ -1,6 +1,8 @@
 //! `narad-bench drain`: consume + ack throughput. Fills a topic with batch
 //! produces, then consumer threads long-poll up to 100 messages at a time and
-//! batch-ack them until the topic is empty.
+//! batch-ack them until the topic is empty. With `fill` off it only drains
+//! what the topic already holds (a backlog left by an earlier run, read from
+//! disk after a restart).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -22,13 +24,14 @@ pub fn run(
     messages: u64,
     consumers: usize,
     message_bytes: usize,
+    fill: bool,
 ) -> Result<DrainResult, String> {
     let client = Client::builder(server).build().map_err(|e| e.to_string())?;
     let value = "x".repeat(message_bytes);
     let body =
         json!({ "messages": (0..BATCH).map(|_| json!({ "value": value })).collect::<Vec<_>>() })
             .to_string();
-    let mut produced = 0u64;
+    let mut produced = if fill { 0 } else { messages };
     while produced < messages {
         client
             .request(
@@ -56,6 +59,11 @@ pub fn run(
                     while consumed.load(Ordering::Relaxed) < produced {
                         let got = client.consume(topic, &request).map_err(|e| e.to_string())?;
                         if got.is_empty() {
+                            // A backlog not filled here may hold fewer than
+                            // --messages: the first empty answer ends it.
+                            if !fill {
+                                return Ok(());
+                            }
                             continue;
                         }
                         let receipts: Vec<&str> = got.iter().map(|m| m.receipt.as_str()).collect();

@@ -205,6 +205,10 @@ struct DrainArgs {
     /// Size of each message in bytes.
     #[arg(long, value_name = "N", default_value_t = 1024)]
     message_bytes: usize,
+    /// Produce nothing: the topic already holds --messages messages (a
+    /// backlog filled by `produce`, read from disk after a restart).
+    #[arg(long)]
+    no_fill: bool,
 }
 
 #[derive(Args, Debug)]
@@ -471,6 +475,7 @@ fn drain_main(args: DrainArgs) -> Result<(), String> {
         args.messages,
         consumers,
         args.message_bytes,
+        !args.no_fill,
     )?;
     println!(
         "consume + ack, {consumers} consumers, batches of 100: {} messages in {:.2} s = {:.0} msg/s",
