@@ -417,26 +417,46 @@ impl<F: FileSystem> PartitionOwner<F> {
         };
         let mut deliveries = Vec::with_capacity(leased.len());
         let mut missing = Vec::new();
-        for (offset, lease) in &leased {
-            let cached = self.cache.borrow().get(*offset).map(|m| m.message.clone());
-            let message = match cached {
-                Some(message) => Some(message),
-                None => match self.log.read(*offset, 1, usize::MAX).await {
-                    Ok(read) => read
-                        .into_iter()
-                        .find(|m| m.offset == *offset)
-                        .map(|m| m.message),
-                    Err(error) => return Err(error.into()),
-                },
-            };
-            match message {
-                Some(message) => deliveries.push(Delivery {
-                    offset: *offset,
+        let cached = |offset: u64| self.cache.borrow().get(offset).map(|m| m.message.clone());
+        let mut next = 0;
+        while let Some(&(offset, lease)) = leased.get(next) {
+            if let Some(message) = cached(offset) {
+                deliveries.push(Delivery {
+                    offset,
                     message,
-                    lease: *lease,
-                }),
-                None => missing.push((*offset, lease.lease_id)),
+                    lease,
+                });
+                next += 1;
+                continue;
             }
+            // A run of consecutive offsets the cache does not hold is one
+            // read of the log, which reads each batch it spans once.
+            let run_end = leased
+                .iter()
+                .enumerate()
+                .skip(next + 1)
+                .find(|&(i, &(o, _))| o != leased[i - 1].0 + 1 || cached(o).is_some())
+                .map_or(leased.len(), |(i, _)| i);
+            let mut read = self
+                .log
+                .read(offset, run_end - next, usize::MAX)
+                .await?
+                .into_iter()
+                .peekable();
+            for &(offset, lease) in &leased[next..run_end] {
+                // Damaged records and offsets below the log start are not
+                // in what the log returns.
+                while read.next_if(|m| m.offset < offset).is_some() {}
+                match read.next_if(|m| m.offset == offset) {
+                    Some(stored) => deliveries.push(Delivery {
+                        offset,
+                        message: stored.message,
+                        lease,
+                    }),
+                    None => missing.push((offset, lease.lease_id)),
+                }
+            }
+            next = run_end;
         }
         granted.handed_out();
         for (offset, lease_id) in missing {

@@ -244,6 +244,38 @@ fn nack_with_delay_and_cold_reads_from_the_log() {
     );
 }
 
+/// A backlog past the tail cache is read from disk a batch at a time: a
+/// consume of many messages of one batch reads that batch once, not once
+/// per message (which made draining a large backlog a hundred times slower
+/// than the disk).
+#[test]
+fn a_consume_past_the_cache_reads_each_batch_once() {
+    let fs = SimFs::new(6);
+    let clock = ManualClock::new(0);
+    let owner = open(
+        &fs,
+        &clock,
+        OwnerConfig {
+            tail_cache_bytes: 4,
+            ..CONFIG
+        },
+    );
+    block_on(owner.commit(&messages(100), 0)).expect("commit");
+    let before = fs.bytes_read();
+    let got = block_on(owner.consume(100, 1000, 0)).expect("consume from the log");
+    assert_eq!(
+        got.iter().map(|d| d.offset).collect::<Vec<_>>(),
+        (0..100).collect::<Vec<_>>()
+    );
+    assert_eq!(got[42].message.value.as_ref(), b"m42");
+    let read = fs.bytes_read() - before;
+    let batch = narad_storage::log::batch::encoded_len(&messages(100));
+    assert!(
+        read <= 2 * batch,
+        "read {read} bytes from disk for one batch of {batch}"
+    );
+}
+
 #[test]
 fn after_a_restart_leased_messages_are_available_at_once_and_synced_acks_hold() {
     let fs = SimFs::new(5);

@@ -117,6 +117,7 @@ struct SimDisk {
     random_failure_per_million: u64,
     flips: Vec<Flip>,
     syncs: u64,
+    bytes_read: u64,
 }
 
 /// A simulated file system; clones share one disk.
@@ -220,6 +221,7 @@ impl SimFs {
                 random_failure_per_million: 0,
                 flips: Vec::new(),
                 syncs: 0,
+                bytes_read: 0,
             })),
         }
     }
@@ -368,6 +370,11 @@ impl SimFs {
         self.disk.borrow().syncs
     }
 
+    /// Bytes that reads returned so far.
+    pub fn bytes_read(&self) -> u64 {
+        self.disk.borrow().bytes_read
+    }
+
     /// The durable bytes of a file (what survives a power loss without tearing).
     pub fn durable_bytes(&self, path: &Path) -> Option<Vec<u8>> {
         let disk = self.disk.borrow();
@@ -451,11 +458,13 @@ impl StorageFile for SimFile {
             .unwrap_or(usize::MAX)
             .min(inode.current.len());
         let end = start.saturating_add(len).min(inode.current.len());
-        Ok(inode
+        let read = inode
             .current
             .get(start..end)
             .map(<[u8]>::to_vec)
-            .unwrap_or_default())
+            .unwrap_or_default();
+        disk.bytes_read += read.len() as u64;
+        Ok(read)
     }
 
     async fn sync_data(&self) -> io::Result<()> {
