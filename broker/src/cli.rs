@@ -517,6 +517,7 @@ pub fn topic(args: &ClientArgs, action: &TopicAction) -> Result<(), String> {
                                 "retention_ms",
                                 "visibility_timeout_ms",
                                 "dead_letter_topic",
+                                "parent",
                             ]
                             .iter()
                             .map(|k| cell(&t[*k]))
@@ -530,6 +531,7 @@ pub fn topic(args: &ClientArgs, action: &TopicAction) -> Result<(), String> {
                             "RETENTION_MS",
                             "VISIBILITY_TIMEOUT_MS",
                             "DEAD_LETTER_TOPIC",
+                            "PARENT",
                         ],
                         &rows,
                     );
@@ -736,12 +738,13 @@ pub fn consume(args: &ClientArgs, consume: &ConsumeArgs) -> Result<(), String> {
 }
 
 /// The columns of a message in the human output.
-const MESSAGE_COLUMNS: [&str; 6] = [
+const MESSAGE_COLUMNS: [&str; 7] = [
     "PARTITION",
     "OFFSET",
     "DELIVERIES",
     "ID",
     "RECEIPT",
+    "KEY",
     "VALUE",
 ];
 
@@ -757,6 +760,7 @@ fn message_row(m: &Value) -> Vec<String> {
         cell(&m["delivery_count"]),
         cell(&m["id"]),
         cell(&m["receipt"]),
+        printable(&cell(&m["key"])),
         value,
     ]
 }

@@ -790,6 +790,78 @@ fn the_cli_creates_produces_consumes_and_reports_errors() {
     assert!(!out.contains('\u{1b}'), "{out:?}");
     assert!(out.contains("\\u{1b}[31mred\\nline"), "{out:?}");
     assert_eq!(out.lines().count(), 2, "a header and one row: {out:?}");
+    // The table shows each message's key, escaped as values are; a key
+    // that is not ASCII or holds a control character is produced as well.
+    node.create_topic("keyed", json!({"partitions": 1}));
+    for key in ["ключ-42", "cust\u{7}42"] {
+        let (ok, _, err) = narad(&node, &["produce", "keyed", "v", "--key", key], None);
+        assert!(ok, "key {key:?}: {err}");
+    }
+    let mut keys = Vec::new();
+    assert!(eventually(WAIT, || {
+        let (ok, out, err) = narad(
+            &node,
+            &[
+                "consume",
+                "keyed",
+                "--wait-ms",
+                "1000",
+                "--max",
+                "10",
+                "--ack",
+            ],
+            None,
+        );
+        assert!(ok, "{err}");
+        let header: Vec<&str> = out
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .split_whitespace()
+            .collect();
+        let key_column = header.iter().position(|c| *c == "KEY");
+        assert!(
+            key_column.is_some() || out.starts_with("no messages"),
+            "a KEY column: {out:?}"
+        );
+        for line in out.lines().skip(1).filter(|l| !l.starts_with("acked")) {
+            let row: Vec<&str> = line.split_whitespace().collect();
+            keys.extend(key_column.and_then(|i| row.get(i)).map(|k| k.to_string()));
+        }
+        keys.len() >= 2
+    }));
+    keys.sort();
+    assert_eq!(
+        keys,
+        vec!["cust\\u{7}42".to_string(), "ключ-42".to_string()]
+    );
+    // A child topic names its parent in the list.
+    let (status, _) = node.json(
+        "PUT",
+        "/v1/topics/keyed/children/keyed-copy",
+        json!({"kind": "fanout"}),
+    );
+    assert_eq!(status, 201);
+    let (ok, out, err) = narad(&node, &["topic", "list"], None);
+    assert!(ok, "{err}");
+    let header: Vec<&str> = out
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    let parent_column = header.iter().position(|c| *c == "PARENT");
+    let copy_row: Vec<&str> = out
+        .lines()
+        .find(|l| l.starts_with("keyed-copy"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        parent_column.and_then(|i| copy_row.get(i)).copied(),
+        Some("keyed"),
+        "{out:?}"
+    );
 }
 
 #[test]

@@ -404,12 +404,27 @@ impl Client {
     }
 
     /// Produces one message; its id once the node has it durably (`202`).
+    /// A key the `Narad-Key` header cannot carry intact (a control
+    /// character, or a space at either end, which HTTP drops) goes in the
+    /// JSON body of a batch of one instead.
     pub async fn produce(
         &self,
         topic: &str,
         key: Option<&str>,
         value: impl Into<Bytes>,
     ) -> Result<String, Error> {
+        if let Some(key) = key.filter(|k| !fits_header(k)) {
+            let message = Outgoing {
+                key: Some(key.to_string()),
+                value: value.into(),
+            };
+            return self
+                .produce_batch(topic, &[message])
+                .await?
+                .into_iter()
+                .next()
+                .ok_or_else(|| Error::BadResponse("a produce answer without an id".into()));
+        }
         let path = format!("/v1/topics/{}/messages", encode_segment(topic));
         let headers: Vec<(&str, &str)> = key.map(|k| vec![("Narad-Key", k)]).unwrap_or_default();
         let answer = self
@@ -748,6 +763,13 @@ pub(crate) async fn within<T>(deadline: Duration, future: impl Future<Output = T
     tokio::time::timeout(deadline, future).await.ok()
 }
 
+/// Whether `key` reaches the node unchanged in the `Narad-Key` header: a
+/// header value holds no control character, and HTTP trims spaces and tabs
+/// at its ends.
+fn fits_header(key: &str) -> bool {
+    http::HeaderValue::from_str(key).is_ok() && key.trim_matches([' ', '\t']) == key
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -761,6 +783,22 @@ mod tests {
             );
         }
         assert!(Client::builder("http://127.0.0.1:8080/").build().is_ok());
+    }
+
+    #[test]
+    fn only_keys_a_header_carries_unchanged_go_in_the_header() {
+        for key in ["customer-42", "ключ", "a b", "tab\tinside"] {
+            assert!(fits_header(key), "{key:?}");
+        }
+        for key in [
+            "bell\u{7}",
+            "line\nbreak",
+            " leading",
+            "trailing\t",
+            "del\u{7f}",
+        ] {
+            assert!(!fits_header(key), "{key:?}");
+        }
     }
 
     #[test]
