@@ -45,6 +45,14 @@ pub(super) fn lock_data_dir(dir: &Path) -> Result<std::fs::File, String> {
     Ok(file)
 }
 
+/// How long a start waits for its client port to be let go before it
+/// says another process holds it: a node that has just exited can keep its
+/// listening socket a moment longer (the kernel tears down an exited
+/// process's io_uring rings, and the sockets their requests hold, after the
+/// process is gone), as in a rolling restart.
+const PORT_RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+const PORT_RELEASE_POLL: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// Refuses a client port another process listens on. The shards bind with
 /// SO_REUSEPORT (they share the port), which would let a second process
 /// share it too; a plain bind fails while anyone else holds it.
@@ -52,12 +60,20 @@ pub(super) fn refuse_port_in_use(listen: SocketAddr) -> Result<(), String> {
     if listen.port() == 0 {
         return Ok(());
     }
-    match std::net::TcpListener::bind(listen) {
-        Ok(_probe) => Ok(()),
-        Err(error) if error.kind() == std::io::ErrorKind::AddrInUse => Err(format!(
-            "the client port {listen} is in use by another process"
-        )),
-        Err(error) => Err(format!("listening on {listen}: {error}")),
+    let deadline = std::time::Instant::now() + PORT_RELEASE_WAIT;
+    loop {
+        match std::net::TcpListener::bind(listen) {
+            Ok(_probe) => return Ok(()),
+            Err(error) if error.kind() == std::io::ErrorKind::AddrInUse => {
+                if std::time::Instant::now() >= deadline {
+                    return Err(format!(
+                        "the client port {listen} is in use by another process"
+                    ));
+                }
+                std::thread::sleep(PORT_RELEASE_POLL);
+            }
+            Err(error) => return Err(format!("listening on {listen}: {error}")),
+        }
     }
 }
 
