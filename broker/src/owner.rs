@@ -435,7 +435,9 @@ impl<F: FileSystem> PartitionOwner<F> {
                 .iter()
                 .enumerate()
                 .skip(next + 1)
-                .find(|&(i, &(o, _))| o != leased[i - 1].0 + 1 || cached(o).is_some())
+                .find(|&(i, &(o, _))| {
+                    o != leased[i - 1].0 + 1 || self.cache.borrow().get(o).is_some()
+                })
                 .map_or(leased.len(), |(i, _)| i);
             let mut read = self
                 .log

@@ -1272,8 +1272,6 @@ impl MetaNode {
             .map_err(|e| MetaError::Failed(format!("the metastore thread: {e}")))?
     }
 
-    /// Waits until every entry of the log is applied (at start, before the
-    /// state is trusted), for at most `timeout`; awaitable from any executor.
     /// Whether this node has a leader and applied every entry it holds: only
     /// then does a topic missing from its state mean the topic is gone.
     /// Once caught up, a node stays so while it knows a leader: entries it
@@ -1293,6 +1291,8 @@ impl MetaNode {
         caught_up
     }
 
+    /// Waits until every entry of the log is applied (at start, before the
+    /// state is trusted), for at most `timeout`; awaitable from any executor.
     pub async fn wait_caught_up(&self, timeout: Duration) -> Result<(), MetaError> {
         let (raft, catch_up_to) = (self.raft.clone(), self.catch_up_to);
         let task = self.runtime.spawn(async move {
