@@ -350,7 +350,7 @@ fn a_child_behind_its_parents_retention_skips_what_retention_removed_and_counts_
     let (status, answer) = cluster.nodes[0].json(
         "PUT",
         "/v1/topics/feed",
-        json!({"partitions": 1, "retention_ms": 2_000}),
+        json!({"partitions": 1, "retention_ms": 3_000}),
     );
     assert_eq!(status, 201, "{answer}");
     let (status, answer) = put_child(
@@ -376,13 +376,20 @@ fn a_child_behind_its_parents_retention_skips_what_retention_removed_and_counts_
             .as_u64()
             .unwrap_or(0)
     };
+    // The copy reports its failure while there is still something to copy
+    // (once retention removed everything, there is nothing left to fail).
+    assert!(
+        eventually(WAIT, || {
+            let status = child_status(parent, "feed", "feed-copy");
+            status["state"] == "failing" && status["last_error"].is_string()
+        }),
+        "the copy reports failing: {}",
+        child_status(parent, "feed", "feed-copy")
+    );
     assert!(
         eventually(WAIT, || frontier(parent) > 0),
         "retention removed the oldest messages"
     );
-    let failing = child_status(parent, "feed", "feed-copy");
-    assert_eq!(failing["state"], "failing", "{failing}");
-    assert!(failing["last_error"].is_string(), "{failing}");
     cluster.nodes[child_node].resume();
 
     assert!(
