@@ -17,8 +17,9 @@ use narad_net::batch::parse_batch;
 use narad_net::http_server::{error_response, HttpRequest, HttpResponse};
 use narad_net::names::validate_topic_name;
 use narad_net::types::{
-    ChildKindName, ChildRequest, ConsumeRequest, ConsumeResponse, ExtendResponse, RedriveRequest,
-    SettleAction, SettleBatchResponse, SettleKind, SettleRequest, SettleResult, TopicPatch,
+    accepts_binary_messages, consume_response_binary, consume_response_json, ChildKindName,
+    ChildRequest, ConsumeRequest, ExtendResponse, RedriveRequest, SettleAction,
+    SettleBatchResponse, SettleKind, SettleRequest, SettleResult, TopicPatch, MESSAGES_MEDIA_TYPE,
 };
 use narad_net::{ApiError, ErrorCode};
 use narad_raft::state::{Action, ChildKind, Grant, RedriveState, RemoteTarget, Topic, ADMIN_USER};
@@ -305,12 +306,19 @@ fn route(path: &str) -> Option<Route<'_>> {
 }
 
 fn json_response(status: StatusCode, body: &impl serde::Serialize) -> HttpResponse {
-    let bytes = serde_json::to_vec(body).unwrap_or_else(|_| b"{}".to_vec());
+    bytes_response(
+        status,
+        "application/json",
+        serde_json::to_vec(body).unwrap_or_else(|_| b"{}".to_vec()),
+    )
+}
+
+fn bytes_response(status: StatusCode, content_type: &'static str, bytes: Vec<u8>) -> HttpResponse {
     let mut response = hyper::Response::new(Full::new(Bytes::from(bytes)));
     *response.status_mut() = status;
     response.headers_mut().insert(
         hyper::header::CONTENT_TYPE,
-        hyper::header::HeaderValue::from_static("application/json"),
+        hyper::header::HeaderValue::from_static(content_type),
     );
     response
 }
@@ -586,8 +594,26 @@ async fn dispatch(
         ("consume", Some(name)) => {
             let topic = shard.topic(name)?;
             let consume = ConsumeRequest::parse(&body)?;
+            let binary = accepts_binary_messages(
+                request
+                    .headers()
+                    .get(hyper::header::ACCEPT)
+                    .map(|v| v.as_bytes()),
+            );
             let messages = shard.consume(&topic, consume).await?;
-            Ok(json_response(StatusCode::OK, &ConsumeResponse { messages }))
+            Ok(if binary {
+                bytes_response(
+                    StatusCode::OK,
+                    MESSAGES_MEDIA_TYPE,
+                    consume_response_binary(&messages),
+                )
+            } else {
+                bytes_response(
+                    StatusCode::OK,
+                    "application/json",
+                    consume_response_json(&topic.name, &messages),
+                )
+            })
         }
         (_, Some(name)) if route.settle().is_some() => {
             let (kind, batch) = route.settle().unwrap_or((SettleKind::Ack, false));

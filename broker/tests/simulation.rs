@@ -33,7 +33,6 @@ use narad_check::{
 use narad_net::types::{
     ChildKindName, ChildRequest, ConsumeRequest, ConsumedMessage, SettleAction, TopicPatch,
 };
-use narad_net::value::JsonValue;
 use narad_net::ApiError;
 use narad_raft::state::{Applied, Command, MovePlan, MoveState, NodeId};
 use narad_storage::io::sim::{FaultError, FaultOp, FaultRule};
@@ -263,16 +262,13 @@ fn refused<T>(error: &ApiError) -> Outcome<T> {
     }
 }
 
-fn delivery(message: &ConsumedMessage) -> Delivery {
+fn delivery(topic: &str, message: &ConsumedMessage) -> Delivery {
     Delivery {
-        id: message.id.clone(),
-        topic: message.topic.clone(),
+        id: format!("{:032x}", message.id),
+        topic: topic.to_string(),
         partition: message.partition,
         offset: message.offset,
-        value: match &message.value {
-            JsonValue::Text { value } => value.clone(),
-            JsonValue::Binary { value_base64 } => value_base64.clone(),
-        },
+        value: String::from_utf8_lossy(&message.value).into_owned(),
         delivery_count: message.delivery_count,
         lease_expires_at_ms: message.lease_expires_at_ms,
         receipt: message.receipt.clone(),
@@ -362,7 +358,7 @@ async fn consumer(clients: Rc<Clients>, name: String) {
         let topic = TOPIC.to_string();
         let (op, messages) = match answer {
             Answer::Done(Ok(messages)) => {
-                let value = messages.iter().map(delivery).collect();
+                let value = messages.iter().map(|m| delivery(TOPIC, m)).collect();
                 let outcome = Outcome::Ok { value };
                 (Op::Consume { topic, outcome }, messages)
             }
@@ -379,7 +375,10 @@ async fn consumer(clients: Rc<Clients>, name: String) {
         clients.record(&name, start, op);
         for message in messages {
             if clients.dead_letters && message.delivery_count > MAX_DELIVERIES {
-                let over = format!("{} delivered {} times", message.id, message.delivery_count);
+                let over = format!(
+                    "{:032x} delivered {} times",
+                    message.id, message.delivery_count
+                );
                 clients.over_delivered.borrow_mut().push(over);
             }
             settle_one(&clients, &name, &message).await;
@@ -440,7 +439,7 @@ async fn settle_one(clients: &Rc<Clients>, name: &str, message: &ConsumedMessage
             abandon,
         )
         .await;
-    let (id, receipt) = (message.id.clone(), message.receipt.clone());
+    let (id, receipt) = (format!("{:032x}", message.id), message.receipt.clone());
     let outcome = match answer {
         Answer::Done(Ok(lease_end)) => {
             if check_action == CheckAction::Ack {
@@ -537,7 +536,7 @@ async fn dead_letter_reader(clients: Rc<Clients>) {
         clients
             .dead_lettered
             .borrow_mut()
-            .extend(got.iter().map(|m| m.id.clone()));
+            .extend(got.iter().map(|m| format!("{:032x}", m.id)));
     })
     .await;
 }
@@ -551,7 +550,7 @@ async fn child_reader(clients: Rc<Clients>, child: &'static str) {
             Op::Consume {
                 topic: child.into(),
                 outcome: Outcome::Ok {
-                    value: got.iter().map(delivery).collect(),
+                    value: got.iter().map(|m| delivery(child, m)).collect(),
                 },
             },
         );
@@ -560,7 +559,7 @@ async fn child_reader(clients: Rc<Clients>, child: &'static str) {
             .borrow_mut()
             .entry(child)
             .or_default()
-            .extend(got.iter().map(|m| m.id.clone()));
+            .extend(got.iter().map(|m| format!("{:032x}", m.id)));
     })
     .await;
 }

@@ -1228,7 +1228,9 @@ fn the_rust_client_produces_consumes_settles_and_its_consumer_extends_while_it_w
             got.extend(client.consume("jobs", &request).await.expect("consume"));
         }
         assert_eq!(got.len(), 3);
-        assert!(got.iter().any(|d| d.id == one && d.value == "first"));
+        assert!(got
+            .iter()
+            .any(|d| d.id == one && d.value == "first" && d.key.as_deref() == Some("k")));
         assert!(
             got.iter().any(|d| d.value.as_ref() == [0u8, 255, 1]),
             "bytes survive"
@@ -1298,6 +1300,100 @@ fn the_rust_client_produces_consumes_settles_and_its_consumer_extends_while_it_w
             .sum();
         assert_eq!(open, 0, "everything was acked once: {stats}");
     });
+}
+
+#[test]
+fn a_consume_that_accepts_the_binary_type_gets_the_same_messages_length_prefixed() {
+    use narad_net::types::{parse_consume_binary, MESSAGES_MEDIA_TYPE};
+    let tmp = tempfile::tempdir().expect("tmp");
+    let node = Node::start(&tmp.path().join("n"), &[]);
+    node.create_topic(
+        "bin",
+        json!({"partitions": 1, "visibility_timeout_ms": 60_000}),
+    );
+    let batch = json!({"messages": [
+        {"key": "k\"1", "value": "plain \"text\"\n"},
+        {"value_base64": "AP+A"},
+        {"key": "", "value": ""},
+    ]});
+    let (status, produced) = node.json("POST", "/v1/topics/bin/messages/batch", batch);
+    assert_eq!(status, 202, "{produced}");
+    let consume = json!({"max_messages": 10, "wait_ms": 2000}).to_string();
+    let accept = [(
+        "Accept",
+        "application/json;q=0.5, application/vnd.narad.messages",
+    )];
+    let (status, head, body) = raw_request(
+        &node.addr,
+        "POST",
+        "/v1/topics/bin/consume",
+        &accept,
+        consume.as_bytes(),
+    );
+    assert_eq!(status, 200);
+    assert!(
+        head.to_ascii_lowercase()
+            .contains(&format!("content-type: {MESSAGES_MEDIA_TYPE}")),
+        "{head}"
+    );
+    let binary = parse_consume_binary(&bytes::Bytes::from(body)).expect("a whole answer");
+    assert_eq!(binary.len(), 3);
+    let ids: Vec<String> = binary.iter().map(|m| format!("{:032x}", m.id)).collect();
+    assert_eq!(json!(ids), produced["ids"]);
+    assert_eq!(binary[0].key.as_deref(), Some(&b"k\"1"[..]));
+    assert_eq!(binary[0].value, &b"plain \"text\"\n"[..]);
+    assert_eq!(binary[1].key, None);
+    assert_eq!(binary[1].value, &[0u8, 0xff, 0x80][..]);
+    assert_eq!(binary[2].key.as_deref(), Some(&b""[..]));
+    assert!(binary[2].value.is_empty());
+    // The receipts settle as JSON's do; nacked, the same messages come back
+    // as JSON to a client that does not ask for the binary type.
+    let receipts: Vec<&str> = binary.iter().map(|m| m.receipt.as_str()).collect();
+    let (status, _) = node.json(
+        "POST",
+        "/v1/topics/bin/nack/batch",
+        json!({"receipts": receipts}),
+    );
+    assert_eq!(status, 200);
+    let (status, head, body) = raw_request(
+        &node.addr,
+        "POST",
+        "/v1/topics/bin/consume",
+        &[],
+        consume.as_bytes(),
+    );
+    assert_eq!(status, 200);
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-type: application/json"),
+        "{head}"
+    );
+    let answer: Value = serde_json::from_slice(&body).expect("JSON");
+    let messages = answer["messages"].as_array().expect("messages");
+    assert_eq!(messages.len(), 3);
+    for (json, binary) in messages.iter().zip(&binary) {
+        assert_eq!(json["id"], format!("{:032x}", binary.id));
+        assert_eq!(json["topic"], "bin");
+        assert_eq!(json["partition"], binary.partition);
+        assert_eq!(json["offset"], binary.offset);
+        assert_eq!(json["produced_at_ms"], binary.produced_at_ms);
+        assert_eq!(json["delivery_count"], binary.delivery_count + 1);
+    }
+    assert_eq!(messages[0]["key"], "k\"1");
+    assert_eq!(messages[0]["value"], "plain \"text\"\n");
+    assert_eq!(messages[1]["value_base64"], "AP+A");
+    assert!(messages[1].get("key").is_none());
+    // An error is JSON whatever the client accepts.
+    let (status, head, body) =
+        raw_request(&node.addr, "POST", "/v1/topics/nope/consume", &accept, b"");
+    assert_eq!(status, 404);
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-type: application/json"),
+        "{head}"
+    );
+    let error: Value = serde_json::from_slice(&body).expect("JSON error");
+    assert_eq!(error["error"]["code"], "topic_not_found");
 }
 
 fn bytes_of(text: &str) -> bytes::Bytes {

@@ -9,7 +9,8 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use crate::error::{ApiError, ErrorCode};
-use crate::value::JsonValue;
+use crate::value::{value_json_len, write_hex_u128, write_str, write_u64, write_value_field};
+use bytes::Bytes;
 
 /// Limits of the HTTP API (docs/http-api.md).
 pub const CONSUME_MAX_MESSAGES_MAX: u64 = 1000;
@@ -478,25 +479,220 @@ pub struct BatchProduceResponse {
 }
 
 /// One consumed message.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConsumedMessage {
-    pub id: String,
-    pub topic: String,
+    pub id: u128,
     pub partition: u32,
     pub offset: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub key: Option<String>,
-    #[serde(flatten)]
-    pub value: JsonValue,
+    pub key: Option<Vec<u8>>,
+    /// The message's bytes: `value` in JSON when they are UTF-8,
+    /// `value_base64` otherwise.
+    pub value: Bytes,
     pub receipt: String,
     pub delivery_count: u32,
     pub produced_at_ms: u64,
     pub lease_expires_at_ms: u64,
 }
 
-#[derive(Debug, Clone, Serialize)]
-pub struct ConsumeResponse {
-    pub messages: Vec<ConsumedMessage>,
+/// The media type of the binary consume answer: a client that sends it in
+/// `Accept` gets each message's fields and bytes length-prefixed, with
+/// nothing to escape or parse (docs/http-api.md, "Consume").
+pub const MESSAGES_MEDIA_TYPE: &str = "application/vnd.narad.messages";
+
+/// In the binary consume answer, the key length of a message without a key.
+pub const BINARY_NO_KEY: u32 = u32::MAX;
+
+/// Whether an `Accept` header asks for [`MESSAGES_MEDIA_TYPE`] (any of its
+/// comma-separated entries, parameters ignored). JSON is the default.
+pub fn accepts_binary_messages(accept: Option<&[u8]>) -> bool {
+    let Some(accept) = accept.and_then(|a| std::str::from_utf8(a).ok()) else {
+        return false;
+    };
+    accept.split(',').any(|entry| {
+        let media = entry.split(';').next().unwrap_or("").trim();
+        media.eq_ignore_ascii_case(MESSAGES_MEDIA_TYPE)
+    })
+}
+
+/// `200` of a consume: `{"messages": [...]}`, written in one buffer sized
+/// for it (see [`crate::value`]).
+pub fn consume_response_json(topic: &str, messages: &[ConsumedMessage]) -> Vec<u8> {
+    /// Names, punctuation, id and numbers of one message.
+    const FIELDS_BYTES: usize = 240;
+    let size = messages
+        .iter()
+        .map(|m| {
+            FIELDS_BYTES
+                + topic.len()
+                + m.receipt.len()
+                + m.key.as_ref().map_or(0, |k| k.len() + 8)
+                + value_json_len(&m.value)
+        })
+        .sum::<usize>()
+        + 16;
+    let mut out = Vec::with_capacity(size);
+    out.extend_from_slice(b"{\"messages\":[");
+    for (i, m) in messages.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(b"{\"id\":\"");
+        write_hex_u128(&mut out, m.id);
+        out.extend_from_slice(b"\",\"topic\":");
+        write_str(&mut out, topic);
+        out.extend_from_slice(b",\"partition\":");
+        write_u64(&mut out, u64::from(m.partition));
+        out.extend_from_slice(b",\"offset\":");
+        write_u64(&mut out, m.offset);
+        if let Some(key) = &m.key {
+            out.extend_from_slice(b",\"key\":");
+            write_str(&mut out, &String::from_utf8_lossy(key));
+        }
+        out.push(b',');
+        write_value_field(&mut out, &m.value);
+        out.extend_from_slice(b",\"receipt\":");
+        write_str(&mut out, &m.receipt);
+        out.extend_from_slice(b",\"delivery_count\":");
+        write_u64(&mut out, u64::from(m.delivery_count));
+        out.extend_from_slice(b",\"produced_at_ms\":");
+        write_u64(&mut out, m.produced_at_ms);
+        out.extend_from_slice(b",\"lease_expires_at_ms\":");
+        write_u64(&mut out, m.lease_expires_at_ms);
+        out.push(b'}');
+    }
+    out.extend_from_slice(b"]}");
+    out
+}
+
+/// Bytes of one message in the binary answer besides its receipt, key and
+/// value: id, partition, offset, delivery count, two times and three
+/// lengths.
+const BINARY_FIXED_BYTES: usize = 16 + 4 + 8 + 4 + 8 + 8 + 2 + 4 + 4;
+
+/// `200` of a consume in [`MESSAGES_MEDIA_TYPE`]: a message count, then
+/// each message's fields, all integers big-endian:
+///
+/// ```text
+/// answer  = count u32 | message*
+/// message = id [16] | partition u32 | offset u64 | delivery_count u32
+///         | produced_at_ms u64 | lease_expires_at_ms u64
+///         | receipt_len u16 | receipt | key_len u32 | key | value_len u32 | value
+/// ```
+/// `key_len` is [`BINARY_NO_KEY`] for a message without a key.
+pub fn consume_response_binary(messages: &[ConsumedMessage]) -> Vec<u8> {
+    let size = messages
+        .iter()
+        .map(|m| {
+            BINARY_FIXED_BYTES
+                + m.receipt.len()
+                + m.key.as_ref().map_or(0, Vec::len)
+                + m.value.len()
+        })
+        .sum::<usize>()
+        + 4;
+    let mut out = Vec::with_capacity(size);
+    out.extend_from_slice(&len_u32(messages.len()).to_be_bytes());
+    for m in messages {
+        out.extend_from_slice(&m.id.to_be_bytes());
+        out.extend_from_slice(&m.partition.to_be_bytes());
+        out.extend_from_slice(&m.offset.to_be_bytes());
+        out.extend_from_slice(&m.delivery_count.to_be_bytes());
+        out.extend_from_slice(&m.produced_at_ms.to_be_bytes());
+        out.extend_from_slice(&m.lease_expires_at_ms.to_be_bytes());
+        // Receipts are at most a few hundred characters (base64 of a
+        // topic name and a few numbers).
+        let receipt = m.receipt.as_bytes();
+        let receipt = &receipt[..receipt.len().min(usize::from(u16::MAX))];
+        out.extend_from_slice(&(receipt.len() as u16).to_be_bytes());
+        out.extend_from_slice(receipt);
+        match &m.key {
+            Some(key) => {
+                out.extend_from_slice(&len_u32(key.len()).to_be_bytes());
+                out.extend_from_slice(key);
+            }
+            None => out.extend_from_slice(&BINARY_NO_KEY.to_be_bytes()),
+        }
+        out.extend_from_slice(&len_u32(m.value.len()).to_be_bytes());
+        out.extend_from_slice(&m.value);
+    }
+    out
+}
+
+/// A length that fits the binary answer's u32 (messages, keys and values
+/// are bounded far below it).
+fn len_u32(len: usize) -> u32 {
+    u32::try_from(len).unwrap_or(u32::MAX - 1)
+}
+
+/// Reads a binary consume answer ([`consume_response_binary`]); the value
+/// of each message is a slice of `body`, not a copy. An answer cut short or
+/// with bytes left over is an error naming where.
+pub fn parse_consume_binary(body: &Bytes) -> Result<Vec<ConsumedMessage>, String> {
+    let mut at = 0usize;
+    let mut take = |len: usize| -> Result<std::ops::Range<usize>, String> {
+        let end = at
+            .checked_add(len)
+            .filter(|end| *end <= body.len())
+            .ok_or_else(|| {
+                format!(
+                    "the answer ends at byte {} inside a field at byte {at}",
+                    body.len()
+                )
+            })?;
+        let range = at..end;
+        at = end;
+        Ok(range)
+    };
+    fn array<const N: usize>(body: &[u8], range: std::ops::Range<usize>) -> [u8; N] {
+        let mut out = [0u8; N];
+        out.copy_from_slice(&body[range]);
+        out
+    }
+    let count = u32::from_be_bytes(array(body, take(4)?));
+    // Each message takes at least its fixed bytes: a count larger than the
+    // body could hold is refused before anything is allocated for it.
+    if count as usize > body.len() / BINARY_FIXED_BYTES {
+        return Err(format!(
+            "the answer counts {count} messages in {} bytes",
+            body.len()
+        ));
+    }
+    let mut messages = Vec::with_capacity(count as usize);
+    for _ in 0..count {
+        let id = u128::from_be_bytes(array(body, take(16)?));
+        let partition = u32::from_be_bytes(array(body, take(4)?));
+        let offset = u64::from_be_bytes(array(body, take(8)?));
+        let delivery_count = u32::from_be_bytes(array(body, take(4)?));
+        let produced_at_ms = u64::from_be_bytes(array(body, take(8)?));
+        let lease_expires_at_ms = u64::from_be_bytes(array(body, take(8)?));
+        let receipt_len = u16::from_be_bytes(array(body, take(2)?));
+        let receipt = std::str::from_utf8(&body[take(usize::from(receipt_len))?])
+            .map_err(|_| "a receipt that is not UTF-8".to_string())?
+            .to_string();
+        let key_len = u32::from_be_bytes(array(body, take(4)?));
+        let key = if key_len == BINARY_NO_KEY {
+            None
+        } else {
+            Some(body[take(key_len as usize)?].to_vec())
+        };
+        let value_len = u32::from_be_bytes(array(body, take(4)?));
+        let value = body.slice(take(value_len as usize)?);
+        messages.push(ConsumedMessage {
+            id,
+            partition,
+            offset,
+            key,
+            value,
+            receipt,
+            delivery_count,
+            produced_at_ms,
+            lease_expires_at_ms,
+        });
+    }
+    if at != body.len() {
+        return Err(format!("{} bytes after the last message", body.len() - at));
+    }
+    Ok(messages)
 }
 
 /// `200` of an extend.
@@ -524,9 +720,104 @@ pub struct SettleBatchResponse {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn code(result: Result<impl std::fmt::Debug, ApiError>) -> ErrorCode {
         result.expect_err("an error").code
+    }
+
+    fn consumed(key: Option<&str>, value: &[u8]) -> ConsumedMessage {
+        ConsumedMessage {
+            id: 42,
+            partition: 3,
+            offset: 17,
+            key: key.map(|k| k.as_bytes().to_vec()),
+            value: Bytes::copy_from_slice(value),
+            receipt: "AQID-_x".into(),
+            delivery_count: 2,
+            produced_at_ms: 1_700_000_000_000,
+            lease_expires_at_ms: u64::MAX,
+        }
+    }
+
+    #[test]
+    fn a_binary_consume_answer_reads_back_as_written_and_refuses_a_damaged_one() {
+        let messages = vec![
+            consumed(Some("k\"ey\n"), b"{\"a\": 1}\r\n"),
+            consumed(None, &[0, 0xff, 0x80]),
+            consumed(Some(""), b""),
+        ];
+        let body = Bytes::from(consume_response_binary(&messages));
+        assert_eq!(parse_consume_binary(&body), Ok(messages.clone()));
+        assert_eq!(
+            parse_consume_binary(&Bytes::from(consume_response_binary(&[]))),
+            Ok(vec![])
+        );
+        // Cut anywhere, or with a byte more, it is refused, never misread.
+        for cut in 0..body.len() {
+            assert!(
+                parse_consume_binary(&body.slice(..cut)).is_err(),
+                "cut at {cut}"
+            );
+        }
+        let mut longer = body.to_vec();
+        longer.push(0);
+        assert!(parse_consume_binary(&Bytes::from(longer)).is_err());
+        // A count no body could hold allocates nothing.
+        assert!(parse_consume_binary(&Bytes::from_static(&[0xff, 0xff, 0xff, 0xff])).is_err());
+    }
+
+    #[test]
+    fn only_an_accept_that_names_the_binary_type_gets_it() {
+        let accepts = |header: &str| accepts_binary_messages(Some(header.as_bytes()));
+        assert!(accepts("application/vnd.narad.messages"));
+        assert!(accepts(
+            "application/json;q=0.5, Application/Vnd.Narad.Messages; q=1"
+        ));
+        assert!(!accepts("application/json"));
+        assert!(!accepts("*/*"));
+        assert!(!accepts("application/vnd.narad.messages+json"));
+        assert!(!accepts_binary_messages(None));
+    }
+
+    #[test]
+    fn a_consume_answer_is_json_with_every_field_of_each_message() {
+        assert_eq!(consume_response_json("orders", &[]), br#"{"messages":[]}"#);
+        let messages = [
+            consumed(Some("k\"ey\n"), b"{\"a\": \"\x07\"}\r\n"),
+            consumed(None, &[0, 0xff, 0x80]),
+            consumed(Some(""), "é€😀".as_bytes()),
+        ];
+        let json = consume_response_json("orders", &messages);
+        let parsed: Value = serde_json::from_slice(&json).expect("valid JSON");
+        let expected = |key: Option<&str>, value: (&str, &str)| {
+            let mut message = json!({
+                "id": "0000000000000000000000000000002a", "topic": "orders",
+                "partition": 3, "offset": 17, "receipt": "AQID-_x", "delivery_count": 2,
+                "produced_at_ms": 1_700_000_000_000_u64, "lease_expires_at_ms": u64::MAX,
+            });
+            if let Some(key) = key {
+                message["key"] = json!(key);
+            }
+            message[value.0] = json!(value.1);
+            message
+        };
+        assert_eq!(
+            parsed,
+            json!({"messages": [
+                expected(Some("k\"ey\n"), ("value", "{\"a\": \"\u{7}\"}\r\n")),
+                expected(None, ("value_base64", "AP+A")),
+                expected(Some(""), ("value", "é€😀")),
+            ]})
+        );
+        // Fields in the order the API lists them.
+        let text = String::from_utf8(json).expect("utf-8");
+        assert!(
+            text.starts_with(
+                r#"{"messages":[{"id":"0000000000000000000000000000002a","topic":"orders","partition":3,"offset":17,"key":"k\"ey\n","value":"{\"a\": \"\u0007\"}\r\n","receipt":"AQID-_x","delivery_count":2,"#
+            ),
+            "{text}"
+        );
     }
 
     #[test]

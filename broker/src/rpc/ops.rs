@@ -9,7 +9,6 @@
 use bytes::Bytes;
 use futures_channel::oneshot;
 use narad_net::types::{ConsumedMessage, SettleAction};
-use narad_net::value::JsonValue;
 use narad_net::ApiError;
 use narad_raft::state::{NodeId, Topic};
 use narad_storage::log::Message;
@@ -107,17 +106,13 @@ pub struct Delivery {
 
 impl Delivery {
     /// The message as the HTTP API answers it.
-    pub fn into_consumed(self, topic: &str) -> ConsumedMessage {
+    pub fn into_consumed(self) -> ConsumedMessage {
         ConsumedMessage {
-            id: format!("{:032x}", self.id),
-            topic: topic.to_string(),
+            id: self.id,
             partition: self.partition,
             offset: self.offset,
-            key: self
-                .key
-                .as_ref()
-                .map(|k| String::from_utf8_lossy(k).into_owned()),
-            value: JsonValue::from_bytes(&self.value),
+            key: self.key,
+            value: self.value,
             receipt: self.receipt,
             delivery_count: self.delivery_count,
             produced_at_ms: self.produced_at_ms,

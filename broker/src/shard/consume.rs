@@ -40,7 +40,7 @@ impl<F: FileSystem> Shard<F> {
             if !got.is_empty() || now >= deadline || self.flow.stopping.get() {
                 return Ok(got
                     .into_iter()
-                    .map(|delivery| delivery.into_consumed(&topic.name))
+                    .map(|delivery| delivery.into_consumed())
                     .collect());
             }
             let wait = Duration::from_millis(deadline - now);

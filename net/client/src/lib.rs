@@ -40,6 +40,7 @@ use bytes::Bytes;
 use narad_net::client::code_for_status;
 pub use narad_net::client::{encode_segment, RetryPolicy, REQUEST_TIMEOUT};
 pub use narad_net::tls::ClientTlsFiles;
+use narad_net::types::{parse_consume_binary, ConsumedMessage, MESSAGES_MEDIA_TYPE};
 pub use narad_net::{ApiError, ErrorCode};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -298,6 +299,26 @@ struct WireDelivery {
     lease_expires_at_ms: u64,
 }
 
+impl Delivery {
+    fn from_consumed(topic: &str, message: ConsumedMessage) -> Self {
+        Self {
+            id: format!("{:032x}", message.id),
+            topic: topic.to_string(),
+            partition: message.partition,
+            offset: message.offset,
+            key: message.key.map(|k| {
+                String::from_utf8(k)
+                    .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+            }),
+            value: message.value,
+            receipt: message.receipt,
+            delivery_count: message.delivery_count,
+            produced_at_ms: message.produced_at_ms,
+            lease_expires_at_ms: message.lease_expires_at_ms,
+        }
+    }
+}
+
 impl TryFrom<WireDelivery> for Delivery {
     type Error = Error;
 
@@ -497,10 +518,24 @@ impl Client {
         let path = format!("/v1/topics/{}/consume", encode_segment(topic));
         let body = serde_json::to_value(request).map_err(|e| Error::Config(e.to_string()))?;
         let wait = Duration::from_millis(request.wait_ms.unwrap_or(0));
-        let answer = self.call("POST", &path, &[], body_of(&body), wait).await?;
-        let messages: Vec<WireDelivery> = serde_json::from_value(answer["messages"].clone())
-            .map_err(|e| Error::BadResponse(format!("messages: {e}")))?;
-        messages.into_iter().map(Delivery::try_from).collect()
+        // The binary answer: nothing to escape on the node, nothing to
+        // parse here (a node that answers JSON anyway is read as JSON).
+        let accept = [("Accept", MESSAGES_MEDIA_TYPE)];
+        self.retrying("POST", &path, &accept, body_of(&body), wait, |raw| {
+            if raw.binary && (200..300).contains(&raw.status) {
+                let messages = parse_consume_binary(&raw.body)
+                    .map_err(|e| Error::BadResponse(format!("messages: {e}")))?;
+                return Ok(messages
+                    .into_iter()
+                    .map(|m| Delivery::from_consumed(topic, m))
+                    .collect());
+            }
+            let mut answer = answer(raw.status, &raw.body)?.body;
+            let messages: Vec<WireDelivery> = serde_json::from_value(answer["messages"].take())
+                .map_err(|e| Error::BadResponse(format!("messages: {e}")))?;
+            messages.into_iter().map(Delivery::try_from).collect()
+        })
+        .await
     }
 
     /// Acks a delivery: done for good.
@@ -598,11 +633,31 @@ impl Client {
         body: impl Into<Bytes>,
         wait: Duration,
     ) -> Result<Response, Error> {
-        let body = body.into();
+        self.retrying(method, path, headers, body.into(), wait, |raw| {
+            answer(raw.status, &raw.body)
+        })
+        .await
+    }
+
+    /// Sends a request until it gets an answer `read` takes, or an error
+    /// that is not worth retrying, or the attempts run out.
+    async fn retrying<T>(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Bytes,
+        wait: Duration,
+        read: impl Fn(RawAnswer) -> Result<T, Error>,
+    ) -> Result<T, Error> {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            match self.once(method, path, headers, body.clone(), wait).await {
+            let result = self
+                .once(method, path, headers, body.clone(), wait)
+                .await
+                .and_then(&read);
+            match result {
                 Err(error) if error.is_retryable() && attempt < self.retry.attempts => {
                     let exponential = self
                         .retry
@@ -676,7 +731,7 @@ impl Client {
         headers: &[(&str, &str)],
         body: Bytes,
         wait: Duration,
-    ) -> Result<Response, Error> {
+    ) -> Result<RawAnswer, Error> {
         let method = reqwest::Method::from_bytes(method.as_bytes())
             .map_err(|e| Error::Config(format!("method {method:?}: {e}")))?;
         let mut request = self
@@ -702,9 +757,25 @@ impl Client {
             .await
             .map_err(|e| self.failed(&e))?;
         let status = response.status().as_u16();
-        let bytes = response.bytes().await.map_err(|e| self.failed(&e))?;
-        answer(status, &bytes)
+        let binary = response
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(MESSAGES_MEDIA_TYPE.as_bytes()));
+        let body = response.bytes().await.map_err(|e| self.failed(&e))?;
+        Ok(RawAnswer {
+            status,
+            binary,
+            body,
+        })
     }
+}
+
+/// An answer as it came: status, whether its body is the binary consume
+/// answer, and the body.
+struct RawAnswer {
+    status: u16,
+    binary: bool,
+    body: Bytes,
 }
 
 /// An answer's status and body as a call's result: 2xx with its JSON (or
