@@ -222,7 +222,9 @@ fn record_commit_time(times: &mut VecDeque<(u64, u64)>, base: u64, now_ms: u64) 
 #[derive(Debug, Default)]
 struct RecentIds {
     order: VecDeque<RecentKey>,
-    set: HashSet<RecentKey>,
+    /// Ids are the nodes' own (never a client's), so a fast hash with a
+    /// random seed serves; SipHash cost more than the rest of the insert.
+    set: HashSet<RecentKey, foldhash::fast::RandomState>,
 }
 
 type RecentKey = (u128, u64);
