@@ -374,6 +374,8 @@ VARIANTS = {
                         "--set", "config.topics.default_visibility_timeout_ms=60000"],
     "monitoring": ["--set", "serviceMonitor.enabled=true", "--set", "dashboard.enabled=true"],
     "five-nodes": ["--set", "replicaCount=5"],
+    "remote-children-ca": ["--set", "remoteChildren.caSecret=narad-remote-ca",
+                           "--set", "config.children.remote_max_in_flight=8"],
 }
 # The file behind each key that names one, made by make_tls_files.
 FILES = {
@@ -384,6 +386,7 @@ FILES = {
     "http.tls.cert_file": tls / "https.pem",
     "http.tls.key_file": tls / "https.key",
     "http.tls.client_ca_file": tls / "clients-ca.pem",
+    "children.remote_ca_file": tls / "ca.pem",
 }
 # What the pod's start script must pass (the flags run_node passes too).
 SCRIPT_NEEDS = ["exec narad serve --config /etc/narad/config/narad.toml", "--node-id",
@@ -475,6 +478,8 @@ REFUSED = {
     "HTTPS without its Secret": (["--set", "tls.enabled=true"], "tls.enabled needs tls.secretName"),
     "a key the chart sets": (["--set", "config.data_dir=/data"], "config.data_dir is set by the chart"),
     "an unknown peer trust": (["--set", "peerTrust.mode=none"], "peerTrust.mode must be secret or tls"),
+    "a CA file the chart mounts": (["--set", "config.children.remote_ca_file=/x.pem"],
+                                   "config.children.remote_ca_file is set by the chart"),
 }
 for what, (args, says) in REFUSED.items():
     out = subprocess.run(["helm", "template", "narad", chart, *args], capture_output=True, text=True)

@@ -99,6 +99,18 @@ Called with (dict "prefix" "" "table" .Values.config).
 {{- end }}
 {{- end -}}
 
+{{/* The config table with what the chart adds to it: remote children's CA
+file when remoteChildren.caSecret names a Secret. */}}
+{{- define "narad.config" -}}
+{{- $config := deepCopy (.Values.config | default dict) -}}
+{{- if .Values.remoteChildren.caSecret -}}
+{{- $children := get $config "children" | default dict -}}
+{{- $_ := set $children "remote_ca_file" "/etc/narad/remote-ca/ca.crt" -}}
+{{- $_ := set $config "children" $children -}}
+{{- end -}}
+{{- toYaml $config -}}
+{{- end -}}
+
 {{/* Refuses config keys the chart sets itself. */}}
 {{- define "narad.checkConfig" -}}
 {{- $config := .Values.config | default dict -}}
@@ -110,6 +122,11 @@ Called with (dict "prefix" "" "table" .Values.config).
 {{- if hasKey $config "cluster" -}}
 {{- if or (hasKey $config.cluster "secret") (hasKey $config.cluster "tls") -}}
 {{- fail "config.cluster.secret and config.cluster.tls are set by the chart (peerTrust); remove them from values" -}}
+{{- end -}}
+{{- end -}}
+{{- if hasKey $config "children" -}}
+{{- if hasKey $config.children "remote_ca_file" -}}
+{{- fail "config.children.remote_ca_file is set by the chart (remoteChildren.caSecret); remove it from values" -}}
 {{- end -}}
 {{- end -}}
 {{- if hasKey $config "http" -}}
