@@ -188,6 +188,10 @@ pub const REMOTE_RATE_BATCH_DIVISOR: u64 = 4;
 /// How long one request to a remote cluster may take; one without an
 /// answer by then is sent again (the remote may hold it twice).
 pub const REMOTE_SHIP_TIMEOUT: Duration = Duration::from_secs(10);
+/// A remote child's lane (its client and connections) unused this long is
+/// let go: its child may have been deleted, and a live one gets a new lane
+/// with its next batch.
+pub const REMOTE_LANE_IDLE: Duration = Duration::from_secs(300);
 /// Backoff of a remote copy whose request failed, with full jitter.
 pub const REMOTE_RETRY_BACKOFF_MIN: Duration = Duration::from_millis(100);
 pub const REMOTE_RETRY_BACKOFF_MAX: Duration = Duration::from_secs(30);

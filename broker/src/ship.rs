@@ -21,7 +21,7 @@ use narad_raft::state::RemoteTarget;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
-use crate::limits::REMOTE_SHIP_TIMEOUT;
+use crate::limits::{REMOTE_LANE_IDLE, REMOTE_SHIP_TIMEOUT};
 
 /// One batch for a remote child.
 pub struct Shipment {
@@ -56,6 +56,8 @@ pub struct Shipper {
     lanes: Arc<Mutex<HashMap<String, Arc<Lane>>>>,
     ca_file: Option<String>,
     max_in_flight: usize,
+    /// How long an unused lane is kept.
+    lane_idle: Duration,
     /// Dropped to end the thread.
     _stop: tokio::sync::oneshot::Sender<()>,
 }
@@ -63,6 +65,8 @@ pub struct Shipper {
 /// What is kept per remote child.
 struct Lane {
     in_flight: Semaphore,
+    /// When a batch last took this lane.
+    last_used: Mutex<Instant>,
     /// When the rate lets the next batch go.
     next_free: Mutex<Instant>,
     /// The client of the target it was made for (a new URL or token makes
@@ -104,22 +108,36 @@ impl Shipper {
             lanes: Arc::new(Mutex::new(HashMap::new())),
             ca_file,
             max_in_flight: max_in_flight.max(1),
+            lane_idle: REMOTE_LANE_IDLE,
             _stop: stop,
         })
     }
 
+    /// The lane of `name`, made if needed. Lanes nobody used for
+    /// `lane_idle` and with nothing in flight are let go on the way (those of
+    /// deleted children among them).
     fn lane(&self, name: &str) -> Arc<Lane> {
+        let now = Instant::now();
         let mut lanes = self.lanes.lock().unwrap_or_else(|e| e.into_inner());
-        lanes
+        lanes.retain(|kept, lane| {
+            let last_used = *lane.last_used.lock().unwrap_or_else(|e| e.into_inner());
+            kept == name
+                || Arc::strong_count(lane) > 1
+                || now.saturating_duration_since(last_used) < self.lane_idle
+        });
+        let lane = lanes
             .entry(name.to_string())
             .or_insert_with(|| {
                 Arc::new(Lane {
                     in_flight: Semaphore::new(self.max_in_flight),
-                    next_free: Mutex::new(Instant::now()),
+                    last_used: Mutex::new(now),
+                    next_free: Mutex::new(now),
                     client: Mutex::new(None),
                 })
             })
-            .clone()
+            .clone();
+        *lane.last_used.lock().unwrap_or_else(|e| e.into_inner()) = now;
+        lane
     }
 }
 
@@ -209,6 +227,60 @@ fn describe(url: &str, error: &ClientError) -> String {
         ClientError::Config(detail) => format!("the remote child's settings: {detail}"),
         ClientError::BadResponse(detail) => {
             format!("the remote {url} answered what Narad does not: {detail}")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shipment(lane: &str) -> Shipment {
+        Shipment {
+            lane: lane.to_string(),
+            target: RemoteTarget {
+                // Nothing listens on port 1 of loopback: refused at once.
+                url: "http://127.0.0.1:1".into(),
+                topic: "copy".into(),
+                token: None,
+                rate_bytes_per_s: None,
+            },
+            messages: vec![(None, Bytes::from_static(b"m"))],
+            rate_bytes_per_s: None,
+        }
+    }
+
+    fn lanes(shipper: &Shipper) -> Vec<String> {
+        let mut names: Vec<String> = shipper
+            .lanes
+            .lock()
+            .expect("lanes")
+            .keys()
+            .cloned()
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// A deleted child's lane does not stay for the life of the node.
+    #[test]
+    fn a_lane_nobody_uses_is_let_go() {
+        let mut shipper = Shipper::start(None, 2).expect("shipper");
+        shipper.lane_idle = Duration::from_millis(50);
+        let failed = futures_lite::future::block_on(shipper.ship(shipment("orders/gone/1")));
+        assert!(failed.is_err(), "nothing listens there");
+        assert_eq!(lanes(&shipper), ["orders/gone/1"]);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let _ = futures_lite::future::block_on(shipper.ship(shipment("orders/live/1")));
+            if lanes(&shipper) == ["orders/live/1"] {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "an idle lane is kept: {:?}",
+                lanes(&shipper)
+            );
         }
     }
 }
