@@ -81,7 +81,7 @@ pub struct ProduceArgs {
     /// The message; absent or `-`: all of stdin (or of `--file`) as one
     /// message.
     pub value: Option<String>,
-    /// The messages' key (messages with one key go to one partition, in order).
+    /// The messages' key (messages with one key go to one partition).
     #[arg(long)]
     pub key: Option<String>,
     /// Read from FILE instead of stdin.

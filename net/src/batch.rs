@@ -142,9 +142,14 @@ fn parse_item(index: usize, item: Value, max_message_bytes: u64) -> Result<Batch
                 "messages[{index}] needs value or value_base64"
             )))
         }
-        (Some(other), None) | (None, Some(other)) => {
+        (Some(other), None) => {
             return Err(invalid(format!(
-                "messages[{index}] value must be a string, got {other}"
+                "messages[{index}].value must be a string, got {other}"
+            )))
+        }
+        (None, Some(other)) => {
+            return Err(invalid(format!(
+                "messages[{index}].value_base64 must be a string, got {other}"
             )))
         }
     };

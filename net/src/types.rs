@@ -502,15 +502,22 @@ pub const MESSAGES_MEDIA_TYPE: &str = "application/vnd.narad.messages";
 /// In the binary consume answer, the key length of a message without a key.
 pub const BINARY_NO_KEY: u32 = u32::MAX;
 
-/// Whether an `Accept` header asks for [`MESSAGES_MEDIA_TYPE`] (any of its
-/// comma-separated entries, parameters ignored). JSON is the default.
+/// Whether an `Accept` header asks for [`MESSAGES_MEDIA_TYPE`]: one of its
+/// comma-separated entries names it with a `q` above 0 (or none). JSON is
+/// the default.
 pub fn accepts_binary_messages(accept: Option<&[u8]>) -> bool {
     let Some(accept) = accept.and_then(|a| std::str::from_utf8(a).ok()) else {
         return false;
     };
     accept.split(',').any(|entry| {
-        let media = entry.split(';').next().unwrap_or("").trim();
-        media.eq_ignore_ascii_case(MESSAGES_MEDIA_TYPE)
+        let mut parts = entry.split(';');
+        let media = parts.next().unwrap_or("").trim();
+        let refused = parts.any(|param| {
+            let (name, value) = param.split_once('=').unwrap_or((param, ""));
+            name.trim().eq_ignore_ascii_case("q")
+                && value.trim().parse::<f32>().is_ok_and(|q| q <= 0.0)
+        });
+        media.eq_ignore_ascii_case(MESSAGES_MEDIA_TYPE) && !refused
     })
 }
 
@@ -777,6 +784,11 @@ mod tests {
         assert!(!accepts("application/json"));
         assert!(!accepts("*/*"));
         assert!(!accepts("application/vnd.narad.messages+json"));
+        assert!(!accepts("application/vnd.narad.messages;q=0"));
+        assert!(!accepts(
+            "application/vnd.narad.messages; q=0.000, application/json"
+        ));
+        assert!(accepts("application/vnd.narad.messages;q=0.1"));
         assert!(!accepts_binary_messages(None));
     }
 

@@ -62,7 +62,12 @@ impl<F: FileSystem> Shard<F> {
                 return Err(ApiError::new(
                     ErrorCode::TooLarge,
                     format!(
-                        "message {index} is {} bytes, over the topic's max_message_bytes of {}",
+                        "{} is {} bytes, over the topic's max_message_bytes of {}",
+                        if messages.len() == 1 {
+                            "the message".to_string()
+                        } else {
+                            format!("messages[{index}]")
+                        },
                         value.len(),
                         topic.config.max_message_bytes
                     ),
