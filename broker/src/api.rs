@@ -601,19 +601,15 @@ async fn dispatch(
                     .map(|v| v.as_bytes()),
             );
             let messages = shard.consume(&topic, consume).await?;
-            Ok(if binary {
-                bytes_response(
-                    StatusCode::OK,
-                    MESSAGES_MEDIA_TYPE,
-                    consume_response_binary(&messages),
-                )
+            let (content_type, answer) = if binary {
+                (MESSAGES_MEDIA_TYPE, consume_response_binary(&messages))
             } else {
-                bytes_response(
-                    StatusCode::OK,
+                (
                     "application/json",
                     consume_response_json(&topic.name, &messages),
                 )
-            })
+            };
+            Ok(bytes_response(StatusCode::OK, content_type, answer))
         }
         (_, Some(name)) if route.settle().is_some() => {
             let (kind, batch) = route.settle().unwrap_or((SettleKind::Ack, false));

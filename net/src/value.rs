@@ -45,6 +45,9 @@ fn base64_len(bytes: usize) -> usize {
     bytes.div_ceil(3) * 4
 }
 
+/// Lowercase hex digits, for escapes and ids.
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
 const LOW_BITS: u64 = 0x0101_0101_0101_0101;
 const HIGH_BITS: u64 = 0x8080_8080_8080_8080;
 
@@ -109,7 +112,6 @@ fn escape_of(byte: u8) -> Option<u8> {
 }
 
 fn write_escape(out: &mut Vec<u8>, byte: u8, escape: u8) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
     out.push(b'\\');
     out.push(escape);
     if escape == b'u' {
@@ -121,7 +123,6 @@ fn write_escape(out: &mut Vec<u8>, byte: u8, escape: u8) {
 
 /// Appends a message id as the API writes it: 32 lowercase hex digits.
 pub fn write_hex_u128(out: &mut Vec<u8>, n: u128) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
     for shift in (0..32).rev() {
         out.push(HEX[((n >> (shift * 4)) & 0xf) as usize]);
     }
