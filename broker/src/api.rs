@@ -13,7 +13,7 @@ pub mod openapi;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::{Method, StatusCode};
-use narad_net::batch::parse_batch;
+use narad_net::batch::{key_too_long, parse_batch, KEY_BYTES_MAX};
 use narad_net::http_server::{error_response, HttpRequest, HttpResponse};
 use narad_net::names::validate_topic_name;
 use narad_net::types::{
@@ -562,10 +562,7 @@ async fn dispatch(
         },
         ("produce", Some(name)) => {
             let topic = shard.topic(name)?;
-            let key = request
-                .headers()
-                .get("narad-key")
-                .map(|v| v.as_bytes().to_vec());
+            let key = produce_key(request.headers())?;
             // One exact-size copy: the request's buffer is hyper's read
             // buffer, which the tail cache must not keep alive.
             let value = Bytes::copy_from_slice(&body);
@@ -718,6 +715,24 @@ async fn dispatch(
             format!("route {label} has no handler"),
         )),
     }
+}
+
+/// The key of a single produce, from its `Narad-Key` header: UTF-8 (a key
+/// comes back as a JSON string) and at most [`KEY_BYTES_MAX`] bytes.
+fn produce_key(headers: &hyper::HeaderMap) -> Result<Option<Vec<u8>>, ApiError> {
+    let Some(value) = headers.get("narad-key") else {
+        return Ok(None);
+    };
+    let key = std::str::from_utf8(value.as_bytes()).map_err(|_| {
+        ApiError::new(
+            ErrorCode::InvalidRequest,
+            "the Narad-Key header must be UTF-8 text; send a binary key base64-encoded",
+        )
+    })?;
+    if key.len() > KEY_BYTES_MAX {
+        return Err(key_too_long("the Narad-Key header", key.len()));
+    }
+    Ok(Some(key.as_bytes().to_vec()))
 }
 
 /// A topic that is the dead-letter topic of another cannot be deleted

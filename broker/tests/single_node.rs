@@ -1689,3 +1689,121 @@ fn deleting_a_topic_while_its_partitions_roll_segments_keeps_the_node_up() {
         assert_eq!(status, 200, "round {round}: the node is up");
     }
 }
+
+/// Sends one request whose header bytes are given as they are (a header
+/// value need not be UTF-8 on the wire), and returns the status and body.
+fn request_with_raw_header(addr: &str, path: &str, header: &[u8], body: &[u8]) -> (u16, Value) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect");
+    stream.set_read_timeout(Some(WAIT)).expect("timeout");
+    let mut request = format!(
+        "POST {path} HTTP/1.1\r\nHost: test\r\nContent-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    )
+    .into_bytes();
+    request.extend_from_slice(header);
+    request.extend_from_slice(b"\r\n\r\n");
+    request.extend_from_slice(body);
+    stream.write_all(&request).expect("send");
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).expect("read");
+    let split = response
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a response head");
+    let head = String::from_utf8_lossy(&response[..split]).to_string();
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("status");
+    (
+        status,
+        serde_json::from_slice(&response[split + 4..]).unwrap_or(Value::Null),
+    )
+}
+
+#[test]
+fn a_key_over_the_limit_or_not_utf8_is_refused_and_nothing_is_written() {
+    use narad_net::batch::KEY_BYTES_MAX;
+    let tmp = tempfile::tempdir().expect("tmp");
+    let node = Node::start(&tmp.path().join("n"), &[]);
+    node.create_topic("keys", json!({"partitions": 1, "max_message_bytes": 10}));
+
+    // A key may be longer than the topic's max_message_bytes (which bounds
+    // the value), up to the key limit.
+    let longest = "k".repeat(KEY_BYTES_MAX);
+    let (status, answer) = node.json(
+        "POST",
+        "/v1/topics/keys/messages/batch",
+        json!({"messages": [{"key": longest, "value": "v"}]}),
+    );
+    assert_eq!(status, 202, "{answer}");
+
+    let too_long = "k".repeat(KEY_BYTES_MAX + 1);
+    let (status, answer) = node.json(
+        "POST",
+        "/v1/topics/keys/messages/batch",
+        json!({"messages": [{"value": "a"}, {"key": too_long, "value": "b"}]}),
+    );
+    assert_eq!(status, 413, "{answer}");
+    assert_eq!(answer["error"]["code"], "too_large", "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("messages[1].key"), "{answer}");
+
+    let header = format!("Narad-Key: {too_long}");
+    let (status, answer) = request_with_raw_header(
+        &node.addr,
+        "/v1/topics/keys/messages",
+        header.as_bytes(),
+        b"c",
+    );
+    assert_eq!(status, 413, "{answer}");
+    assert_eq!(answer["error"]["code"], "too_large", "{answer}");
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("Narad-Key"),
+        "{answer}"
+    );
+
+    let (status, answer) = request_with_raw_header(
+        &node.addr,
+        "/v1/topics/keys/messages",
+        b"Narad-Key: caf\xe9",
+        b"d",
+    );
+    assert_eq!(status, 400, "{answer}");
+    assert_eq!(answer["error"]["code"], "invalid_request", "{answer}");
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("UTF-8"),
+        "{answer}"
+    );
+
+    // A UTF-8 key that is not ASCII goes through the header as it is.
+    let (status, answer) = request_with_raw_header(
+        &node.addr,
+        "/v1/topics/keys/messages",
+        "Narad-Key: café".as_bytes(),
+        b"e",
+    );
+    assert_eq!(status, 202, "{answer}");
+
+    // Only the two accepted messages are there, with their keys whole.
+    let mut messages = Vec::new();
+    assert!(eventually(WAIT, || {
+        messages.extend(node.consume("keys", json!({"max_messages": 10, "wait_ms": 500})));
+        messages.len() >= 2
+    }));
+    assert!(node.consume("keys", json!({"max_messages": 10})).is_empty());
+    let mut keys: Vec<&str> = messages
+        .iter()
+        .map(|m| m["key"].as_str().expect("key"))
+        .collect();
+    keys.sort();
+    assert_eq!(keys, vec!["café", longest.as_str()]);
+}

@@ -10,6 +10,9 @@ use crate::types::Fields;
 use crate::value::decode_base64;
 
 pub const BATCH_MESSAGES_MAX: usize = 1000;
+/// Longest message key, in bytes. A key routes a message and comes back
+/// with it; the topic's `max_message_bytes` bounds the value alone.
+pub const KEY_BYTES_MAX: usize = 4096;
 
 /// One message of a batch, decoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,7 +86,8 @@ fn parse_batch_quickly(body: &[u8], max_message_bytes: u64) -> Option<Vec<BatchI
                 (Present::Absent, Present::Text(encoded)) => decode_base64(&encoded)?,
                 _ => return None,
             };
-            (value.len() as u64 <= max_message_bytes).then_some(BatchItem {
+            let key_fits = item.key.as_ref().is_none_or(|k| k.len() <= KEY_BYTES_MAX);
+            (key_fits && value.len() as u64 <= max_message_bytes).then_some(BatchItem {
                 key: item.key,
                 value,
             })
@@ -165,7 +169,19 @@ fn parse_item(index: usize, item: Value, max_message_bytes: u64) -> Result<Batch
             format!("messages[{index}] is {} bytes, over the topic's max_message_bytes of {max_message_bytes}", value.len()),
         ));
     }
+    if let Some(key) = key.as_ref().filter(|k| k.len() > KEY_BYTES_MAX) {
+        return Err(key_too_long(&format!("messages[{index}].key"), key.len()));
+    }
     Ok(BatchItem { key, value })
+}
+
+/// The error for a key longer than [`KEY_BYTES_MAX`]; `what` names where
+/// the key came from (a batch field or the `Narad-Key` header).
+pub fn key_too_long(what: &str, len: usize) -> ApiError {
+    ApiError::new(
+        ErrorCode::TooLarge,
+        format!("{what} is {len} bytes, over the key limit of {KEY_BYTES_MAX}"),
+    )
 }
 
 #[cfg(test)]
