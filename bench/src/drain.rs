@@ -1,6 +1,6 @@
 //! `narad-bench drain`: consume + ack throughput. Fills a topic with batch
-//! produces, then consumer threads long-poll up to 100 messages at a time and
-//! batch-ack them until the topic is empty. With `fill` off it only drains
+//! produces, then consumer threads long-poll up to 100 messages at a time,
+//! each consume acking the batch before it, until the topic is empty. With `fill` off it only drains
 //! what the topic already holds (a backlog left by an earlier run, read from
 //! disk after a restart).
 
@@ -56,8 +56,16 @@ pub fn run(
                         wait_ms: Some(200),
                         ..Default::default()
                     };
+                    // Each consume carries the last one's acks; the last
+                    // batch is acked on its own.
+                    let mut acking: Vec<String> = Vec::new();
                     while consumed.load(Ordering::Relaxed) < produced {
-                        let got = client.consume(topic, &request).map_err(|e| e.to_string())?;
+                        let receipts: Vec<&str> = acking.iter().map(String::as_str).collect();
+                        let got = client
+                            .consume_acking(topic, &receipts, &request)
+                            .map_err(|e| e.to_string())?
+                            .deliveries;
+                        acking.clear();
                         if got.is_empty() {
                             // A backlog not filled here may hold fewer than
                             // --messages: the first empty answer ends it.
@@ -66,11 +74,14 @@ pub fn run(
                             }
                             continue;
                         }
-                        let receipts: Vec<&str> = got.iter().map(|m| m.receipt.as_str()).collect();
+                        consumed.fetch_add(got.len() as u64, Ordering::Relaxed);
+                        acking = got.into_iter().map(|m| m.receipt).collect();
+                    }
+                    if !acking.is_empty() {
+                        let receipts: Vec<&str> = acking.iter().map(String::as_str).collect();
                         client
                             .settle_batch(topic, &receipts, Settle::Ack)
                             .map_err(|e| e.to_string())?;
-                        consumed.fetch_add(got.len() as u64, Ordering::Relaxed);
                     }
                     Ok(())
                 })

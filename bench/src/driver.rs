@@ -39,7 +39,8 @@ pub trait Consumer: Send {
     /// Up to `max` messages, waiting up to `wait` for the first; their
     /// payloads. They stay leased until [`Consumer::ack`].
     fn receive(&mut self, max: usize, wait: Duration) -> Result<Vec<Vec<u8>>, String>;
-    /// Acks everything received since the last ack.
+    /// Acks everything received since the last ack (a driver may carry
+    /// the acks on its next receive, as Narad's consume can).
     fn ack(&mut self) -> Result<(), String>;
 }
 
@@ -69,7 +70,7 @@ fn text(error: ClientError) -> String {
 /// Narad over its HTTP API through `narad-client`: one kept-alive
 /// [`Connection`] per producer and consumer, each with a client (and so a
 /// runtime) of its own on its thread; single-message produce, long-poll
-/// consume, batch ack.
+/// consume carrying the last turn's acks.
 pub struct NaradDriver {
     server: String,
     client: Client,
@@ -134,8 +135,8 @@ impl Driver for NaradDriver {
         Ok(Box::new(NaradConsumer {
             link: Link::open(&self.server)?,
             consume: format!("/v1/topics/{topic}/consume"),
-            ack: format!("/v1/topics/{topic}/ack/batch"),
             receipts: Vec::new(),
+            acking: Vec::new(),
         }))
     }
 }
@@ -192,30 +193,30 @@ impl Producer for NaradProducer {
 struct NaradConsumer {
     link: Link,
     consume: String,
-    ack: String,
+    /// Received and not yet handed to [`Consumer::ack`].
     receipts: Vec<String>,
+    /// Acked by the caller: sent with the next consume, which settles them
+    /// before it leases more (one request a turn, not two).
+    acking: Vec<String>,
 }
 
 impl Consumer for NaradConsumer {
     fn receive(&mut self, max: usize, wait: Duration) -> Result<Vec<Vec<u8>>, String> {
-        let request = json!({
+        let mut request = json!({
             "max_messages": max,
             "wait_ms": u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
-        })
-        .to_string();
+        });
+        if !self.acking.is_empty() {
+            request["ack"] = json!(std::mem::take(&mut self.acking));
+        }
         let answer = self
             .link
-            .call(&self.consume, &[], request.as_bytes(), wait)?;
+            .call(&self.consume, &[], request.to_string().as_bytes(), wait)?;
         Ok(take_messages(&answer.body, &mut self.receipts))
     }
 
     fn ack(&mut self) -> Result<(), String> {
-        if self.receipts.is_empty() {
-            return Ok(());
-        }
-        let body = json!({ "receipts": std::mem::take(&mut self.receipts) }).to_string();
-        self.link
-            .call(&self.ack, &[], body.as_bytes(), Duration::ZERO)
-            .map(|_| ())
+        self.acking.append(&mut self.receipts);
+        Ok(())
     }
 }

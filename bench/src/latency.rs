@@ -9,7 +9,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use hdrhistogram::Histogram;
 use narad_client::blocking::Client;
-use narad_client::{ConsumeRequest, Settle};
+use narad_client::ConsumeRequest;
 
 fn now_micros() -> u64 {
     SystemTime::now()
@@ -51,10 +51,14 @@ pub fn run(plan: &Plan<'_>) -> Result<Histogram<u64>, String> {
         let deadline = Instant::now()
             + Duration::from_secs(60)
             + interval * u32::try_from(messages).unwrap_or(u32::MAX);
+        // Each consume carries the last one's acks: one request a turn.
+        let mut acking: Vec<String> = Vec::new();
         while histogram.len() < messages && Instant::now() < deadline {
+            let receipts: Vec<&str> = acking.iter().map(String::as_str).collect();
             let got = consumer
-                .consume(&consume_topic, &request)
-                .map_err(|e| e.to_string())?;
+                .consume_acking(&consume_topic, &receipts, &request)
+                .map_err(|e| e.to_string())?
+                .deliveries;
             let arrived = now_micros();
             for message in &got {
                 let sent: u64 = std::str::from_utf8(&message.value)
@@ -63,14 +67,7 @@ pub fn run(plan: &Plan<'_>) -> Result<Histogram<u64>, String> {
                     .unwrap_or(0);
                 histogram.record(arrived.saturating_sub(sent)).ok();
             }
-            // One ack request per consume: the consumer keeps up at
-            // thousands a second.
-            let receipts: Vec<&str> = got.iter().map(|m| m.receipt.as_str()).collect();
-            if !receipts.is_empty() {
-                consumer
-                    .settle_batch(&consume_topic, &receipts, Settle::Ack)
-                    .map_err(|e| e.to_string())?;
-            }
+            acking = got.into_iter().map(|m| m.receipt).collect();
         }
         Ok(histogram)
     });

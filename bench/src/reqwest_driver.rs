@@ -110,8 +110,8 @@ impl Driver for ReqwestDriver {
             runtime: runtime()?,
             client: client()?,
             consume: format!("{}/consume", self.topic_url(topic)),
-            ack: format!("{}/ack/batch", self.topic_url(topic)),
             receipts: Vec::new(),
+            acking: Vec::new(),
         }))
     }
 }
@@ -136,16 +136,20 @@ struct ReqwestConsumer {
     runtime: Runtime,
     client: reqwest::Client,
     consume: String,
-    ack: String,
     receipts: Vec<String>,
+    /// Acked by the caller, sent with the next consume.
+    acking: Vec<String>,
 }
 
 impl Consumer for ReqwestConsumer {
     fn receive(&mut self, max: usize, wait: Duration) -> Result<Vec<Vec<u8>>, String> {
-        let body = json!({
+        let mut body = json!({
             "max_messages": max,
             "wait_ms": u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
         });
+        if !self.acking.is_empty() {
+            body["ack"] = json!(std::mem::take(&mut self.acking));
+        }
         let request = self
             .client
             .post(&self.consume)
@@ -156,15 +160,7 @@ impl Consumer for ReqwestConsumer {
     }
 
     fn ack(&mut self) -> Result<(), String> {
-        if self.receipts.is_empty() {
-            return Ok(());
-        }
-        let body = json!({ "receipts": std::mem::take(&mut self.receipts) });
-        let request = self
-            .client
-            .post(&self.ack)
-            .header("content-type", "application/json")
-            .body(body.to_string());
-        self.runtime.block_on(call(request, &[200])).map(|_| ())
+        self.acking.append(&mut self.receipts);
+        Ok(())
     }
 }

@@ -18,8 +18,8 @@ use narad_net::http_server::{error_response, HttpRequest, HttpResponse};
 use narad_net::names::validate_topic_name;
 use narad_net::types::{
     accepts_binary_messages, consume_response_binary, consume_response_json, ChildKindName,
-    ChildRequest, ConsumeRequest, ExtendResponse, RedriveRequest, SettleAction,
-    SettleBatchResponse, SettleKind, SettleRequest, SettleResult, TopicPatch, MESSAGES_MEDIA_TYPE,
+    ChildRequest, ConsumeBody, ExtendResponse, RedriveRequest, SettleAction, SettleBatchResponse,
+    SettleKind, SettleRequest, SettleResult, TopicPatch, MESSAGES_MEDIA_TYPE,
 };
 use narad_net::{ApiError, ErrorCode};
 use narad_raft::state::{Action, ChildKind, Grant, RedriveState, RemoteTarget, Topic, ADMIN_USER};
@@ -590,20 +590,36 @@ async fn dispatch(
         }
         ("consume", Some(name)) => {
             let topic = shard.topic(name)?;
-            let consume = ConsumeRequest::parse(&body)?;
+            let ConsumeBody {
+                request: consume,
+                ack,
+            } = ConsumeBody::parse(&body)?;
+            shard.check_consume(&topic, &consume)?;
             let binary = accepts_binary_messages(
                 request
                     .headers()
                     .get(hyper::header::ACCEPT)
                     .map(|v| v.as_bytes()),
             );
+            // Acks first: their leases end before new ones are granted,
+            // and a consume dropped while it waits has still acked.
+            let acks = match ack {
+                Some(receipts) => {
+                    let answers = shard.settle(&topic, &receipts, SettleAction::Ack).await;
+                    Some(settle_results(receipts, answers, 204))
+                }
+                None => None,
+            };
             let messages = shard.consume(&topic, consume).await?;
             let (content_type, answer) = if binary {
-                (MESSAGES_MEDIA_TYPE, consume_response_binary(&messages))
+                (
+                    MESSAGES_MEDIA_TYPE,
+                    consume_response_binary(&messages, acks.as_deref()),
+                )
             } else {
                 (
                     "application/json",
-                    consume_response_json(&topic.name, &messages),
+                    consume_response_json(&topic.name, &messages, acks.as_deref()),
                 )
             };
             Ok(bytes_response(StatusCode::OK, content_type, answer))
@@ -985,8 +1001,17 @@ async fn settle_batch(shard: &Shard, topic: &Topic, settle: SettleRequest) -> Ht
         SettleAction::Ack | SettleAction::Nack { .. } => 204,
     };
     let answers = shard.settle(topic, &settle.receipts, settle.action).await;
-    let results = settle
-        .receipts
+    let results = settle_results(settle.receipts, answers, ok_status);
+    json_response(StatusCode::OK, &SettleBatchResponse { results })
+}
+
+/// One result per receipt, in order, as the batch forms answer them.
+fn settle_results(
+    receipts: Vec<String>,
+    answers: crate::rpc::Settled,
+    ok_status: u16,
+) -> Vec<SettleResult> {
+    receipts
         .into_iter()
         .zip(answers)
         .map(|(receipt, answer)| match answer {
@@ -1005,8 +1030,7 @@ async fn settle_batch(shard: &Shard, topic: &Topic, settle: SettleRequest) -> Ht
                     .map(|v| v["error"].clone()),
             },
         })
-        .collect();
-    json_response(StatusCode::OK, &SettleBatchResponse { results })
+        .collect()
 }
 
 /// `GET /v1/cluster`: the members, their state as the controller last

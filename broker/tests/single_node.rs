@@ -1299,6 +1299,32 @@ fn the_rust_client_produces_consumes_settles_and_its_consumer_extends_while_it_w
             .map(|p| p["available"].as_u64().unwrap_or(0) + p["in_flight"].as_u64().unwrap_or(0))
             .sum();
         assert_eq!(open, 0, "everything was acked once: {stats}");
+
+        // One request acks the last turn's receipts and takes the next.
+        client.produce("jobs", None, "later").await.expect("202");
+        let mut got = Vec::new();
+        let deadline = Instant::now() + WAIT;
+        while got.is_empty() && Instant::now() < deadline {
+            got = client.consume("jobs", &request).await.expect("consume");
+        }
+        let receipt = got[0].receipt.as_str();
+        let quick = ConsumeRequest {
+            wait_ms: Some(0),
+            ..request.clone()
+        };
+        let turn = client
+            .consume_acking("jobs", &[receipt], &quick)
+            .await
+            .expect("consume");
+        assert!(turn.deliveries.is_empty());
+        assert_eq!(turn.acks.len(), 1);
+        assert!(turn.acks[0].result.is_ok(), "{:?}", turn.acks);
+        let again = client
+            .consume_acking("jobs", &[receipt], &quick)
+            .await
+            .expect("consume");
+        let error = again.acks[0].result.clone().expect_err("acked already");
+        assert_eq!(error.code, narad_client::ErrorCode::LeaseGone);
     });
 }
 
@@ -1336,7 +1362,9 @@ fn a_consume_that_accepts_the_binary_type_gets_the_same_messages_length_prefixed
             .contains(&format!("content-type: {MESSAGES_MEDIA_TYPE}")),
         "{head}"
     );
-    let binary = parse_consume_binary(&bytes::Bytes::from(body)).expect("a whole answer");
+    let answer = parse_consume_binary(&bytes::Bytes::from(body)).expect("a whole answer");
+    assert_eq!(answer.acks, None, "no ack list, no ack results");
+    let binary = answer.messages;
     assert_eq!(binary.len(), 3);
     let ids: Vec<String> = binary.iter().map(|m| format!("{:032x}", m.id)).collect();
     assert_eq!(json!(ids), produced["ids"]);
@@ -1806,4 +1834,124 @@ fn a_key_over_the_limit_or_not_utf8_is_refused_and_nothing_is_written() {
         .collect();
     keys.sort();
     assert_eq!(keys, vec!["café", longest.as_str()]);
+}
+
+#[test]
+fn a_consume_acks_its_list_first_and_answers_each_receipt_in_json_and_in_binary() {
+    use narad_net::types::{parse_consume_binary, MESSAGES_MEDIA_TYPE};
+    let tmp = tempfile::tempdir().expect("tmp");
+    let node = Node::start(&tmp.path().join("n"), &[]);
+    node.create_topic(
+        "work",
+        json!({"partitions": 2, "visibility_timeout_ms": 60_000}),
+    );
+    node.create_topic("other", json!({"partitions": 1}));
+    let values: Vec<Value> = (0..4)
+        .map(|i| json!({ "value": format!("m{i}") }))
+        .collect();
+    let (status, _) = node.json(
+        "POST",
+        "/v1/topics/work/messages/batch",
+        json!({ "messages": values }),
+    );
+    assert_eq!(status, 202);
+    let take = |count: usize| -> Vec<Value> {
+        let mut got = Vec::new();
+        let deadline = Instant::now() + WAIT;
+        while got.len() < count && Instant::now() < deadline {
+            let (status, answer) = node.json(
+                "POST",
+                "/v1/topics/work/consume",
+                json!({"max_messages": count - got.len(), "wait_ms": 1000}),
+            );
+            assert_eq!(status, 200, "{answer}");
+            assert!(
+                answer.get("acks").is_none(),
+                "no ack list, no acks: {answer}"
+            );
+            got.extend(answer["messages"].as_array().cloned().unwrap_or_default());
+        }
+        assert_eq!(got.len(), count);
+        got
+    };
+    let first = take(2);
+    let receipt = |m: &Value| m["receipt"].as_str().unwrap_or_default().to_string();
+
+    // A pinned partition beyond the topic is refused before anything is acked.
+    let (status, answer) = node.json(
+        "POST",
+        "/v1/topics/work/consume",
+        json!({"ack": [receipt(&first[0])], "partition": 7}),
+    );
+    assert_eq!(status, 400, "{answer}");
+    // JSON: one result per receipt, in order, as the batch ack answers.
+    let (status, other) = node.json("POST", "/v1/topics/other/messages", json!("x"));
+    assert_eq!(status, 202, "{other}");
+    let (_, other) = node.json("POST", "/v1/topics/other/consume", json!({"wait_ms": 2000}));
+    let foreign = receipt(&other["messages"][0]);
+    let (status, answer) = node.json(
+        "POST",
+        "/v1/topics/work/consume",
+        json!({"ack": [receipt(&first[0]), foreign, receipt(&first[0])], "max_messages": 1, "wait_ms": 1000}),
+    );
+    assert_eq!(status, 200, "{answer}");
+    let statuses: Vec<u64> = answer["acks"]
+        .as_array()
+        .expect("acks")
+        .iter()
+        .map(|a| a["status"].as_u64().unwrap_or(0))
+        .collect();
+    assert_eq!(statuses, [204, 400, 410], "{answer}");
+    assert_eq!(answer["acks"][0]["receipt"], json!(receipt(&first[0])));
+    assert_eq!(answer["acks"][2]["error"]["code"], "lease_gone", "{answer}");
+    assert_eq!(
+        answer["messages"].as_array().map(Vec::len),
+        Some(1),
+        "{answer}"
+    );
+    let third = answer["messages"][0].clone();
+
+    // Binary: the results follow the messages.
+    let body =
+        json!({"ack": [receipt(&first[1]), receipt(&third)], "max_messages": 10, "wait_ms": 1000})
+            .to_string();
+    let (status, _, body) = raw_request(
+        &node.addr,
+        "POST",
+        "/v1/topics/work/consume",
+        &[("Accept", MESSAGES_MEDIA_TYPE)],
+        body.as_bytes(),
+    );
+    assert_eq!(status, 200);
+    let answer = parse_consume_binary(&bytes::Bytes::from(body)).expect("a whole answer");
+    let acks = answer.acks.expect("ack results");
+    assert_eq!(
+        acks.iter().map(|a| a.status).collect::<Vec<_>>(),
+        [204, 204]
+    );
+    assert!(acks.iter().all(|a| a.error.is_none()));
+    assert_eq!(answer.messages.len(), 1, "the one message left");
+    let last = answer.messages[0].receipt.clone();
+    let (status, answer) = node.json(
+        "POST",
+        "/v1/topics/work/consume",
+        json!({"ack": [last], "wait_ms": 0}),
+    );
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["acks"][0]["status"], 204, "{answer}");
+    assert_eq!(answer["messages"], json!([]), "all four acked, none left");
+    let (status, answer) = node.json(
+        "POST",
+        "/v1/topics/work/consume",
+        json!({"ack": vec!["R"; 1001]}),
+    );
+    assert_eq!(status, 400, "{answer}");
+    let (_, topic) = node.request("GET", "/v1/topics/work", b"");
+    let open: u64 = topic["partition_stats"]
+        .as_array()
+        .expect("stats")
+        .iter()
+        .map(|p| p["available"].as_u64().unwrap_or(0) + p["in_flight"].as_u64().unwrap_or(0))
+        .sum();
+    assert_eq!(open, 0, "nothing left to deliver: {topic}");
 }

@@ -82,6 +82,25 @@ impl Fields {
     }
 
     /// A required array of 1..=`max` strings.
+    /// An optional array of 0 to `max` strings; absent or null is `None`.
+    pub fn optional_string_array(
+        &mut self,
+        name: &str,
+        max: usize,
+    ) -> Result<Option<Vec<String>>, ApiError> {
+        match self.map.get(name) {
+            None | Some(Value::Null) => {
+                self.map.remove(name);
+                Ok(None)
+            }
+            Some(Value::Array(items)) if items.is_empty() => {
+                self.map.remove(name);
+                Ok(Some(Vec::new()))
+            }
+            Some(_) => self.string_array(name, max).map(Some),
+        }
+    }
+
     pub fn string_array(&mut self, name: &str, max: usize) -> Result<Vec<String>, ApiError> {
         let items = match self.map.remove(name) {
             Some(Value::Array(items)) => items,
@@ -136,11 +155,28 @@ pub struct ConsumeRequest {
     pub partition: Option<u32>,
 }
 
-impl ConsumeRequest {
+/// A consume's body: what to lease, and the receipts to ack before leasing
+/// (`ack`; `None` when the body has no `ack` field).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumeBody {
+    pub request: ConsumeRequest,
+    pub ack: Option<Vec<String>>,
+}
+
+impl ConsumeBody {
     /// Parses the body; the partition's upper bound is checked by the caller,
     /// which knows the topic.
     pub fn parse(body: &[u8]) -> Result<Self, ApiError> {
         let mut fields = Fields::parse(body)?;
+        let ack = fields.optional_string_array("ack", RECEIPTS_PER_BATCH_MAX)?;
+        let request = ConsumeRequest::from_fields(&mut fields)?;
+        fields.finish()?;
+        Ok(Self { request, ack })
+    }
+}
+
+impl ConsumeRequest {
+    fn from_fields(fields: &mut Fields) -> Result<Self, ApiError> {
         let max_messages = fields
             .u64_in("max_messages", 1, CONSUME_MAX_MESSAGES_MAX)?
             .unwrap_or(1);
@@ -150,7 +186,6 @@ impl ConsumeRequest {
         let visibility_timeout_ms =
             fields.u64_in("visibility_timeout_ms", 1, VISIBILITY_TIMEOUT_MS_MAX)?;
         let partition = fields.u64_in("partition", 0, TOPIC_PARTITIONS_MAX - 1)?;
-        fields.finish()?;
         Ok(Self {
             max_messages: u32::try_from(max_messages).unwrap_or(1),
             wait_ms,
@@ -522,8 +557,13 @@ pub fn accepts_binary_messages(accept: Option<&[u8]>) -> bool {
 }
 
 /// `200` of a consume: `{"messages": [...]}`, written in one buffer sized
-/// for it (see [`crate::value`]).
-pub fn consume_response_json(topic: &str, messages: &[ConsumedMessage]) -> Vec<u8> {
+/// for it (see [`crate::value`]), and `"acks": [...]` when the consume
+/// carried an `ack` list (one result per receipt, as the batch ack has them).
+pub fn consume_response_json(
+    topic: &str,
+    messages: &[ConsumedMessage],
+    acks: Option<&[SettleResult]>,
+) -> Vec<u8> {
     /// Names, punctuation, id and numbers of one message.
     const FIELDS_BYTES: usize = 240;
     let size = messages
@@ -567,7 +607,15 @@ pub fn consume_response_json(topic: &str, messages: &[ConsumedMessage]) -> Vec<u
         write_u64(&mut out, m.lease_expires_at_ms);
         out.push(b'}');
     }
-    out.extend_from_slice(b"]}");
+    out.push(b']');
+    if let Some(acks) = acks {
+        out.extend_from_slice(b",\"acks\":");
+        // Results are a few small fields each; serde writes them.
+        if serde_json::to_writer(&mut out, acks).is_err() {
+            out.extend_from_slice(b"[]");
+        }
+    }
+    out.push(b'}');
     out
 }
 
@@ -577,16 +625,22 @@ pub fn consume_response_json(topic: &str, messages: &[ConsumedMessage]) -> Vec<u
 const BINARY_FIXED_BYTES: usize = 16 + 4 + 8 + 4 + 8 + 8 + 2 + 4 + 4;
 
 /// `200` of a consume in [`MESSAGES_MEDIA_TYPE`]: a message count, then
-/// each message's fields, all integers big-endian:
+/// each message's fields, all integers big-endian, then the acks' results
+/// when the consume carried an `ack` list (in its order):
 ///
 /// ```text
-/// answer  = count u32 | message*
+/// answer  = count u32 | message* [ acks ]
 /// message = id [16] | partition u32 | offset u64 | delivery_count u32
 ///         | produced_at_ms u64 | lease_expires_at_ms u64
 ///         | receipt_len u16 | receipt | key_len u32 | key | value_len u32 | value
+/// acks    = count u32 | ack*
+/// ack     = status u16 | error_len u32 | error (the JSON error object; empty on success)
 /// ```
 /// `key_len` is [`BINARY_NO_KEY`] for a message without a key.
-pub fn consume_response_binary(messages: &[ConsumedMessage]) -> Vec<u8> {
+pub fn consume_response_binary(
+    messages: &[ConsumedMessage],
+    acks: Option<&[SettleResult]>,
+) -> Vec<u8> {
     let size = messages
         .iter()
         .map(|m| {
@@ -622,6 +676,19 @@ pub fn consume_response_binary(messages: &[ConsumedMessage]) -> Vec<u8> {
         out.extend_from_slice(&len_u32(m.value.len()).to_be_bytes());
         out.extend_from_slice(&m.value);
     }
+    if let Some(acks) = acks {
+        out.extend_from_slice(&len_u32(acks.len()).to_be_bytes());
+        for ack in acks {
+            out.extend_from_slice(&ack.status.to_be_bytes());
+            let error = ack
+                .error
+                .as_ref()
+                .and_then(|e| serde_json::to_vec(e).ok())
+                .unwrap_or_default();
+            out.extend_from_slice(&len_u32(error.len()).to_be_bytes());
+            out.extend_from_slice(&error);
+        }
+    }
     out
 }
 
@@ -631,24 +698,44 @@ fn len_u32(len: usize) -> u32 {
     u32::try_from(len).unwrap_or(u32::MAX - 1)
 }
 
+/// A binary consume answer, read back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BinaryConsumeAnswer {
+    pub messages: Vec<ConsumedMessage>,
+    /// The results of the consume's `ack` list, in its order; `None` when
+    /// it carried none.
+    pub acks: Option<Vec<AckOutcome>>,
+}
+
+/// What one receipt of a consume's `ack` list came to: the status a single
+/// ack would have answered, and its error object unless it landed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AckOutcome {
+    pub status: u16,
+    pub error: Option<Value>,
+}
+
+/// Bytes of one ack result in the binary answer besides its error.
+const BINARY_ACK_FIXED_BYTES: usize = 2 + 4;
+
 /// Reads a binary consume answer ([`consume_response_binary`]); the value
 /// of each message is a slice of `body`, not a copy. An answer cut short or
 /// with bytes left over is an error naming where.
-pub fn parse_consume_binary(body: &Bytes) -> Result<Vec<ConsumedMessage>, String> {
-    let mut at = 0usize;
-    let mut take = |len: usize| -> Result<std::ops::Range<usize>, String> {
-        let end = at
+pub fn parse_consume_binary(body: &Bytes) -> Result<BinaryConsumeAnswer, String> {
+    let at = std::cell::Cell::new(0usize);
+    let take = |len: usize| -> Result<std::ops::Range<usize>, String> {
+        let start = at.get();
+        let end = start
             .checked_add(len)
             .filter(|end| *end <= body.len())
             .ok_or_else(|| {
                 format!(
-                    "the answer ends at byte {} inside a field at byte {at}",
+                    "the answer ends at byte {} inside a field at byte {start}",
                     body.len()
                 )
             })?;
-        let range = at..end;
-        at = end;
-        Ok(range)
+        at.set(end);
+        Ok(start..end)
     };
     fn array<const N: usize>(body: &[u8], range: std::ops::Range<usize>) -> [u8; N] {
         let mut out = [0u8; N];
@@ -696,10 +783,40 @@ pub fn parse_consume_binary(body: &Bytes) -> Result<Vec<ConsumedMessage>, String
             lease_expires_at_ms,
         });
     }
-    if at != body.len() {
-        return Err(format!("{} bytes after the last message", body.len() - at));
+    let acks = if at.get() == body.len() {
+        None
+    } else {
+        let count = u32::from_be_bytes(array(body, take(4)?));
+        if count as usize > body.len() / BINARY_ACK_FIXED_BYTES {
+            return Err(format!(
+                "the answer counts {count} ack results in {} bytes",
+                body.len()
+            ));
+        }
+        let mut acks = Vec::with_capacity(count as usize);
+        for _ in 0..count {
+            let status = u16::from_be_bytes(array(body, take(2)?));
+            let error_len = u32::from_be_bytes(array(body, take(4)?));
+            let error = &body[take(error_len as usize)?];
+            let error = if error.is_empty() {
+                None
+            } else {
+                Some(
+                    serde_json::from_slice(error)
+                        .map_err(|e| format!("an ack result's error is not JSON: {e}"))?,
+                )
+            };
+            acks.push(AckOutcome { status, error });
+        }
+        Some(acks)
+    };
+    if at.get() != body.len() {
+        return Err(format!(
+            "{} bytes after the last ack result",
+            body.len() - at.get()
+        ));
     }
-    Ok(messages)
+    Ok(BinaryConsumeAnswer { messages, acks })
 }
 
 /// `200` of an extend.
@@ -754,18 +871,57 @@ mod tests {
             consumed(None, &[0, 0xff, 0x80]),
             consumed(Some(""), b""),
         ];
-        let body = Bytes::from(consume_response_binary(&messages));
-        assert_eq!(parse_consume_binary(&body), Ok(messages.clone()));
+        let acks = [
+            SettleResult {
+                receipt: "R1".into(),
+                status: 204,
+                lease_expires_at_ms: None,
+                error: None,
+            },
+            SettleResult {
+                receipt: "R2".into(),
+                status: 410,
+                lease_expires_at_ms: None,
+                error: Some(json!({"code": "lease_gone", "message": "the lease ended"})),
+            },
+        ];
+        let body = Bytes::from(consume_response_binary(&messages, Some(&acks)));
+        let read = parse_consume_binary(&body).expect("a whole answer");
+        assert_eq!(read.messages, messages);
         assert_eq!(
-            parse_consume_binary(&Bytes::from(consume_response_binary(&[]))),
-            Ok(vec![])
+            read.acks,
+            Some(vec![
+                AckOutcome {
+                    status: 204,
+                    error: None
+                },
+                AckOutcome {
+                    status: 410,
+                    error: acks[1].error.clone()
+                },
+            ])
         );
-        // Cut anywhere, or with a byte more, it is refused, never misread.
+        let without = parse_consume_binary(&Bytes::from(consume_response_binary(&messages, None)));
+        assert_eq!(
+            without.map(|a| (a.messages, a.acks)),
+            Ok((messages.clone(), None))
+        );
+        let empty = parse_consume_binary(&Bytes::from(consume_response_binary(&[], Some(&[]))));
+        assert_eq!(
+            empty.map(|a| (a.messages, a.acks)),
+            Ok((vec![], Some(vec![])))
+        );
+        // Cut anywhere, or with a byte more, it is refused, never misread;
+        // cut just before its acks it reads as an answer without them (the
+        // client knows whether it sent any, and checks).
+        let messages_end = consume_response_binary(&messages, None).len();
         for cut in 0..body.len() {
-            assert!(
-                parse_consume_binary(&body.slice(..cut)).is_err(),
-                "cut at {cut}"
-            );
+            let read = parse_consume_binary(&body.slice(..cut));
+            if cut == messages_end {
+                assert_eq!(read.map(|a| a.acks), Ok(None));
+            } else {
+                assert!(read.is_err(), "cut at {cut}");
+            }
         }
         let mut longer = body.to_vec();
         longer.push(0);
@@ -794,13 +950,30 @@ mod tests {
 
     #[test]
     fn a_consume_answer_is_json_with_every_field_of_each_message() {
-        assert_eq!(consume_response_json("orders", &[]), br#"{"messages":[]}"#);
+        assert_eq!(
+            consume_response_json("orders", &[], None),
+            br#"{"messages":[]}"#
+        );
+        let gone = SettleResult {
+            receipt: "R".into(),
+            status: 410,
+            lease_expires_at_ms: None,
+            error: Some(json!({"code": "lease_gone", "message": "m"})),
+        };
+        assert_eq!(
+            serde_json::from_slice::<Value>(&consume_response_json("orders", &[], Some(&[gone])))
+                .ok(),
+            Some(
+                json!({"messages": [], "acks": [{"receipt": "R", "status": 410,
+                "error": {"code": "lease_gone", "message": "m"}}]})
+            )
+        );
         let messages = [
             consumed(Some("k\"ey\n"), b"{\"a\": \"\x07\"}\r\n"),
             consumed(None, &[0, 0xff, 0x80]),
             consumed(Some(""), "é€😀".as_bytes()),
         ];
-        let json = consume_response_json("orders", &messages);
+        let json = consume_response_json("orders", &messages, None);
         let parsed: Value = serde_json::from_slice(&json).expect("valid JSON");
         let expected = |key: Option<&str>, value: (&str, &str)| {
             let mut message = json!({
@@ -834,9 +1007,10 @@ mod tests {
 
     #[test]
     fn consume_defaults_and_bounds() {
-        let request = ConsumeRequest::parse(b"").expect("empty body");
+        let body = ConsumeBody::parse(b"").expect("empty body");
+        assert_eq!(body.ack, None);
         assert_eq!(
-            request,
+            body.request,
             ConsumeRequest {
                 max_messages: 1,
                 wait_ms: 0,
@@ -844,9 +1018,9 @@ mod tests {
                 partition: None
             }
         );
-        let request =
-            ConsumeRequest::parse(br#"{"max_messages":1000,"wait_ms":20000,"partition":3}"#)
-                .expect("ok");
+        let request = ConsumeBody::parse(br#"{"max_messages":1000,"wait_ms":20000,"partition":3}"#)
+            .expect("ok")
+            .request;
         assert_eq!(
             (request.max_messages, request.wait_ms, request.partition),
             (1000, 20000, Some(3))
@@ -861,18 +1035,36 @@ mod tests {
             br#"{"max_messages":1.5}"#,
             br#"[1]"#,
             br#"{"#,
+            br#"{"ack":"R1"}"#,
+            br#"{"ack":[1]}"#,
         ] {
             assert_eq!(
-                code(ConsumeRequest::parse(bad)),
+                code(ConsumeBody::parse(bad)),
                 ErrorCode::InvalidRequest,
                 "{}",
                 String::from_utf8_lossy(bad)
             );
         }
         assert_eq!(
-            code(ConsumeRequest::parse(br#"{"max":5}"#)),
+            code(ConsumeBody::parse(br#"{"max":5}"#)),
             ErrorCode::UnknownField
         );
+    }
+
+    #[test]
+    fn a_consume_carries_up_to_a_batch_of_receipts_to_ack_first() {
+        let ack = |body: &str| ConsumeBody::parse(body.as_bytes()).map(|b| b.ack);
+        assert_eq!(
+            ack(r#"{"ack":["R1","R2"]}"#),
+            Ok(Some(vec!["R1".into(), "R2".into()]))
+        );
+        assert_eq!(ack(r#"{"ack":[]}"#), Ok(Some(vec![])));
+        assert_eq!(ack(r#"{"ack":null}"#), Ok(None));
+        let most = vec!["R"; RECEIPTS_PER_BATCH_MAX];
+        assert!(ack(&json!({ "ack": most }).to_string()).is_ok());
+        let over = vec!["R"; RECEIPTS_PER_BATCH_MAX + 1];
+        let error = ack(&json!({ "ack": over }).to_string()).expect_err("too many");
+        assert!(error.message.contains("ack must hold"), "{}", error.message);
     }
 
     #[test]

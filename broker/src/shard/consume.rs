@@ -5,23 +5,28 @@ use super::*;
 use crate::metric_names::{CONSUME_LONG_POLLS_WAITING, DEAD_LETTERED_TOTAL};
 
 impl<F: FileSystem> Shard<F> {
+    /// Refuses a consume the topic cannot serve (a pinned partition beyond
+    /// its count) before anything is done for it.
+    pub fn check_consume(&self, topic: &Topic, request: &ConsumeRequest) -> Result<(), ApiError> {
+        match request.partition {
+            Some(partition) if partition >= topic.config.partitions => Err(ApiError::new(
+                ErrorCode::InvalidRequest,
+                format!(
+                    "partition must be from 0 to {}, got {partition}",
+                    topic.config.partitions - 1
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// Long-polls for up to `max_messages` messages of a topic.
     pub async fn consume(
         &self,
         topic: &Topic,
         request: ConsumeRequest,
     ) -> Result<Vec<ConsumedMessage>, ApiError> {
-        if let Some(partition) = request.partition {
-            if partition >= topic.config.partitions {
-                return Err(ApiError::new(
-                    ErrorCode::InvalidRequest,
-                    format!(
-                        "partition must be from 0 to {}, got {partition}",
-                        topic.config.partitions - 1
-                    ),
-                ));
-            }
-        }
+        self.check_consume(topic, &request)?;
         let visibility = request
             .visibility_timeout_ms
             .unwrap_or(topic.config.visibility_timeout_ms);

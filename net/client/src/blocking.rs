@@ -22,8 +22,8 @@ use bytes::Bytes;
 use serde_json::Value;
 
 use crate::{
-    ClientTlsFiles, ConsumeRequest, Delivery, Error, Outgoing, Response, RetryPolicy, Settle,
-    Settled,
+    ClientTlsFiles, ConsumeRequest, Consumed, Delivery, Error, Outgoing, Response, RetryPolicy,
+    Settle, Settled,
 };
 
 /// Builds a blocking [`Client`]; the settings are those of
@@ -157,6 +157,17 @@ impl Client {
     /// See [`crate::Client::consume`].
     pub fn consume(&self, topic: &str, request: &ConsumeRequest) -> Result<Vec<Delivery>, Error> {
         self.runtime.block_on(self.inner.consume(topic, request))
+    }
+
+    /// See [`crate::Client::consume_acking`].
+    pub fn consume_acking(
+        &self,
+        topic: &str,
+        acks: &[&str],
+        request: &ConsumeRequest,
+    ) -> Result<Consumed, Error> {
+        self.runtime
+            .block_on(self.inner.consume_acking(topic, acks, request))
     }
 
     /// See [`crate::Client::ack`].
