@@ -443,7 +443,7 @@ impl<F: FileSystem> PartitionOwner<F> {
                 .map_or(leased.len(), |(i, _)| i);
             let mut read = self
                 .log
-                .read(offset, run_end - next, usize::MAX)
+                .read_for_delivery(offset, run_end - next, usize::MAX)
                 .await?
                 .into_iter()
                 .peekable();

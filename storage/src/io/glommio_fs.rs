@@ -99,6 +99,14 @@ impl StorageFile for GlommioFile {
         Ok(read.to_vec())
     }
 
+    async fn read_equals(&self, pos: u64, expected: &[u8]) -> io::Result<bool> {
+        let read = match self {
+            Self::Direct { file, .. } => file.read_at(pos, expected.len()).await,
+            Self::Buffered { file, .. } => file.read_at(pos, expected.len()).await,
+        };
+        Ok(*read.map_err(io::Error::from)? == *expected)
+    }
+
     async fn sync_data(&self) -> io::Result<()> {
         match self {
             Self::Direct { file, .. } => file.fdatasync().await.map_err(io::Error::from),

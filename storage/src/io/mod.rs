@@ -48,6 +48,12 @@ pub trait StorageFile {
     async fn write_at(&self, data: &[u8], pos: u64) -> io::Result<()>;
     /// Reads up to `len` bytes at `pos`; fewer only at the end of the file.
     async fn read_at(&self, pos: u64, len: usize) -> io::Result<Vec<u8>>;
+    /// Reads `expected.len()` bytes at `pos` and says whether they are
+    /// exactly `expected` (a short read is not). A file that can compare in
+    /// its own buffer, without a copy, does.
+    async fn read_equals(&self, pos: u64, expected: &[u8]) -> io::Result<bool> {
+        Ok(self.read_at(pos, expected.len()).await? == expected)
+    }
     /// fdatasync: everything written before it is durable once it returns Ok.
     async fn sync_data(&self) -> io::Result<()>;
     async fn size(&self) -> io::Result<u64>;

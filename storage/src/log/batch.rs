@@ -125,7 +125,22 @@ impl DecodedBatch {
 }
 
 /// Decodes the batch at `bytes[at..]`; `None` if no valid header is there.
+/// Each value is a copy.
 pub fn decode_batch(bytes: &[u8], at: usize) -> Option<DecodedBatch> {
+    decode_batch_with(bytes, at, &|range| Bytes::copy_from_slice(&bytes[range]))
+}
+
+/// [`decode_batch`] whose values are slices of `bytes`, not copies: for
+/// reads whose messages leave soon (a consume's answer), where one buffer
+/// for the batch costs less than a copy of each value.
+pub fn decode_batch_shared(bytes: &Bytes, at: usize) -> Option<DecodedBatch> {
+    decode_batch_with(bytes, at, &|range| bytes.slice(range))
+}
+
+/// Makes a message's value from its range of the batch's bytes.
+type ValueOf<'a> = dyn Fn(std::ops::Range<usize>) -> Bytes + 'a;
+
+fn decode_batch_with(bytes: &[u8], at: usize, value_of: &ValueOf<'_>) -> Option<DecodedBatch> {
     if get_u32(bytes, at)? != BATCH_MAGIC {
         return None;
     }
@@ -152,7 +167,12 @@ pub fn decode_batch(bytes: &[u8], at: usize) -> Option<DecodedBatch> {
         let record_crc = get_u32(bytes, at + FIXED_HEADER_BYTES + 8 * i + 4)?;
         let ok = crc_of(bytes, record_at, record_at + record_len) == Some(record_crc);
         records.push(if ok {
-            decode_record(bytes.get(record_at..record_at + record_len)?)
+            decode_record(
+                bytes,
+                record_at,
+                record_at.checked_add(record_len)?,
+                value_of,
+            )
         } else {
             None
         });
@@ -170,26 +190,36 @@ pub fn decode_batch(bytes: &[u8], at: usize) -> Option<DecodedBatch> {
     })
 }
 
-fn decode_record(bytes: &[u8]) -> Option<Message> {
-    let id = get_u128(bytes, 0)?;
-    let produced_at_ms = get_u64(bytes, 16)?;
-    let key_len = get_u32(bytes, 24)?;
-    let value_len = usize::try_from(get_u32(bytes, 28)?).ok()?;
+/// The record at `bytes[start..end]`.
+fn decode_record(
+    bytes: &[u8],
+    start: usize,
+    end: usize,
+    value_of: &ValueOf<'_>,
+) -> Option<Message> {
+    let record = bytes.get(start..end)?;
+    let id = get_u128(record, 0)?;
+    let produced_at_ms = get_u64(record, 16)?;
+    let key_len = get_u32(record, 24)?;
+    let value_len = usize::try_from(get_u32(record, 28)?).ok()?;
     let mut at = RECORD_FIXED_BYTES;
     let key = if key_len == NO_KEY {
         None
     } else {
         let key_len = usize::try_from(key_len).ok()?;
-        let key = bytes.get(at..at + key_len)?.to_vec();
+        let key = record.get(at..at.checked_add(key_len)?)?.to_vec();
         at += key_len;
         Some(key)
     };
-    let value = Bytes::copy_from_slice(bytes.get(at..at + value_len)?);
-    (at + value_len == bytes.len()).then_some(Message {
+    let value_end = at.checked_add(value_len)?;
+    if value_end != record.len() {
+        return None;
+    }
+    Some(Message {
         id,
         produced_at_ms,
         key,
-        value,
+        value: value_of(start + at..start + value_end),
     })
 }
 
@@ -215,8 +245,15 @@ mod tests {
         assert_eq!(batch.base_offset, 42);
         assert_eq!(
             batch.records,
-            messages.into_iter().map(Some).collect::<Vec<_>>()
+            messages.iter().cloned().map(Some).collect::<Vec<_>>()
         );
+        // Read as slices of one buffer, the same messages.
+        let shared = Bytes::from(buf);
+        let sliced = decode_batch_shared(&shared, 0).expect("valid batch");
+        assert_eq!(sliced, batch);
+        let value = sliced.records[1].as_ref().expect("a record").value.clone();
+        let inside = shared.as_ptr_range();
+        assert!(inside.contains(&value.as_ptr()), "a slice, not a copy");
     }
 
     #[test]
