@@ -11,6 +11,7 @@ use narad_client::blocking::Client;
 use narad_client::{
     encode_segment, ClientTlsFiles, Error as ClientError, Outgoing, Response, Settle as Settling,
 };
+use narad_net::types::{CONSUME_MAX_MESSAGES_MAX, CONSUME_WAIT_MS_MAX, VISIBILITY_TIMEOUT_MS_MAX};
 use serde_json::{json, Map, Value};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -100,11 +101,11 @@ pub struct ProduceArgs {
 pub struct ConsumeArgs {
     pub topic: String,
     /// At most this many messages per request (1-1000).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=CONSUME_MAX_MESSAGES_MAX as i64))]
     pub max: u32,
     /// Long poll: wait up to this long for the first message (0-20000;
     /// with `--follow`, 20000 unless given).
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=CONSUME_WAIT_MS_MAX))]
     pub wait_ms: Option<u64>,
     /// Ack each message once it is printed.
     #[arg(long)]
@@ -116,7 +117,7 @@ pub struct ConsumeArgs {
     #[arg(long)]
     pub partition: Option<u32>,
     /// Lease length for these messages (1-43200000); the topic's otherwise.
-    #[arg(long, visible_alias = "visibility-timeout")]
+    #[arg(long, visible_alias = "visibility-timeout", value_parser = clap::value_parser!(u64).range(1..=VISIBILITY_TIMEOUT_MS_MAX))]
     pub visibility_timeout_ms: Option<u64>,
 }
 

@@ -878,6 +878,15 @@ fn the_cli_produces_lines_follows_a_topic_settles_receipts_and_names_the_server(
     );
     assert!(ok, "{err}");
     assert_eq!(out.lines().count(), 4, "one id per message: {out}");
+    // A flag out of its range is refused by name, before any request.
+    for (flag, value) in [
+        ("--max", "1001"),
+        ("--wait-ms", "20001"),
+        ("--visibility-timeout-ms", "0"),
+    ] {
+        let (ok, _, err) = narad(&node, &["consume", "lines", flag, value], None);
+        assert!(!ok && err.contains(flag), "{flag} {value}: {err}");
+    }
     let file = tmp.path().join("more.txt");
     std::fs::write(&file, "five\nsix\n").expect("write");
     let (ok, out, err) = narad(
