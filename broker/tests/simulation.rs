@@ -676,6 +676,20 @@ fn move_among_faults(
     state()
 }
 
+/// The draws of one decision of the nemesis: a stream of its own for each
+/// seed, purpose ("node", "fault", "full disk", ...) and turn. A decision
+/// added later draws from a purpose of its own, so it moves none of the
+/// others' draws: earlier seeds keep their faults except on the turns the
+/// new one takes.
+fn stream(seed: u64, purpose: &str, turn: u64) -> SimRng {
+    // FNV-1a names the purpose; SplitMix spreads seed and turn.
+    let named = purpose.bytes().fold(0xCBF2_9CE4_8422_2325, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01B3)
+    });
+    let base = SimRng::new(seed ^ named).next_u64();
+    SimRng::new(SimRng::new(base.wrapping_add(turn)).next_u64())
+}
+
 fn nemesis_event(clients: &Clients, action: NemesisAction, node: NodeId) {
     let now = clients.now();
     clients.record(
@@ -718,15 +732,14 @@ fn told_missing(op: &Op) -> bool {
 }
 
 /// One seed: the whole run. Panics with the checker's report on a
-/// violation.
-fn run(seed: u64, scenario: &Scenario) {
+/// violation; returns the history.
+fn run(seed: u64, scenario: &Scenario) -> Vec<Event> {
     if let Ok(filter) = std::env::var("NARAD_SIM_LOG") {
         let _ = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
             .with_writer(std::io::stderr)
             .try_init();
     }
-    let mut rng = SimRng::new(seed);
     let overrides: &[(&str, &str)] = if scenario.wipes {
         &[("dispatcher.reroute_after_ms", "600000")]
     } else {
@@ -830,24 +843,30 @@ fn run(seed: u64, scenario: &Scenario) {
 
     // A move with no fault around it hands over.
     if scenario.moves {
-        let ended = move_among_faults(&mut cluster, &clients, &mut rng, false);
+        let mut how = stream(seed, "quiet move", 0);
+        let ended = move_among_faults(&mut cluster, &clients, &mut how, false);
         assert_eq!(ended, Some(MoveState::Done), "seed {seed}: a quiet move");
     }
-    // Faults, one at a time, each healed before the next.
+    // Faults, one at a time, each healed before the next; each decision of
+    // a turn draws from its own stream (`stream`).
     let churn_end = executor.now_ms() + CHURN_MS;
+    let mut turn = 0;
     while executor.now_ms() < churn_end {
-        let quiet = 500 + rng.below(3_000);
+        turn += 1;
+        let draw = move |purpose: &str| stream(seed, purpose, turn);
+        let quiet = 500 + draw("quiet").below(3_000);
         executor.run_until(executor.now_ms() + quiet, || false);
-        let node = 1 + rng.below(NODES);
-        if scenario.moves && rng.chance(1, 2) {
-            move_among_faults(&mut cluster, &clients, &mut rng, true);
+        let node = 1 + draw("node").below(NODES);
+        if scenario.moves && draw("move").chance(1, 2) {
+            move_among_faults(&mut cluster, &clients, &mut draw("move how"), true);
             continue;
         }
         if scenario.wipes {
             // Back before the controller would mark it dead (which would
             // send its partitions' records elsewhere).
-            let down_ms = 200 + rng.below(2_000);
-            let action = match rng.below(3) {
+            let mut wipe = draw("wipe");
+            let down_ms = 200 + wipe.below(2_000);
+            let action = match wipe.below(3) {
                 0 => NemesisAction::Wipe,
                 1 => NemesisAction::PowerCut,
                 _ => NemesisAction::Kill,
@@ -862,11 +881,35 @@ fn run(seed: u64, scenario: &Scenario) {
             nemesis_event(&clients, NemesisAction::Start, node);
             continue;
         }
-        let down_ms = 200 + rng.below(4_000);
-        let kinds = if scenario.full_disks { 6 } else { 5 };
-        match rng.below(kinds) {
+        // The disk fills up, on a sixth of the turns (the kinds below share
+        // the rest); a while after space is freed (acks held back meanwhile
+        // are written then) the operator restarts the node, whose failed
+        // WAL stays failed until then.
+        let mut full = draw("full disk");
+        if scenario.full_disks && full.chance(1, 6) {
+            let down_ms = 200 + full.below(4_000);
+            let fs = cluster.nodes[(node - 1) as usize].fs.clone();
+            nemesis_event(&clients, NemesisAction::Pause, node);
+            fs.inject(FaultRule::always(
+                FaultOp::Write,
+                "/data",
+                FaultError::Enospc,
+            ));
+            executor.run_until(executor.now_ms() + down_ms, || false);
+            fs.clear_faults();
+            executor.run_until(executor.now_ms() + 1_000, || false);
+            nemesis_event(&clients, NemesisAction::Resume, node);
+            nemesis_event(&clients, NemesisAction::Kill, node);
+            cluster.crash(node, false);
+            cluster.start(node);
+            nemesis_event(&clients, NemesisAction::Start, node);
+            continue;
+        }
+        let mut fault = draw("fault");
+        let down_ms = 200 + fault.below(4_000);
+        match fault.below(5) {
             0 | 1 => {
-                let power = rng.chance(1, 2);
+                let power = fault.chance(1, 2);
                 let action = if power {
                     NemesisAction::PowerCut
                 } else {
@@ -895,26 +938,6 @@ fn run(seed: u64, scenario: &Scenario) {
             // A slow disk and a lossy network are outages to the checker
             // (as a pause is): a commit whose answer came late or got lost
             // is sent again, rerouted, and may be stored twice.
-            // The disk fills up; a while after space is freed (acks held
-            // back meanwhile are written then) the operator restarts the
-            // node, whose failed WAL stays failed until then.
-            5 => {
-                let fs = cluster.nodes[(node - 1) as usize].fs.clone();
-                nemesis_event(&clients, NemesisAction::Pause, node);
-                fs.inject(FaultRule::always(
-                    FaultOp::Write,
-                    "/data",
-                    FaultError::Enospc,
-                ));
-                executor.run_until(executor.now_ms() + down_ms, || false);
-                fs.clear_faults();
-                executor.run_until(executor.now_ms() + 1_000, || false);
-                nemesis_event(&clients, NemesisAction::Resume, node);
-                nemesis_event(&clients, NemesisAction::Kill, node);
-                cluster.crash(node, false);
-                cluster.start(node);
-                nemesis_event(&clients, NemesisAction::Start, node);
-            }
             3 => {
                 let latency = cluster.nodes[(node - 1) as usize].latency.clone();
                 nemesis_event(&clients, NemesisAction::Pause, node);
@@ -927,7 +950,7 @@ fn run(seed: u64, scenario: &Scenario) {
                 for node in 1..=NODES {
                     nemesis_event(&clients, NemesisAction::Pause, node);
                 }
-                cluster.network.loss_per_mille.set(50 + rng.below(200));
+                cluster.network.loss_per_mille.set(50 + fault.below(200));
                 executor.run_until(executor.now_ms() + down_ms, || false);
                 cluster.network.loss_per_mille.set(0);
                 for node in 1..=NODES {
@@ -997,11 +1020,7 @@ fn run(seed: u64, scenario: &Scenario) {
         })
         .collect();
     if let Some(path) = std::env::var_os("NARAD_SIM_HISTORY") {
-        let lines: Vec<String> = events
-            .iter()
-            .filter_map(|e| serde_json::to_string(e).ok())
-            .collect();
-        std::fs::write(path, lines.join("\n")).expect("writing the history");
+        std::fs::write(path, history(&events)).expect("writing the history");
     }
     let report = check(&events);
     let mut violations = report.violations(Strictness::Faults);
@@ -1072,8 +1091,22 @@ fn run(seed: u64, scenario: &Scenario) {
         said_missing.first()
     );
     if std::env::var_os("NARAD_SIM_VERBOSE").is_some() {
-        eprintln!("seed {seed}: {}", report.summary());
+        eprintln!(
+            "seed {seed}: {} ({} executor steps)",
+            report.summary(),
+            executor.steps()
+        );
     }
+    events
+}
+
+/// A history as `NARAD_SIM_HISTORY` writes it: one JSON line per event.
+fn history(events: &[Event]) -> String {
+    let lines: Vec<String> = events
+        .iter()
+        .map(|e| serde_json::to_string(e).expect("an event as JSON"))
+        .collect();
+    lines.join("\n")
 }
 
 #[test]
@@ -1102,7 +1135,7 @@ fn another_nodes_availability_notice_is_answered() {
 fn for_each_seed(test: &str, scenario: &Scenario, seeds: u64) {
     let start = first_seed();
     for seed in start..start + seeds {
-        if let Err(panic) = std::panic::catch_unwind(|| run(seed, scenario)) {
+        if let Err(panic) = std::panic::catch_unwind(|| drop(run(seed, scenario))) {
             eprintln!(
                 "simulation failed with seed {seed}; replay with NARAD_SIM_SEED={seed} \
                  NARAD_SIM_ITERATIONS=1 cargo test -p narad-broker --test simulation {test}"
@@ -1110,6 +1143,37 @@ fn for_each_seed(test: &str, scenario: &Scenario, seeds: u64) {
             std::panic::resume_unwind(panic);
         }
     }
+}
+
+/// A seed replays alone: nothing of its run depends on what ran before it
+/// in the process (maps created since hash with other keys), so the
+/// command a failure prints replays that very run. The first seed of the
+/// moves scenario (children, moves and faults) runs, then the next seed,
+/// then the first again: the two histories must match byte for byte.
+#[test]
+fn a_seed_gives_the_same_history_when_run_again_after_another() {
+    let seed = first_seed();
+    let first = history(&run(seed, &MOVES_SCENARIO));
+    run(seed + 1, &MOVES_SCENARIO);
+    let again = history(&run(seed, &MOVES_SCENARIO));
+    if first != again {
+        let (line, was, now) = first_difference(&first, &again);
+        panic!("seed {seed}: run again, its history differs first at line {line}:\n  first: {was}\n  again: {now}");
+    }
+}
+
+/// The first line (counted from 1) where two histories differ, and that
+/// line of each (`(none)` past the end of one).
+fn first_difference<'a>(first: &'a str, again: &'a str) -> (usize, &'a str, &'a str) {
+    let (mut was, mut now) = (first.lines(), again.lines());
+    for line in 1.. {
+        match (was.next(), now.next()) {
+            (Some(a), Some(b)) if a == b => continue,
+            (None, None) => break,
+            (a, b) => return (line, a.unwrap_or("(none)"), b.unwrap_or("(none)")),
+        }
+    }
+    (0, "", "")
 }
 
 #[test]

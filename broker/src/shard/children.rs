@@ -26,7 +26,7 @@ use crate::limits::{
 use crate::ship::Shipment;
 
 /// One copy: a parent partition of this shard to one child.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub(super) struct CopyKey {
     parent: String,
     parent_incarnation: u64,
@@ -56,8 +56,8 @@ pub(super) struct CopyState {
     ended: Cell<bool>,
 }
 
-/// The copies this shard runs.
-pub(super) type Copies = RefCell<HashMap<CopyKey, Rc<CopyState>>>;
+/// The copies this shard runs (in key order: they start, and report, in it).
+pub(super) type Copies = RefCell<BTreeMap<CopyKey, Rc<CopyState>>>;
 
 /// Where a copy goes: a topic of this cluster, or one of another.
 enum Target {
@@ -339,7 +339,7 @@ impl<F: FileSystem> Shard<F> {
             return;
         }
         let view = self.view();
-        let mut wanted = HashMap::new();
+        let mut wanted = BTreeMap::new();
         for parent in view
             .state
             .topics

@@ -120,13 +120,12 @@ impl<F: FileSystem> Shard<F> {
         Ok(PartitionOwner::new(log, acks, owner_config))
     }
 
+    /// The open partitions, in key order ([`Self::owners_snapshot`]).
     pub(super) fn open_owners(&self) -> Vec<Owner<F>> {
-        self.owners
-            .slots
-            .borrow()
-            .values()
-            .filter_map(|slot| match slot {
-                OwnerSlot::Ready(owner) => Some(owner.clone()),
+        self.owners_snapshot()
+            .into_iter()
+            .filter_map(|(_, slot)| match slot {
+                OwnerSlot::Ready(owner) => Some(owner),
                 OwnerSlot::Opening => None,
             })
             .collect()
