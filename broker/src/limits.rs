@@ -8,6 +8,10 @@ use narad_storage::limits::{BATCH_BYTES_MAX, BATCH_RECORDS_MAX};
 
 // ------------------------------------------------------------ messages
 
+/// The contract's retention floor: a topic keeps a message at least an
+/// hour (or forever). `topics.retention_floor_ms` may raise it; only a node
+/// started with `testing.short_retention` may lower it.
+pub const RETENTION_FLOOR_MS: u64 = 3_600_000;
 /// Default `max_message_bytes` of a topic.
 pub const MAX_MESSAGE_BYTES_DEFAULT: u64 = 1024 * 1024;
 /// Bits of a message id: node (16) | shard (16) | incarnation (48) |
@@ -22,6 +26,11 @@ pub const ID_SEQUENCE_BITS: u32 = 48;
 /// Largest commit batch the dispatcher sends.
 pub const COMMIT_BATCH_RECORDS_MAX: usize = 4096;
 pub const COMMIT_BATCH_BYTES_MAX: u64 = 8 * 1024 * 1024;
+/// Commits in flight to one partition from one shard's dispatcher: the
+/// second leaves once records waited `dispatcher.max_linger_ms` behind the
+/// first (a slow owner), so no record waits longer than that plus one
+/// commit's time. The owner takes appends in turn.
+pub const COMMIT_IN_FLIGHT_PER_PARTITION: usize = 2;
 /// Backoff between retries of a failed commit.
 pub const COMMIT_RETRY_BACKOFF_MIN_MS: u64 = 50;
 pub const COMMIT_RETRY_BACKOFF_MAX_MS: u64 = 2000;
@@ -65,6 +74,9 @@ pub fn tail_cache_share(open: usize) -> usize {
     power_of_two.clamp(TAIL_CACHE_MIN_BYTES, TAIL_CACHE_BYTES)
 }
 
+/// How often a shard applies retention to its open partitions (off the
+/// path that writes acks; retention is an hour at least).
+pub const RETENTION_INTERVAL: Duration = Duration::from_secs(1);
 /// How often a shard opens the partitions it owns that are not open yet,
 /// so that retention reaches idle ones (retention is an hour at least).
 pub const IDLE_PARTITION_OPEN_INTERVAL: Duration = Duration::from_secs(30);
@@ -218,8 +230,9 @@ pub const REDRIVE_RETRY: Duration = Duration::from_millis(500);
 
 // A message id is exactly 128 bits.
 const _: () = assert!(ID_NODE_BITS + ID_SHARD_BITS + ID_INCARNATION_BITS + ID_SEQUENCE_BITS == 128);
-// A whole commit batch sent again is recognised as a repeat.
-const _: () = assert!(RECENT_IDS_MAX > COMMIT_BATCH_RECORDS_MAX);
+// Every commit in flight to a partition, sent again, is recognised as a
+// repeat.
+const _: () = assert!(RECENT_IDS_MAX >= COMMIT_IN_FLIGHT_PER_PARTITION * COMMIT_BATCH_RECORDS_MAX);
 // A commit batch fits one partition-log batch.
 const _: () = assert!(COMMIT_BATCH_RECORDS_MAX as u64 <= BATCH_RECORDS_MAX as u64);
 const _: () = assert!(COMMIT_BATCH_BYTES_MAX <= BATCH_BYTES_MAX);
@@ -264,6 +277,10 @@ pub const MOVE_POLL_INTERVAL: Duration = Duration::from_millis(500);
 pub const MOVE_PROGRESS_INTERVAL_MS: u64 = 1_000;
 /// How long one call of a move to its source may take.
 pub const MOVE_CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often a move waiting on its source looks whether the source has
+/// been dead long enough for a promotion (a promotion comes at most this
+/// late).
+pub const MOVE_PROMOTION_CHECK: Duration = Duration::from_millis(100);
 /// A move whose source does not answer tries again after this, doubling.
 pub const MOVE_RETRY_BACKOFF_MIN: Duration = Duration::from_millis(200);
 pub const MOVE_RETRY_BACKOFF_MAX: Duration = Duration::from_secs(5);

@@ -10,16 +10,22 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use narad_broker::partitioner::partition_for_key;
 use serde_json::json;
 use support::cluster::Cluster;
-use support::{ack_batch, eventually, metric, try_request, Node};
+use support::{ack_batch, eventually, metric, try_raw_request, try_request, Node};
 
 const WAIT: Duration = Duration::from_secs(30);
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
 /// After a stopped leader handed over, the control plane is back at once.
 const CONTROL_PLANE_BACK_BOUND: Duration = Duration::from_secs(1);
-/// The longest a stopping leader may take to hand Raft leadership over.
-const HANDOVER_BOUND_MS: u64 = 1_000;
+/// The contract's reroute: after 3 s of failures (`dispatcher.reroute_after_ms`)
+/// a silent owner's records go to a sibling; the first of them is
+/// consumable within this long of the owner going silent.
+const FIRST_REROUTE_BOUND: Duration = Duration::from_millis(3_500);
+/// Once a destination is rerouting, a record produced for it is
+/// consumable within this long of its 202.
+const REROUTED_CONSUMABLE_BOUND: Duration = Duration::from_secs(1);
 /// Each rolling-restart producer sends about 500 messages a second.
 const ROLLING_PACE: Duration = Duration::from_millis(2);
 
@@ -210,11 +216,182 @@ fn a_node_killed_under_load_costs_no_produce_and_loses_nothing() {
     );
 }
 
+/// An owner that goes silent (SIGSTOP: its sockets stay open, nothing
+/// answers) and is not marked dead (that takes 30 s): the records meant for
+/// its partition reach a sibling partition 3 s after the first unanswered
+/// commit, and records produced later are rerouted the moment they come,
+/// not after a backoff and another timeout each.
+#[test]
+fn a_silent_owners_records_are_rerouted_after_3_s_and_later_ones_at_once() {
+    let cluster = Cluster::start(3);
+    cluster.wait_ready(WAIT);
+    const PARTITIONS: u32 = 6;
+    cluster.nodes[0].create_topic("silent", json!({"partitions": PARTITIONS}));
+    let owners = cluster.owners("silent");
+    let victim = 2;
+    let victims = owners
+        .iter()
+        .position(|o| *o == victim)
+        .expect("a partition") as u32;
+    let local: Vec<u32> = (0..PARTITIONS)
+        .filter(|p| owners[*p as usize] == 0)
+        .collect();
+    assert!(!local.is_empty(), "node 0 owns a partition: {owners:?}");
+    let key = (0..)
+        .map(|i| format!("k{i}"))
+        .find(|k| partition_for_key(k.as_bytes(), PARTITIONS) == victims)
+        .expect("a key");
+
+    // One producer to node 0, every message keyed to the victim's
+    // partition; one consumer reading node 0's own partitions, where node
+    // 0's dispatcher reroutes to.
+    let stop = Arc::new(AtomicBool::new(false));
+    let accepted: Arc<Mutex<Vec<(Instant, String)>>> = Arc::default();
+    let seen: Arc<Mutex<BTreeMap<String, Instant>>> = Arc::default();
+    let producer = {
+        let (stop, accepted, addr) = (
+            stop.clone(),
+            accepted.clone(),
+            cluster.nodes[0].addr.clone(),
+        );
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::SeqCst) {
+                let answer = try_raw_request(
+                    &addr,
+                    "POST",
+                    "/v1/topics/silent/messages",
+                    &[("Narad-Key", &key)],
+                    b"m",
+                    CLIENT_TIMEOUT,
+                );
+                if let Ok((202, _, body)) = answer {
+                    let body: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+                    let id = body["id"].as_str().unwrap_or("").to_string();
+                    accepted.lock().expect("lock").push((Instant::now(), id));
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        })
+    };
+    let consumer = {
+        let (stop, seen, addr) = (stop.clone(), seen.clone(), cluster.nodes[0].addr.clone());
+        std::thread::spawn(move || {
+            let mut turn = 0;
+            while !stop.load(Ordering::SeqCst) {
+                turn += 1;
+                let partition = local[turn % local.len()];
+                let body = json!({"max_messages": 100, "wait_ms": 20, "partition": partition});
+                let Ok((200, answer)) = try_request(
+                    &addr,
+                    "POST",
+                    "/v1/topics/silent/consume",
+                    body.to_string().as_bytes(),
+                    CLIENT_TIMEOUT,
+                ) else {
+                    continue;
+                };
+                let now = Instant::now();
+                let messages = answer["messages"].as_array().cloned().unwrap_or_default();
+                let mut seen = seen.lock().expect("lock");
+                for message in &messages {
+                    let id = message["id"].as_str().unwrap_or("").to_string();
+                    seen.entry(id).or_insert(now);
+                }
+            }
+        })
+    };
+    assert!(eventually(WAIT, || accepted.lock().expect("lock").len() >= 100));
+    assert!(
+        seen.lock().expect("lock").is_empty(),
+        "before the stop, the key's messages go to the victim's partition"
+    );
+
+    cluster.nodes[victim].pause();
+    let stopped = Instant::now();
+    assert!(eventually(WAIT, || stopped.elapsed() >= Duration::from_secs(13)));
+    let ended = Instant::now();
+    stop.store(true, Ordering::SeqCst);
+    producer.join().expect("producer");
+    consumer.join().expect("consumer");
+    cluster.nodes[victim].resume();
+
+    let accepted = accepted.lock().expect("lock").clone();
+    let seen = seen.lock().expect("lock").clone();
+    let first = seen
+        .values()
+        .min()
+        .copied()
+        .expect("something was rerouted");
+    let first_after = first.duration_since(stopped);
+    eprintln!("first rerouted record consumable {first_after:?} after the owner went silent");
+    assert!(
+        first_after <= FIRST_REROUTE_BOUND,
+        "the first rerouted record was consumable {first_after:?} after the stop"
+    );
+    let late: Vec<&(Instant, String)> = accepted
+        .iter()
+        .filter(|(at, _)| at.duration_since(stopped) >= Duration::from_secs(10))
+        .filter(|(at, _)| *at + REROUTED_CONSUMABLE_BOUND <= ended)
+        .collect();
+    assert!(
+        late.len() > 50,
+        "produced 10 s after the stop: {}",
+        late.len()
+    );
+    let slow: Vec<String> = late
+        .iter()
+        .filter_map(|(at, id)| match seen.get(id) {
+            Some(got) if got.saturating_duration_since(*at) <= REROUTED_CONSUMABLE_BOUND => None,
+            Some(got) => Some(format!(
+                "{id} after {:?}",
+                got.saturating_duration_since(*at)
+            )),
+            None => Some(format!("{id} never")),
+        })
+        .collect();
+    assert!(
+        slow.is_empty(),
+        "{} of {} records produced 10 s after the stop were not consumable within {REROUTED_CONSUMABLE_BOUND:?} of their 202: {:?}",
+        slow.len(),
+        late.len(),
+        &slow[..slow.len().min(5)]
+    );
+}
+
 #[test]
 fn with_two_of_three_down_the_survivor_takes_produces_but_no_topic_changes() {
     let mut cluster = Cluster::start(3);
     cluster.wait_ready(WAIT);
     cluster.nodes[0].create_topic("lonely", json!({"partitions": 3}));
+    // A message in a partition the survivor owns, before the others go.
+    let owners = cluster.owners("lonely");
+    let kept = owners
+        .iter()
+        .position(|o| *o == 0)
+        .expect("node 0 owns one") as u32;
+    let key = (0..)
+        .map(|i| format!("k{i}"))
+        .find(|k| partition_for_key(k.as_bytes(), 3) == kept)
+        .expect("a key");
+    let (status, answer) = support::request(
+        &cluster.nodes[0].addr,
+        "POST",
+        "/v1/topics/lonely/messages",
+        &[("Narad-Key", &key)],
+        b"stored before",
+    );
+    assert_eq!(status, 202, "{answer}");
+    let stored = answer["id"].as_str().expect("id").to_string();
+    assert!(eventually(WAIT, || {
+        let (_, answer) = cluster.nodes[0].request("GET", "/v1/topics/lonely", b"");
+        answer["partition_stats"][kept as usize]["high_watermark"].as_u64() == Some(1)
+    }));
+    let (status, answer) = cluster.nodes[0].json(
+        "PUT",
+        "/v1/users/alice",
+        json!({"password": "p4ssw0rd-alice"}),
+    );
+    assert_eq!(status, 201, "{answer}");
     cluster.nodes[1].kill();
     cluster.nodes[2].kill();
     let survivor = &cluster.nodes[0];
@@ -230,6 +407,39 @@ fn with_two_of_three_down_the_survivor_takes_produces_but_no_topic_changes() {
         (status, answer["error"]["code"].as_str()),
         (503, Some("no_quorum")),
         "{answer}"
+    );
+    // User and grant changes need a quorum too.
+    let (status, answer) =
+        survivor.json("PUT", "/v1/users/bob", json!({"password": "p4ssw0rd-bob"}));
+    assert_eq!(status, 503, "a new user without quorum: {answer}");
+    let (status, answer) = survivor.json(
+        "PUT",
+        "/v1/users/alice",
+        json!({"password": "an0ther-passw0rd"}),
+    );
+    assert_eq!(status, 503, "a password change without quorum: {answer}");
+    let (status, answer) = survivor.json(
+        "PUT",
+        "/v1/users/alice/grants",
+        json!({"grants": [{"topic": "lonely", "actions": ["consume"]}]}),
+    );
+    assert_eq!(status, 503, "a grant change without quorum: {answer}");
+    // A consume sent to the survivor serves what it stores.
+    let (status, answer) = survivor.json(
+        "POST",
+        "/v1/topics/lonely/consume",
+        json!({"partition": kept, "max_messages": 10, "visibility_timeout_ms": 1000}),
+    );
+    assert_eq!(status, 200, "{answer}");
+    let got: Vec<&str> = answer["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .filter_map(|m| m["id"].as_str())
+        .collect();
+    assert!(
+        got.contains(&stored.as_str()),
+        "the survivor serves what it stores: {got:?}"
     );
 
     cluster.nodes[1].restart();
@@ -480,7 +690,7 @@ fn a_rolling_restart_under_load_loses_nothing_and_redelivers_no_acked_message() 
     );
     assert!(!handovers.is_empty(), "one of the stopped nodes led");
     assert!(
-        handovers.iter().all(|ms| *ms <= HANDOVER_BOUND_MS),
+        handovers.iter().all(|ms| *ms <= support::HANDOVER_BOUND_MS),
         "handovers took {handovers:?} ms"
     );
     let worst = gaps.iter().max().copied().unwrap_or_default();

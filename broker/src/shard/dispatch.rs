@@ -11,6 +11,10 @@ impl<F: FileSystem> Shard<F> {
     pub async fn run_dispatcher(self: Rc<Self>) {
         loop {
             let seen = self.dispatch.signal.version();
+            let due = self.dispatch.queue.borrow().reroutes_due(self.now());
+            for destination in due {
+                self.reroute(&destination);
+            }
             let batches = self.dispatch.queue.borrow_mut().poll_ready(self.now());
             for batch in batches {
                 let shard = self.clone();
@@ -21,7 +25,7 @@ impl<F: FileSystem> Shard<F> {
             if self.flow.stopping.get() && self.undispatched() == 0 {
                 return;
             }
-            let deadline = self.dispatch.queue.borrow().next_deadline_ms();
+            let deadline = self.dispatch.queue.borrow().next_deadline_ms(self.now());
             let wait = deadline.map(|d| Duration::from_millis(d.saturating_sub(self.now()).max(1)));
             match wait {
                 Some(wait) => {
@@ -39,7 +43,9 @@ impl<F: FileSystem> Shard<F> {
     /// Commits one batch to the shard and node that own its partition.
     /// When the owner is marked dead, or its commits have failed for
     /// `dispatcher.reroute_after_ms`, the records go to a live sibling
-    /// partition instead; the WAL keeps them until some owner confirms.
+    /// partition instead (the loop above moves them); the WAL keeps them
+    /// until some owner confirms. A probe (a batch without records) is an
+    /// empty commit: its success ends the reroute.
     pub(super) async fn commit_batch(&self, batch: CommitBatch) {
         let topic = self
             .view()
@@ -55,6 +61,14 @@ impl<F: FileSystem> Shard<F> {
                     ErrorCode::NoLeader,
                     "the metadata is not caught up; the records wait",
                 ))
+            }
+            Some(topic) if batch.is_probe() => {
+                let op = Commit {
+                    topic: TopicRef::of(&topic),
+                    partition: batch.destination.partition,
+                    messages: Vec::new(),
+                };
+                self.commit(&topic, op, Reach::Cluster).await
             }
             // The topic was deleted after the produce: nothing to deliver to.
             None => {
@@ -110,17 +124,19 @@ impl<F: FileSystem> Shard<F> {
             Err(error) => {
                 let owner_dead = error.code == ErrorCode::OwnerDead;
                 let moved = error.code == ErrorCode::PartitionMoving;
-                if !owner_dead && !moved {
+                if !owner_dead && !moved && !batch.is_probe() {
                     tracing::warn!(topic = %batch.destination.topic, partition = batch.destination.partition, %error, "commit failed; will retry");
                 }
                 let mut queue = self.dispatch.queue.borrow_mut();
                 let outcome = if moved {
                     queue.on_moved(batch.batch_id, self.now())
+                } else if owner_dead {
+                    queue.on_owner_dead(batch.batch_id, self.now())
                 } else {
                     queue.on_failed(batch.batch_id, self.now())
                 };
                 drop(queue);
-                if owner_dead || matches!(outcome, Some(FailureOutcome::RerouteDue { .. })) {
+                if matches!(outcome, Some(FailureOutcome::RerouteDue { .. })) {
                     self.reroute(&batch.destination);
                 }
             }
@@ -222,7 +238,10 @@ impl<F: FileSystem> Shard<F> {
             };
             break;
         }
-        self.announce_available();
+        // A probe (no messages) makes nothing available.
+        if !messages.is_empty() {
+            self.announce_available();
+        }
         Ok(())
     }
 

@@ -43,8 +43,7 @@ use crate::errors::{from_meta, from_owner, from_storage};
 use crate::limits::tail_cache_share;
 use crate::limits::{
     ADOPT_CHUNK_RECORDS, ADOPT_FULL_RETRY, AVAILABLE_CALL_TIMEOUT, AVAILABLE_COALESCE,
-    COLLECT_CALL_TIMEOUT, COLLECT_TOP_UP_TIMEOUT, COMMIT_BATCH_BYTES_MAX, COMMIT_BATCH_RECORDS_MAX,
-    COMMIT_CALL_TIMEOUT, COMMIT_RETRY_BACKOFF_MAX_MS, COMMIT_RETRY_BACKOFF_MIN_MS, GAUGES_TIMEOUT,
+    COLLECT_CALL_TIMEOUT, COLLECT_TOP_UP_TIMEOUT, COMMIT_CALL_TIMEOUT, GAUGES_TIMEOUT,
     ID_INCARNATION_BITS, ID_SEQUENCE_BITS, ID_SHARD_BITS, LEASE_IDS_PER_OPEN, LOCAL_APPLY_WAIT,
     SETTLE_CALL_TIMEOUT, STATS_CALL_TIMEOUT, STOP_DRAIN_POLL, STOP_DRAIN_TIMEOUT,
 };
@@ -292,16 +291,7 @@ impl<F: FileSystem> Shard<F> {
             peers,
             env,
         } = parts;
-        let dispatcher = Dispatcher::new(DispatcherConfig {
-            max_linger_ms: settings.dispatcher.max_linger_ms,
-            busy_linger_ms: settings.dispatcher.busy_linger_ms,
-            reroute_after_ms: settings.dispatcher.reroute_after_ms,
-            batch_records_max: COMMIT_BATCH_RECORDS_MAX,
-            batch_bytes_max: COMMIT_BATCH_BYTES_MAX,
-            retry_backoff_min_ms: COMMIT_RETRY_BACKOFF_MIN_MS,
-            retry_backoff_max_ms: COMMIT_RETRY_BACKOFF_MAX_MS,
-            in_flight_per_destination_max: 1,
-        });
+        let dispatcher = Dispatcher::new(DispatcherConfig::of(&settings));
         let metadata = Metadata {
             snapshot: env.meta.snapshot(),
             topics: HashMap::new(),
