@@ -193,6 +193,9 @@ pub struct PartitionOwner<F: FileSystem> {
     appends: TurnGate,
     /// The periodic ack flush and the one at stop take turns.
     ack_writes: TurnGate,
+    /// A periodic ack flush is under way (its sync may take a while): the
+    /// next tick leaves this partition to it rather than queue behind it.
+    persisting: Cell<bool>,
     /// The topic's `max_deliveries`, which a topic update may change.
     max_deliveries: Cell<u32>,
     recent: Recent,
@@ -263,6 +266,7 @@ impl<F: FileSystem> PartitionOwner<F> {
             signal: Signal::default(),
             appends: TurnGate::default(),
             ack_writes: TurnGate::default(),
+            persisting: Cell::new(false),
             max_deliveries: Cell::new(config.max_deliveries),
             recent: Recent::default(),
             dead_pending: RefCell::default(),
@@ -614,13 +618,28 @@ impl<F: FileSystem> PartitionOwner<F> {
         }
     }
 
-    /// Persists acks on their intervals and applies retention. Returns how
-    /// many unacked offsets retention made the frontier skip.
-    pub async fn maintain(&self) -> Result<u64, OwnerError> {
-        {
-            let _turn = self.ack_writes.take().await;
-            self.acks.maintain().await?;
+    /// Whether acks wait to be written to the OS or synced.
+    pub fn acks_waiting(&self) -> bool {
+        self.acks.next_deadline_ms().is_some()
+    }
+
+    /// Persists acks on their intervals: writes every new ack to the OS,
+    /// and fdatasyncs once `storage.consumer_offset_commit_interval_ms`
+    /// passed. Returns at once while an earlier call still runs (that one
+    /// is slow in its sync; the next tick writes what came meanwhile).
+    pub async fn persist_acks(&self) -> Result<(), OwnerError> {
+        if self.persisting.replace(true) {
+            return Ok(());
         }
+        // Reset also when the call is dropped mid-way.
+        let _persisting = ResetOnDrop(&self.persisting);
+        let _turn = self.ack_writes.take().await;
+        Ok(self.acks.maintain().await?)
+    }
+
+    /// Applies retention. Returns how many unacked offsets it made the
+    /// frontier skip.
+    pub async fn apply_retention(&self) -> Result<u64, OwnerError> {
         let outcome = self.log.enforce_retention().await?;
         let skipped = self.acks.skip_to_retained(outcome.log_start_offset);
         if skipped > 0 {
@@ -741,3 +760,12 @@ impl<F: FileSystem> PartitionOwner<F> {
 
 #[cfg(test)]
 mod tests;
+
+/// Sets a flag back to `false` when dropped.
+struct ResetOnDrop<'a>(&'a Cell<bool>);
+
+impl Drop for ResetOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.set(false);
+    }
+}

@@ -360,8 +360,11 @@ impl<F: FileSystem> Shard<F> {
         }
     }
 
+    /// The open partitions in key order, not the map's: what is done to
+    /// each (ack writes, dead-letter moves) happens in this order.
     pub(super) fn owners_snapshot(&self) -> Vec<(OwnerKey, OwnerSlot<F>)> {
-        self.owners
+        let mut open: Vec<(OwnerKey, OwnerSlot<F>)> = self
+            .owners
             .slots
             .borrow()
             .iter()
@@ -369,11 +372,13 @@ impl<F: FileSystem> Shard<F> {
                 OwnerSlot::Ready(owner) => Some((k.clone(), OwnerSlot::Ready(owner.clone()))),
                 OwnerSlot::Opening => None,
             })
-            .collect()
+            .collect();
+        open.sort_unstable_by(|(a, _), (b, _)| a.cmp(b));
+        open
     }
 
     /// Opens every partition this shard owns that is not open yet, so that
-    /// retention (applied by [`Self::maintain_all`] to open partitions) also
+    /// retention (applied by [`Self::retain_all`] to open partitions) also
     /// ages out partitions nobody produced to or consumed from since the
     /// node started. Runs every [`IDLE_PARTITION_OPEN_INTERVAL`].
     pub async fn open_idle_partitions(&self) {
@@ -398,11 +403,29 @@ impl<F: FileSystem> Shard<F> {
         }
     }
 
-    /// Writes acks on their intervals and applies retention everywhere.
-    pub async fn maintain_all(&self) {
+    /// Sends the new acks of every open partition on their way to the OS
+    /// (and syncs those due), each partition on a task of its own: a slow
+    /// sync of one holds up no other, so an ack reaches the OS within about
+    /// one `storage.ack_flush_interval_ms` however many partitions the
+    /// shard has. Retention is not on this path ([`Self::retain_all`]).
+    pub fn persist_acks_all(&self) {
         for owner in self.open_owners() {
-            if let Err(error) = owner.maintain().await {
-                tracing::warn!(%error, "partition maintenance failed");
+            if !owner.acks_waiting() {
+                continue;
+            }
+            self.env.runtime.spawn(Box::pin(async move {
+                if let Err(error) = owner.persist_acks().await {
+                    tracing::warn!(%error, "writing acks failed");
+                }
+            }));
+        }
+    }
+
+    /// Applies retention to every open partition.
+    pub async fn retain_all(&self) {
+        for owner in self.open_owners() {
+            if let Err(error) = owner.apply_retention().await {
+                tracing::warn!(%error, "applying retention failed");
             }
         }
     }

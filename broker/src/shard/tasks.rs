@@ -2,7 +2,7 @@
 //! starts them the same way a simulation does.
 
 use super::*;
-use crate::limits::{IDLE_PARTITION_FIRST_OPEN, IDLE_PARTITION_OPEN_INTERVAL};
+use crate::limits::{IDLE_PARTITION_FIRST_OPEN, IDLE_PARTITION_OPEN_INTERVAL, RETENTION_INTERVAL};
 use crate::metric_names::{WAL_RECORDS_PER_SYNC, WAL_SYNC_SECONDS};
 
 impl<F: FileSystem> Shard<F> {
@@ -62,9 +62,14 @@ impl<F: FileSystem> Shard<F> {
             })
             .await;
         }));
-        let maintain = Duration::from_millis(self.settings.storage.ack_flush_interval_ms);
-        runtime.spawn(Box::pin(every(self.clone(), maintain, |s| {
-            Box::pin(async move { s.maintain_all().await })
+        // Acks on their way to the OS every interval (each partition on a
+        // task of its own); retention on its own, slower clock.
+        let ack_flush = Duration::from_millis(self.settings.storage.ack_flush_interval_ms);
+        runtime.spawn(Box::pin(every(self.clone(), ack_flush, |s| {
+            Box::pin(async move { s.persist_acks_all() })
+        })));
+        runtime.spawn(Box::pin(every(self.clone(), RETENTION_INTERVAL, |s| {
+            Box::pin(async move { s.retain_all().await })
         })));
         // Shard 0 runs the redrives this node took.
         if self.identity.shard_id == 0 {
