@@ -5,7 +5,7 @@
 
 mod support;
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
 use support::cluster::{Cluster, CLUSTER_SECRET};
@@ -195,6 +195,19 @@ const SLOW_MOVES: [&str; 10] = [
     "--set",
     "storage.segment_bytes=262144",
 ];
+/// `SLOW_MOVES`' promotion delay and heartbeat interval.
+const PROMOTE_AFTER_MS: u64 = 3_000;
+const HEARTBEAT_MS: u64 = 200;
+/// How late a promotion may come after its source has been dead for
+/// `cluster.move_promote_after_ms`: the destination asks the source again
+/// at most this late.
+const PROMOTE_SLACK_MS: u64 = 1_500;
+
+fn wall_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
 
 /// The high watermark of `topic`'s only partition.
 fn high_watermark(node: &Node, topic: &str) -> u64 {
@@ -317,6 +330,7 @@ fn a_move_whose_source_dies_is_promoted_and_the_source_quarantines_what_it_held(
     } = decommission_while_copying(700);
     // The source dies mid-copy and stays away.
     let source_index = usize::try_from(source - 1).expect("index");
+    let died_ms = wall_ms();
     cluster.nodes[source_index].kill();
     let survivor = &cluster.nodes[usize::try_from(to - 1).expect("index")];
     assert!(
@@ -324,6 +338,20 @@ fn a_move_whose_source_dies_is_promoted_and_the_source_quarantines_what_it_held(
             == "promoted"),
         "promoted after the source was dead a while: {}",
         the_move(survivor, &id)
+    );
+    // Promoted cluster.move_promote_after_ms after the source died (its
+    // last heartbeat heard may be up to about two intervals before the
+    // kill), not after it was marked dead (cluster.node_dead_after_ms
+    // later).
+    let promoted_ms = the_move(survivor, &id)["finished_at_ms"]
+        .as_u64()
+        .expect("finished_at_ms");
+    let after_death = promoted_ms.saturating_sub(died_ms);
+    eprintln!("promoted {after_death} ms after the source died");
+    assert!(
+        (PROMOTE_AFTER_MS - 2 * HEARTBEAT_MS..=PROMOTE_AFTER_MS + PROMOTE_SLACK_MS)
+            .contains(&after_death),
+        "promoted {after_death} ms after the source died (cluster.move_promote_after_ms = {PROMOTE_AFTER_MS})"
     );
     assert_eq!(owner_of(survivor, "big"), to);
     // The partition takes new messages on its new owner.

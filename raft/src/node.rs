@@ -739,11 +739,21 @@ impl Controller {
                     self.dead_after
                 );
             }
+            // A dead node's state changed when it went silent: its last
+            // heartbeat (or this leader's start), not now. A promotion of a
+            // move off it counts from then.
+            let silent_for = if alive {
+                Duration::ZERO
+            } else {
+                now.duration_since(last)
+            };
+            let changed_ms =
+                wall_ms().saturating_sub(u64::try_from(silent_for.as_millis()).unwrap_or(u64::MAX));
             self.propose(Command::SetNodeState {
                 id: *id,
                 addr: addr.clone(),
                 alive,
-                now_ms: wall_ms(),
+                now_ms: changed_ms,
             })
             .await;
         }

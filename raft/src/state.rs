@@ -404,7 +404,8 @@ pub enum Command {
 pub struct NodeRecord {
     pub addr: String,
     pub alive: bool,
-    /// When the state last changed.
+    /// When the state last changed: for a dead node, when the controller
+    /// last heard it (when it died, not when that was noticed).
     pub since_ms: u64,
     /// Its partitions are moving off it (or moved: decommissioned); it
     /// gets no new ones.

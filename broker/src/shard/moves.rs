@@ -28,7 +28,7 @@ use super::*;
 use crate::limits::{
     DECOMMISSION_REPLAN_INTERVAL_MS, MOVES_PER_PLAN_MAX, MOVE_CALL_TIMEOUT, MOVE_CHUNK_BYTES,
     MOVE_FREEZE_BELOW_BYTES, MOVE_FREEZE_MAX, MOVE_POLL_INTERVAL, MOVE_PROGRESS_INTERVAL_MS,
-    MOVE_RETRY_BACKOFF_MAX, MOVE_RETRY_BACKOFF_MIN,
+    MOVE_PROMOTION_CHECK, MOVE_RETRY_BACKOFF_MAX, MOVE_RETRY_BACKOFF_MIN,
 };
 use crate::metric_names::{MOVES_IN_PROGRESS, MOVE_COPIED_BYTES_TOTAL};
 use crate::rpc::{MoveAction, MoveSource, SourceAnswer, SourceState};
@@ -68,7 +68,7 @@ impl From<ApiError> for Stalled {
 pub(super) struct Moves {
     /// Partitions of this shard frozen for a handover: the move's id and
     /// when the freeze began.
-    frozen: RefCell<HashMap<OwnerKey, (String, u64)>>,
+    frozen: RefCell<BTreeMap<OwnerKey, (String, u64)>>,
     /// Raised when a freeze ends (thawed, or the partition moved away).
     thawed: Signal,
     /// Moves this shard runs as their destination.
@@ -609,28 +609,44 @@ impl<F: FileSystem> Shard<F> {
             .map_err(|e| e.to_api(to))?
     }
 
-    /// Whether the move's source has been marked dead for
+    /// Completes once the move's source has been dead long enough for a
+    /// promotion: a call to it or a backoff is not waited out past that.
+    async fn promotion_comes_due(&self, planned: &Move) {
+        while !self.promotion_due(planned) {
+            self.env.runtime.sleep(MOVE_PROMOTION_CHECK).await;
+        }
+    }
+
+    /// Whether the move's source has been dead for
     /// `cluster.move_promote_after_ms` (counted from the move's start at
     /// the earliest): the destination's copy takes over.
     fn promotion_due(&self, planned: &Move) -> bool {
         self.dead_long_enough(planned, planned.from)
     }
 
-    /// Whether `node`, an end of the move, has been marked dead (since the
-    /// move started) for `cluster.move_promote_after_ms`: a node the
-    /// controller marks dead for a moment under load is waited for.
+    /// Whether `node`, an end of the move, is marked dead and has been dead
+    /// (since the move started) for `cluster.move_promote_after_ms`: a node
+    /// the controller marks dead for a moment under load is waited for.
     fn dead_long_enough(&self, planned: &Move, node: NodeId) -> bool {
+        self.dead_end_at(planned, node)
+            .is_some_and(|at| self.now() >= at)
+    }
+
+    /// When `node`, an end of the move that is marked dead, will have been
+    /// dead for `cluster.move_promote_after_ms`, counted from its death
+    /// (the controller records a dead node's last heartbeat as the time its
+    /// state changed, not the moment it noticed) or from the move's start,
+    /// whichever is later. `None` while it is alive.
+    fn dead_end_at(&self, planned: &Move, node: NodeId) -> Option<u64> {
         let view = self.view();
-        let Some(record) = view.state.nodes.get(&node) else {
-            return false;
-        };
+        let record = view.state.nodes.get(&node).filter(|r| !r.alive)?;
         let started = planned.started_at_ms.unwrap_or(planned.planned_at_ms);
-        !record.alive
-            && self.now()
-                >= record
-                    .since_ms
-                    .max(started)
-                    .saturating_add(self.settings.cluster.move_promote_after_ms)
+        Some(
+            record
+                .since_ms
+                .max(started)
+                .saturating_add(self.settings.cluster.move_promote_after_ms),
+        )
     }
 
     /// Asks the source, trying again (with backoff) while it does not
@@ -640,7 +656,20 @@ impl<F: FileSystem> Shard<F> {
     async fn ask_patiently(&self, run: &mut MoveRun, action: MoveAction) -> Result<(), Stalled> {
         let mut backoff = MOVE_RETRY_BACKOFF_MIN;
         loop {
-            match self.ask_source(&run.planned, action.clone()).await {
+            // Dropping the call when the promotion comes due is safe: the
+            // source is dead, and the answer would change nothing here.
+            let asked = futures_lite::future::or(
+                async { Some(self.ask_source(&run.planned, action.clone()).await) },
+                async {
+                    self.promotion_comes_due(&run.planned).await;
+                    None
+                },
+            )
+            .await;
+            let Some(answer) = asked else {
+                return Err(Stalled::SourceGone);
+            };
+            match answer {
                 Ok(state) => {
                     run.latest = state;
                     return Ok(());
@@ -659,7 +688,20 @@ impl<F: FileSystem> Shard<F> {
                         return Err(Stalled::SourceGone);
                     }
                     tracing::debug!(id = run.planned.id, %error, "the move's source did not answer; trying again");
-                    self.env.runtime.sleep(backoff).await;
+                    let due = futures_lite::future::or(
+                        async {
+                            self.env.runtime.sleep(backoff).await;
+                            false
+                        },
+                        async {
+                            self.promotion_comes_due(&run.planned).await;
+                            true
+                        },
+                    )
+                    .await;
+                    if due {
+                        return Err(Stalled::SourceGone);
+                    }
                     backoff = (backoff * 2).min(MOVE_RETRY_BACKOFF_MAX);
                 }
                 Err(error) => return Err(Stalled::Failed(error)),
