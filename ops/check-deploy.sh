@@ -437,6 +437,14 @@ for name, args in VARIANTS.items():
     except tomllib.TOMLDecodeError as e:
         problems.append(f"({name}) the rendered narad.toml is not TOML: {e}")
         continue
+    # What the chart promises by default: messages kept 12 hours, and
+    # authentication on (off only when asked).
+    if name == "defaults" and keys.get("topics.default_retention_ms") != 12 * 3600 * 1000:
+        problems.append(f"(defaults) topics.default_retention_ms is "
+                        f"{keys.get('topics.default_retention_ms')}, not 12 h (43200000)")
+    want_auth = name != "no-auth"
+    if keys.get("auth.enabled") is not want_auth:
+        problems.append(f"({name}) auth.enabled is {keys.get('auth.enabled')!r}, not {want_auth}")
     if sts[0]["spec"]["replicas"] < 1 or pod.get("terminationGracePeriodSeconds", 30) < 90:
         problems.append(f"({name}) terminationGracePeriodSeconds is below the graceful stop's bound")
     if text in seen_configs:

@@ -29,7 +29,7 @@ use crate::auth::{
     credentials, token_user, validate_grants, validate_password, validate_user_name, Credentials,
 };
 use crate::metric_names::{
-    CONNECTIONS_OPEN, CONSUMER_STATE_FAILED, DISPATCHER_PENDING_RECORDS,
+    CONNECTIONS_OPEN, CONSUMER_STATE_FAILED, DEAD_LETTERED_TOTAL, DISPATCHER_PENDING_RECORDS,
     FANOUT_CHILD_DROPPED_MESSAGES, FANOUT_CHILD_LAG_MESSAGES, FANOUT_CHILD_LAG_SECONDS,
     HTTP_BUFFERED_BODY_BYTES, HTTP_REQUESTS_TOTAL, HTTP_REQUEST_SECONDS, INGRESS_WAL_FAILED,
     NODE_ALIVE, PARTITION_AVAILABLE_MESSAGES, PARTITION_FRONTIER, PARTITION_HIGH_WATERMARK,
@@ -1248,6 +1248,13 @@ async fn put_topic(
 /// Prometheus text exposition of the node's figures, every shard's.
 async fn metrics(shard: &Shard) -> HttpResponse {
     let shards = shard.gauges().await;
+    // Every topic with a dead-letter topic has its counter from the start,
+    // at 0, so an alert on its increase sees the first dead letter.
+    for topic in shard.topics() {
+        if topic.config.dead_letter_topic.is_some() {
+            metrics::counter!(DEAD_LETTERED_TOTAL, "topic" => topic.name).increment(0);
+        }
+    }
     let mut out = shard.render_metrics();
     let mut gauge = |name: &str, help: &str, samples: Vec<(String, f64)>| {
         out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} gauge\n"));

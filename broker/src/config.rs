@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
+use crate::limits::RETENTION_FLOOR_MS;
 use narad_storage::limits::{BLOCK_BYTES, WAL_RING_BYTES_MIN};
 
 /// Where a value came from, for error messages.
@@ -207,7 +208,8 @@ const KEYS: &[(&str, Kind, Option<&str>)] = &[
         },
         Some("30000"),
     ),
-    // Only tests lower it: the smallest non-zero retention a topic may have.
+    // The smallest non-zero retention a topic may have: at least the
+    // contract's hour, unless `testing.short_retention` lets a test lower it.
     (
         "topics.retention_floor_ms",
         Kind::U64 {
@@ -298,6 +300,8 @@ const KEYS: &[(&str, Kind, Option<&str>)] = &[
         Kind::OneOf(&["off", "switchable", "power_loss"]),
         Some("off"),
     ),
+    // For tests only: lets `topics.retention_floor_ms` go below an hour.
+    ("testing.short_retention", Kind::Bool, Some("false")),
 ];
 
 /// Environment variables with the `NARAD_` prefix that are not config keys.
@@ -529,6 +533,11 @@ impl Config {
         }
         let retention = self.u64("topics.default_retention_ms");
         let floor = self.u64("topics.retention_floor_ms");
+        if floor < RETENTION_FLOOR_MS && self.text("testing.short_retention") != Some("true") {
+            return Err(ConfigError::Inconsistent(format!(
+                "topics.retention_floor_ms must be at least {RETENTION_FLOOR_MS} (one hour: retention is at least that long), got {floor}; only tests lower it, with testing.short_retention = true"
+            )));
+        }
         if retention != 0 && retention < floor {
             return Err(ConfigError::Inconsistent(format!(
                 "topics.default_retention_ms must be 0 (forever) or at least {floor} (the retention floor), got {retention}"

@@ -160,6 +160,9 @@ pub struct HttpTls {
 pub struct Testing {
     /// `off`, `switchable` or `power_loss`.
     pub faults: String,
+    /// Whether `topics.retention_floor_ms` may be below an hour (the
+    /// configuration refuses a lower floor without it).
+    pub short_retention: bool,
 }
 
 impl Settings {

@@ -654,6 +654,8 @@ fn a_remote_child_skips_and_counts_what_ages_out_of_its_parent_before_it_ships()
             "--set",
             "topics.retention_floor_ms=1000",
             "--set",
+            "testing.short_retention=true",
+            "--set",
             "storage.segment_bytes=65536",
         ],
     );

@@ -167,6 +167,7 @@ fn every_accepted_key_has_a_reader() {
         include_str!("../shard/tasks.rs"),
         include_str!("../shard/moves.rs"),
         include_str!("../settings.rs"),
+        include_str!("../dispatcher.rs"),
     ];
     for (key, _) in Config::keys() {
         let path = if key.contains('.') {
@@ -205,6 +206,32 @@ fn inconsistent_settings_are_refused() {
         &flags(&[("topics.default_retention_ms", "0")]),
     )
     .expect("0 keeps forever");
+    let floor = Config::resolve(
+        None,
+        Vec::new(),
+        &flags(&[("topics.retention_floor_ms", "1000")]),
+    )
+    .expect_err("a floor under an hour is for tests");
+    assert!(
+        floor.to_string().contains("topics.retention_floor_ms")
+            && floor.to_string().contains("testing.short_retention"),
+        "{floor}"
+    );
+    Config::resolve(
+        None,
+        Vec::new(),
+        &flags(&[
+            ("topics.retention_floor_ms", "1000"),
+            ("testing.short_retention", "true"),
+        ]),
+    )
+    .expect("tests may lower the floor");
+    Config::resolve(
+        None,
+        Vec::new(),
+        &flags(&[("topics.retention_floor_ms", "7200000")]),
+    )
+    .expect("anyone may raise it");
     let peers = Config::resolve(None, Vec::new(), &flags(&[("peers", "1=127.0.0.1:9001")]))
         .expect_err("trust");
     assert!(peers.to_string().contains("cluster-secret"));

@@ -32,7 +32,8 @@ use crate::limits::{
 use crate::mesh::{self, MeshEnds};
 use crate::metric_names::{
     CONSUME_LONG_POLLS_WAITING, DISPATCHER_COMMIT_RECORDS, DISPATCHER_REROUTES_TOTAL,
-    STORAGE_CORRUPT_RECORDS_TOTAL, WAL_RECORDS_PER_SYNC,
+    MOVES_IN_PROGRESS, MOVE_COPIED_BYTES_TOTAL, STORAGE_CORRUPT_RECORDS_TOTAL,
+    WAL_RECORDS_PER_SYNC,
 };
 use crate::receipt::ReceiptKey;
 use crate::remote::{DataInbox, Peers, QuicNodes};
@@ -300,11 +301,19 @@ pub fn run(config: Config) -> Result<(), String> {
         usize::try_from(settings.children.remote_max_in_flight).unwrap_or(usize::MAX),
     )?;
     let faults = fault_control(&settings, &data_dir)?;
+    if settings.testing.short_retention {
+        tracing::warn!(
+            floor_ms = settings.topics.retention_floor_ms,
+            "testing.short_retention is on: topics may keep messages for less than an hour (tests only)"
+        );
+    }
     let blocking_fs = BlockingFs::with_faults(faults.clone());
     let epoch = next_epoch(&blocking_fs, &data_dir)?;
     let metrics = install_metrics()?;
     metrics::gauge!(CONSUME_LONG_POLLS_WAITING).set(0.0);
     metrics::counter!(DISPATCHER_REROUTES_TOTAL).absolute(0);
+    metrics::gauge!(MOVES_IN_PROGRESS).set(0.0);
+    metrics::counter!(MOVE_COPIED_BYTES_TOTAL).absolute(0);
     metrics::counter!(STORAGE_CORRUPT_RECORDS_TOTAL).increment(0);
     let key = receipt_key(&blocking_fs, &data_dir)?;
     let peer = bind_address("peer_listen", &settings.peer_listen)?;

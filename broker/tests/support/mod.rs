@@ -619,6 +619,11 @@ pub fn metric(node: &Node, name: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// The longest a stopping Raft leader may take to hand leadership over.
+/// The contract says leadership moves in about 150 ms in a rolling
+/// restart; this bound is twice that, for a shared CI machine.
+pub const HANDOVER_BOUND_MS: u64 = 300;
+
 /// What a node that stopped gracefully says about its Raft leadership, from
 /// its log's last word on it: `Ok(Some(ms))` when it handed leadership over
 /// in `ms`, `Ok(None)` when it did not lead, `Err` when the handover failed
