@@ -637,6 +637,13 @@ impl<F: FileSystem> PartitionOwner<F> {
         Ok(self.acks.maintain().await?)
     }
 
+    /// Forgets (durably) every ack at or above `end`: a promoted copy ends
+    /// there and gives those offsets to new messages.
+    pub async fn cut_acks_at(&self, end: u64) -> Result<(), OwnerError> {
+        let _turn = self.ack_writes.take().await;
+        Ok(self.acks.cut_at(end).await?)
+    }
+
     /// Applies retention. Returns how many unacked offsets it made the
     /// frontier skip.
     pub async fn apply_retention(&self) -> Result<u64, OwnerError> {

@@ -418,6 +418,62 @@ fn a_move_whose_source_dies_is_promoted_and_the_source_quarantines_what_it_held(
     assert_eq!(owner_of(returned, "big"), to);
 }
 
+/// A copy promoted while it held less than its source: the source's acks
+/// reached past what the copy holds, and new messages take those offsets on
+/// the new owner. They must be delivered, not read as acked.
+#[test]
+fn a_promoted_copy_delivers_new_messages_at_offsets_its_source_had_acked() {
+    // Enough that the copy (32 KiB/s) is far from its freeze (the last
+    // 512 KiB) while everything is acked.
+    const MESSAGES: usize = 1_500;
+    let Copying {
+        mut cluster,
+        owner: source,
+        id,
+        to,
+        ..
+    } = decommission_while_copying(MESSAGES);
+    let source_index = usize::try_from(source - 1).expect("index");
+    // Everything is acked at the source while the copy runs...
+    let mut acked = 0;
+    assert!(eventually(MOVES_DEADLINE, || {
+        let got = cluster.nodes[source_index]
+            .consume("big", json!({"max_messages": 500, "wait_ms": 200}));
+        if !got.is_empty() {
+            support::ack_batch(&cluster.nodes[source_index], "big", &got);
+        }
+        acked += got.len();
+        acked >= MESSAGES
+    }));
+    // ... and the copy has read on since, so it holds that ack set.
+    let copied = |node: &Node| the_move(node, &id)["copied_bytes"].as_u64().unwrap_or(0);
+    let destination = &cluster.nodes[usize::try_from(to - 1).expect("index")];
+    let before = copied(destination);
+    assert!(eventually(MOVES_DEADLINE, || copied(destination) > before));
+    cluster.nodes[source_index].kill();
+    let survivor = &cluster.nodes[usize::try_from(to - 1).expect("index")];
+    assert!(
+        eventually(MOVES_DEADLINE, || the_move(survivor, &id)["state"]
+            == "promoted"),
+        "promoted: {}",
+        the_move(survivor, &id)
+    );
+    let promoted_at = the_move(survivor, &id)["promoted_at_offset"]
+        .as_u64()
+        .expect("offset");
+    assert!(
+        promoted_at < MESSAGES as u64,
+        "the copy was partial: {promoted_at}"
+    );
+    let after = fill(survivor, "big", 5);
+    let seen = consume_all(survivor, "big");
+    assert!(
+        after.iter().all(|id| seen.contains_key(id)),
+        "messages produced after the promotion (offsets from {promoted_at}) are delivered: {} of 5",
+        after.iter().filter(|id| seen.contains_key(*id)).count()
+    );
+}
+
 #[test]
 fn a_move_survives_its_destinations_restart_and_a_change_of_raft_leader() {
     let Copying {

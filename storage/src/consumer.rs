@@ -123,6 +123,17 @@ impl AckSet {
         true
     }
 
+    /// Forgets every ack at or above `end`: a log that ends there (a
+    /// promoted copy that holds less than its source did) gives those
+    /// offsets to new messages, which must not read as acked.
+    pub fn cut_at(&mut self, end: u64) {
+        self.frontier = self.frontier.min(end);
+        self.ranges.retain(|start, _| *start < end);
+        for stop in self.ranges.values_mut() {
+            *stop = (*stop).min(end);
+        }
+    }
+
     /// Moves the frontier up to `offset` (retention deleted what lies below);
     /// returns how many unacked offsets were skipped.
     pub fn skip_to(&mut self, offset: u64) -> u64 {
@@ -606,6 +617,14 @@ impl<F: FileSystem> ConsumerState<F> {
         self.end_io(result)
     }
 
+    /// Forgets every ack at or above `end` ([`AckSet::cut_at`]) and writes
+    /// the state whole, so the cut is durable before anything reuses those
+    /// offsets.
+    pub async fn cut_at(&self, end: u64) -> Result<()> {
+        self.state.borrow_mut().acks.cut_at(end);
+        self.compact().await
+    }
+
     /// Writes a snapshot of every ack (a new generation) and removes the older files.
     pub async fn compact(&self) -> Result<()> {
         self.begin_io()?;
@@ -728,6 +747,30 @@ mod tests {
         assert_eq!(set.frontier(), 5);
         assert_eq!(set.skip_to(2), 0);
         assert!(set.is_acked(10) && !set.is_acked(9));
+    }
+
+    #[test]
+    fn cut_at_forgets_every_ack_from_the_cut_on() {
+        // The frontier past the cut comes back to it.
+        let mut set = AckSet::new(700);
+        set.ack(705);
+        set.cut_at(400);
+        assert_eq!(set.frontier(), 400);
+        assert!(set.is_acked(399) && !set.is_acked(400) && !set.is_acked(705));
+        // Ranges at or across the cut are dropped or trimmed.
+        let mut set = AckSet::new(2);
+        for offset in [4, 5, 6, 9, 10] {
+            set.ack(offset);
+        }
+        set.cut_at(6);
+        assert_eq!(set.frontier(), 2);
+        assert_eq!(set.ranges().collect::<Vec<_>>(), vec![(4, 6)]);
+        assert!(!set.is_acked(6) && !set.is_acked(9));
+        let again = AckSet::decode(&set.encode()).expect("round trip");
+        assert_eq!(again.ranges().collect::<Vec<_>>(), vec![(4, 6)]);
+        // A cut above everything changes nothing.
+        set.cut_at(100);
+        assert_eq!(set.ranges().collect::<Vec<_>>(), vec![(4, 6)]);
     }
 
     #[test]

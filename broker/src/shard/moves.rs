@@ -611,9 +611,14 @@ impl<F: FileSystem> Shard<F> {
 
     /// Completes once the move's source has been dead long enough for a
     /// promotion: a call to it or a backoff is not waited out past that.
+    /// A source that answers within [`MOVE_PROMOTION_CHECK`] is never
+    /// promoted over: the first look comes after that long.
     async fn promotion_comes_due(&self, planned: &Move) {
-        while !self.promotion_due(planned) {
+        loop {
             self.env.runtime.sleep(MOVE_PROMOTION_CHECK).await;
+            if self.promotion_due(planned) {
+                return;
+            }
         }
     }
 
@@ -908,6 +913,12 @@ impl<F: FileSystem> Shard<F> {
             Stalled::SourceGone => ApiError::new(ErrorCode::Internal, "the source is gone"),
         })?;
         let offset = owner.high_watermark();
+        // The source's acks reach past what the copy holds: new messages
+        // get those offsets here, and must not read as acked.
+        owner
+            .cut_acks_at(offset)
+            .await
+            .map_err(|e| from_owner(&e))?;
         self.hand_over(&run.planned, MoveEnd::Promoted { offset })
             .await
             .map_err(|e| match e {
