@@ -62,14 +62,6 @@ impl<F: FileSystem> Shard<F> {
                     "the metadata is not caught up; the records wait",
                 ))
             }
-            Some(topic) if batch.is_probe() => {
-                let op = Commit {
-                    topic: TopicRef::of(&topic),
-                    partition: batch.destination.partition,
-                    messages: Vec::new(),
-                };
-                self.commit(&topic, op, Reach::Cluster).await
-            }
             // The topic was deleted after the produce: nothing to deliver to.
             None => {
                 tracing::debug!(topic = %batch.destination.topic, "commit: topic gone");
@@ -78,6 +70,14 @@ impl<F: FileSystem> Shard<F> {
             Some(topic) if batch.destination.partition >= topic.config.partitions => {
                 tracing::debug!("commit: partition gone");
                 Ok(())
+            }
+            Some(topic) if batch.is_probe() => {
+                let op = Commit {
+                    topic: TopicRef::of(&topic),
+                    partition: batch.destination.partition,
+                    messages: Vec::new(),
+                };
+                self.commit(&topic, op, Reach::Cluster).await
             }
             // Every record belongs to an earlier topic of this name, deleted
             // since: nothing to deliver to.
