@@ -74,8 +74,9 @@ pub fn tail_cache_share(open: usize) -> usize {
     power_of_two.clamp(TAIL_CACHE_MIN_BYTES, TAIL_CACHE_BYTES)
 }
 
-/// How often a shard applies retention to its open partitions (off the
-/// path that writes acks; retention is an hour at least).
+/// How often a shard applies retention to its open partitions, on a task
+/// of its own, off the path that writes acks (retention is an hour at
+/// least).
 pub const RETENTION_INTERVAL: Duration = Duration::from_secs(1);
 /// How often a shard opens the partitions it owns that are not open yet,
 /// so that retention reaches idle ones (retention is an hour at least).
