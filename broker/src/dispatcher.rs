@@ -18,10 +18,10 @@
 //! pipelines two commits): no record waits longer than `max_linger_ms`
 //! plus one commit's time before it is sent. A failed
 //! commit puts its records back at the front, retried with a doubling
-//! backoff. A destination *fails* from the start of its first attempt that
-//! went unanswered (failed, timed out, or still in flight) since its last
-//! success; once it has failed for `reroute_after_ms`, or at once when its
-//! owner is marked dead, it is *rerouting*: [`Dispatcher::reroutes_due`]
+//! backoff. Once an attempt to a destination has failed (or timed out), the
+//! destination *fails* from the start of its oldest attempt still
+//! unanswered or failed; once it has failed for `reroute_after_ms`, or at
+//! once when its owner is marked dead, it is *rerouting*: [`Dispatcher::reroutes_due`]
 //! names it whenever records wait for it, and the caller moves them to a
 //! live sibling partition. A rerouting destination gets no records, only an
 //! empty probe commit after each backoff; the first commit that succeeds

@@ -631,7 +631,9 @@ impl<F: FileSystem> PartitionOwner<F> {
         if self.persisting.replace(true) {
             return Ok(());
         }
-        // Reset also when the call is dropped mid-way.
+        // The flag is reset even if the call is dropped; the ack state
+        // itself is not drop-safe mid-write (it stays busy), so these
+        // calls run on tasks that are never dropped before the stop's flush.
         let _persisting = ResetOnDrop(&self.persisting);
         let _turn = self.ack_writes.take().await;
         Ok(self.acks.maintain().await?)
