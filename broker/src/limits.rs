@@ -103,6 +103,13 @@ pub const COLLECT_CALL_TIMEOUT: Duration = Duration::from_millis(1500);
 /// back when their visibility timeout ends.
 pub const COLLECT_TOP_UP_TIMEOUT: Duration = Duration::from_millis(200);
 pub const SETTLE_CALL_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long an ack, nack or extend of a partition frozen for its handover
+/// waits for the freeze to end (a freeze usually lasts milliseconds) before
+/// it is answered 503 `partition_moving`: within a caller's
+/// [`SETTLE_CALL_TIMEOUT`], so a settle sent on from another node is
+/// answered rather than timed out.
+pub const SETTLE_FREEZE_WAIT: Duration = Duration::from_millis(1500);
+const _: () = assert!(SETTLE_FREEZE_WAIT.as_millis() < SETTLE_CALL_TIMEOUT.as_millis());
 /// Figures are a convenience of describe (and of the answer to a topic
 /// PUT): a node that does not answer quickly leaves its figures at zero.
 pub const STATS_CALL_TIMEOUT: Duration = Duration::from_millis(300);
@@ -265,6 +272,9 @@ pub const MOVE_FREEZE_BELOW_BYTES: u64 = 512 * 1024;
 /// A source frozen this long without a handover abandons the move and
 /// serves the partition again.
 pub const MOVE_FREEZE_MAX: Duration = Duration::from_secs(10);
+/// How often a destination held by the `hold_move_freeze` test switch looks
+/// whether it was lifted.
+pub const MOVE_HOLD_POLL: Duration = Duration::from_millis(10);
 /// Lease ids each opening of a partition owner takes from its shard's
 /// range (an owner that grants more ids than this within one opening
 /// would repeat the next owner's receipts: 4 billion leases).

@@ -56,6 +56,9 @@ const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
 const SETTLE_DEADLINE: Duration = Duration::from_secs(90);
 /// The fault suite's length in CI.
 const FAULT_SUITE_SECONDS: u64 = 20;
+/// The fault suite's length when it runs a broken build (every kind of
+/// fault still comes once).
+const BROKEN_BUILD_SUITE_SECONDS: u64 = 8;
 /// Faults come at least this often.
 const FAULT_INTERVAL_MAX_MS: u64 = 4_000;
 const FAULT_INTERVAL_MIN_MS: u64 = 1_000;
@@ -545,8 +548,8 @@ fn keep_logs(suite: &str, seed: u64, cluster: &Cluster) {
     }
 }
 
-/// Writes the history and fails on any violation, naming seed and file.
-fn judge(suite: &str, seed: u64, shared: &Shared, strictness: Strictness) -> Report {
+/// Writes the history and checks it.
+fn judged(suite: &str, seed: u64, shared: &Shared) -> Report {
     let path = history_path(suite, seed);
     shared.history.write(&path).expect("write history");
     let report = check(&shared.history.events());
@@ -555,6 +558,13 @@ fn judge(suite: &str, seed: u64, shared: &Shared, strictness: Strictness) -> Rep
         path.display(),
         report.summary()
     );
+    report
+}
+
+/// Writes the history and fails on any violation, naming seed and file.
+fn judge(suite: &str, seed: u64, shared: &Shared, strictness: Strictness) -> Report {
+    let path = history_path(suite, seed);
+    let report = judged(suite, seed, shared);
     let violations = report.violations(strictness);
     assert!(
         violations.is_empty(),
@@ -1045,28 +1055,52 @@ fn next_crash_is_power_cut(plan: &[Fault], node: usize) -> bool {
 
 /// A power cut needs a node that kept its unsynced writes in memory: a node
 /// runs in power-loss mode from a start whose next crash is a power cut.
-fn node_flags(power_loss: bool) -> Vec<String> {
-    if power_loss {
-        vec!["--set".into(), "testing.faults=power_loss".into()]
-    } else {
-        Vec::new()
-    }
+/// A broken build (`switches`) needs the fault layer on in every node.
+fn node_flags(power_loss: bool, switches: Option<&str>) -> Vec<String> {
+    let mode = match (power_loss, switches) {
+        (true, _) => "power_loss",
+        (false, Some(_)) => "switchable",
+        (false, None) => return Vec::new(),
+    };
+    vec!["--set".into(), format!("testing.faults={mode}")]
 }
 
 #[test]
 fn suite_2_faults_every_accepted_message_is_acked_in_the_end() {
-    let seed = seed();
     let seconds = std::env::var("NARAD_SOAK_SECONDS")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(FAULT_SUITE_SECONDS);
+    faults_suite(seed(), seconds, None);
+}
+
+/// A build that commits its whole WAL again each time a node starts (the
+/// fault layer makes the WAL's checkpoint read as lost) stores old messages
+/// again long after any crash could have: suite 2's checker must say so.
+#[test]
+fn suite_2_catches_a_build_that_commits_its_whole_wal_again_at_each_start() {
+    faults_suite(
+        seed(),
+        BROKEN_BUILD_SUITE_SECONDS,
+        Some("forget_wal_checkpoint"),
+    );
+}
+
+/// Suite 2 with the fault layer's `switches` raised in every node from its
+/// first restart on (a broken build), or as the product is (`None`).
+fn faults_suite(seed: u64, seconds: u64, switches: Option<&str>) {
     let mut rng = Rng::new(seed);
     let faults = (seconds * 1000 / FAULT_INTERVAL_MIN_MS) as usize + 4;
     let plan = fault_plan(&mut rng, faults, CLUSTER_NODES);
     let mut cluster = Cluster::start_each(CLUSTER_NODES, |i| {
-        node_flags(next_crash_is_power_cut(&plan, i))
+        node_flags(next_crash_is_power_cut(&plan, i), switches)
     });
     cluster.wait_ready(SETTLE_DEADLINE);
+    if let Some(switches) = switches {
+        for node in &cluster.nodes {
+            node.set_faults(switches);
+        }
+    }
     // Short leases, so pauses also end leases and late acks get tested.
     let shared = shared_for(&cluster);
     create_topics(&cluster, &shared, 2_000);
@@ -1138,7 +1172,7 @@ fn suite_2_faults_every_accepted_message_is_acked_in_the_end() {
                 for &victim in &victims {
                     let begin = now_ms();
                     let power_loss = next_crash_is_power_cut(&plan[done.len() + 1..], victim);
-                    cluster.restart_node(victim, &node_flags(power_loss));
+                    cluster.restart_node(victim, &node_flags(power_loss, switches));
                     record(NemesisAction::Start, victim, begin);
                 }
                 *shared.addrs.lock().expect("addrs") = cluster.addrs();
@@ -1203,6 +1237,18 @@ fn suite_2_faults_every_accepted_message_is_acked_in_the_end() {
         NemesisAction::Pause,
     ] {
         assert!(done.contains(&kind), "{kind:?} was injected (seed {seed})");
+    }
+    if let Some(switches) = switches {
+        let report = judged("suite2-broken", seed, &shared);
+        assert!(
+            report
+                .violations(Strictness::Faults)
+                .iter()
+                .any(|(name, _)| *name == "duplicates_unexplained"),
+            "a build with {switches} passed suite 2 (seed {seed})\n{}",
+            report.summary()
+        );
+        return;
     }
     let report = judge("suite2-faults", seed, &shared, Strictness::Faults);
     assert!(report.accepted > 0, "produces went through between faults");

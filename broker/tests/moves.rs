@@ -711,3 +711,110 @@ fn a_receipt_from_before_a_partition_moved_away_and_back_acks_nothing() {
     );
     assert_eq!(status, 204, "{answer}");
 }
+
+/// How long the test holds a handover's freeze open: well within the time
+/// a settle waits for one.
+const FREEZE_HELD: Duration = Duration::from_millis(500);
+
+/// Acks, nacks and extends that reach a partition frozen for its handover
+/// wait for the handover (the destination holds the freeze open with a
+/// test switch), then are answered as the move's rules say: 410, since the
+/// move ended the leases. None is refused with 503 `partition_moving`, and
+/// every message is delivered again by the new owner.
+#[test]
+fn settles_during_a_handover_wait_for_it_rather_than_being_refused() {
+    let cluster = Cluster::start_with(3, &["--set", "testing.faults=switchable"]);
+    let first = &cluster.nodes[0];
+    first.create_topic("held", json!({"partitions": 1}));
+    let owner = owner_of(first, "held");
+    let index = |id: u64| usize::try_from(id - 1).expect("index");
+    let to = (1..=3).find(|id| *id != owner).expect("another node");
+    let third = (1..=3)
+        .find(|id| *id != owner && *id != to)
+        .expect("a third node");
+    let source = &cluster.nodes[index(owner)];
+    for i in 0..4 {
+        source.produce("held", &format!("m-{i}"));
+    }
+    let mut leased = Vec::new();
+    assert!(eventually(MOVES_DEADLINE, || {
+        leased.extend(source.consume(
+            "held",
+            json!({"max_messages": 10, "visibility_timeout_ms": 600000, "wait_ms": 200}),
+        ));
+        leased.len() == 4
+    }));
+    cluster.nodes[index(to)].set_faults("hold_move_freeze");
+    let mut planned = Value::Null;
+    assert!(
+        eventually(MOVES_DEADLINE, || {
+            let (status, answer) = first.json(
+                "POST",
+                "/v1/cluster/moves",
+                json!({"topic": "held", "partition": 0, "to": to}),
+            );
+            planned = answer;
+            status == 202
+        }),
+        "{planned}"
+    );
+    // The source freezes when it applies the move's `freezing` state (or
+    // when asked to, whichever comes first).
+    assert!(
+        eventually(MOVES_DEADLINE, || {
+            let log = source.stderr();
+            log.contains("freezing the partition for its handover")
+                || log.contains("handover is under way: frozen for it")
+        }),
+        "the source froze the partition"
+    );
+    // During the freeze: an ack, a nack and an extend at the source, and an
+    // ack sent through the third node.
+    let sends = [
+        (owner, "ack", json!({"receipt": leased[0]["receipt"]})),
+        (owner, "nack", json!({"receipt": leased[1]["receipt"]})),
+        (
+            owner,
+            "extend",
+            json!({"receipt": leased[2]["receipt"], "visibility_timeout_ms": 60000}),
+        ),
+        (third, "ack", json!({"receipt": leased[3]["receipt"]})),
+    ];
+    let settles: Vec<_> = sends
+        .into_iter()
+        .map(|(node, action, body)| {
+            let addr = cluster.nodes[index(node)].addr.clone();
+            std::thread::spawn(move || {
+                let path = format!("/v1/topics/held/{action}");
+                let answer =
+                    support::request(&addr, "POST", &path, &[], body.to_string().as_bytes());
+                (action, node, answer)
+            })
+        })
+        .collect();
+    let answered_early = eventually(FREEZE_HELD, || settles.iter().any(|s| s.is_finished()));
+    cluster.nodes[index(to)].set_faults("");
+    let answers: Vec<_> = settles
+        .into_iter()
+        .map(|s| s.join().expect("a settle"))
+        .collect();
+    assert!(
+        !answered_early,
+        "a settle was answered while the freeze was held: {answers:?}"
+    );
+    for (action, node, (status, answer)) in &answers {
+        assert_eq!(
+            (*status, answer["error"]["code"].as_str()),
+            (410, Some("lease_gone")),
+            "{action} via node {node} after the handover: {answer}"
+        );
+    }
+    let ids = move_ids(&planned);
+    assert!(eventually(MOVES_DEADLINE, || moves_settled(first, &ids)));
+    let again = consume_all(&cluster.nodes[index(to)], "held");
+    assert_eq!(
+        again.len(),
+        4,
+        "every message is delivered again: {again:?}"
+    );
+}

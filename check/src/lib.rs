@@ -13,8 +13,16 @@
 //! - **wrong topic**: delivered on a topic it was not produced to;
 //! - **wrong value**: delivered with a body other than the one its produce
 //!   sent, or one body delivered under two ids;
-//! - **duplicates**, split into those a lease end, a nack or a crash
-//!   explains and those nothing explains;
+//! - **duplicates**, split into those the contract explains and those
+//!   nothing explains. A second delivery of one entry needs its lease to
+//!   have ended (expiry, nack, or a restart or handover of its owner). A
+//!   message stored again at another offset needs one of the contract's two
+//!   re-commits: its accepting node restarted while the record was still
+//!   above that node's WAL checkpoint (within [`CHECKPOINT_LAG_MS`] of the
+//!   commit, or later only while some node was down and held an older
+//!   record back), or an owner that stored a copy was down around that
+//!   commit, so its answer was lost and the record was sent again to the
+//!   same partition or a sibling;
 //! - **acked, then delivered again**: an ack answered 204, then the same
 //!   entry delivered again, unless the node that owns its partition crashed
 //!   within the contract's window after the ack ([`ACKS_LOST_TO_A_KILL_MS`],
@@ -65,6 +73,19 @@ pub const ACKS_LOST_TO_A_KILL_MS: u64 = ACK_FLUSH_INTERVAL_MS + ACK_TICK_SLACK_M
 /// the sync).
 pub const ACKS_LOST_TO_A_POWER_CUT_MS: u64 =
     ACK_SYNC_INTERVAL_MS + ACK_FLUSH_INTERVAL_MS + ACK_TICK_SLACK_MS;
+/// `dispatcher.checkpoint_interval_ms` (the default, which the suites keep)
+/// plus one interval of slack: once the owner has confirmed a record and
+/// every older record of the accepting node's WAL, the WAL's checkpoint
+/// passes it within this long. Until then a crash of the accepting node
+/// sends it again.
+pub const CHECKPOINT_LAG_MS: u64 = 2 * 250;
+/// How long after a node answers again a record that waited for it is
+/// confirmed: the dispatcher's longest retry backoff (2 s), one commit call
+/// timing out (1 s), and a second for the node's partitions to open.
+pub const RECOVERY_SLACK_MS: u64 = 2_000 + 1_000 + 1_000;
+/// How long after a commit was stored its answer can still be lost to a
+/// fault of the owner: one commit call's timeout.
+pub const ANSWER_LOST_SLACK_MS: u64 = 1_000;
 /// Examples kept per kind of finding.
 const EXAMPLES_MAX: usize = 5;
 
@@ -255,6 +276,15 @@ impl NemesisAction {
     /// a commit that landed late is stored twice (the reroute).
     fn makes_owner_unreachable(self) -> bool {
         !matches!(self, NemesisAction::Start | NemesisAction::Resume)
+    }
+
+    /// The process ends and starts again with its WAL: records above its
+    /// checkpoint are committed again (a wipe loses the WAL instead).
+    fn replays_wal(self) -> bool {
+        matches!(
+            self,
+            NemesisAction::Kill | NemesisAction::PowerCut | NemesisAction::Terminate
+        )
     }
 
     /// The node's leases end (every restart hands leased messages out again).
@@ -503,15 +533,79 @@ fn accepted_by(id: &str) -> Option<String> {
     Some(format!("n{node}"))
 }
 
+/// When each node was not answering: from a fault that stopped it to the
+/// end of the start or resume that brought it back (or the history's end).
+#[derive(Debug, Default)]
+struct Downtime<'a> {
+    by_node: BTreeMap<&'a str, Vec<(u64, u64)>>,
+    /// Every node's spans, each stretched by [`RECOVERY_SLACK_MS`], merged:
+    /// the times at which some record may have waited on some node.
+    merged: Vec<(u64, u64)>,
+}
+
+impl<'a> Downtime<'a> {
+    fn of(faults: &[Fault<'a>]) -> Self {
+        let mut ordered: Vec<&Fault<'a>> = faults.iter().collect();
+        ordered.sort_by_key(|f| f.start_ms);
+        let mut by_node: BTreeMap<&str, Vec<(u64, u64)>> = BTreeMap::new();
+        let mut down_since: BTreeMap<&str, u64> = BTreeMap::new();
+        for f in ordered {
+            if f.action.makes_owner_unreachable() {
+                down_since.entry(f.node).or_insert(f.start_ms);
+            } else if let Some(since) = down_since.remove(f.node) {
+                by_node.entry(f.node).or_default().push((since, f.end_ms));
+            }
+        }
+        for (node, since) in down_since {
+            by_node.entry(node).or_default().push((since, u64::MAX));
+        }
+        let mut stretched: Vec<(u64, u64)> = by_node
+            .values()
+            .flatten()
+            .map(|&(from, to)| (from, to.saturating_add(RECOVERY_SLACK_MS)))
+            .collect();
+        stretched.sort_unstable();
+        let mut merged: Vec<(u64, u64)> = Vec::new();
+        for (from, to) in stretched {
+            match merged.last_mut() {
+                Some(last) if from <= last.1 => last.1 = last.1.max(to),
+                _ => merged.push((from, to)),
+            }
+        }
+        Self { by_node, merged }
+    }
+
+    /// Some node was down, or just back, at every moment from `from` to
+    /// `to` (an empty range needs nothing).
+    fn covers(&self, from: u64, to: u64) -> bool {
+        to <= from
+            || self
+                .merged
+                .iter()
+                .any(|&(start, end)| start <= from && to <= end)
+    }
+
+    /// `node` was down at some moment from `from` to `to`.
+    fn down_between(&self, node: &str, from: u64, to: u64) -> bool {
+        self.by_node
+            .get(node)
+            .into_iter()
+            .flatten()
+            .any(|&(start, end)| start <= to && end >= from)
+    }
+}
+
 /// An accepted message: its topic, value, when its produce started, and
 /// the partition its key maps to.
 type Accepted<'a> = (&'a str, &'a str, u64, Option<u32>);
 
-/// One produce attempt: its topic and, if it was answered 202, the id.
+/// One produce attempt: its topic, if it was answered 202 the id, and
+/// when it started.
 #[derive(Debug, Clone, Copy)]
 struct Produced<'a> {
     topic: &'a str,
     id: Option<&'a str>,
+    start_ms: u64,
 }
 
 /// The children's rules: every message accepted on a parent by a produce
@@ -636,7 +730,14 @@ pub fn check(events: &[Event]) -> Report {
                     Outcome::Ok { value: id } => Some(id.as_str()),
                     _ => None,
                 };
-                produced.insert(value, Produced { topic, id });
+                produced.insert(
+                    value,
+                    Produced {
+                        topic,
+                        id,
+                        start_ms: event.start_ms,
+                    },
+                );
                 if let Some(id) = id {
                     accepted.insert(id, (topic, value, event.start_ms, *partition));
                 }
@@ -644,7 +745,14 @@ pub fn check(events: &[Event]) -> Report {
             // May have been accepted: it may appear, with this value.
             Op::ProduceAbandoned { topic, value } => {
                 report.abandoned[0] += 1;
-                produced.insert(value, Produced { topic, id: None });
+                produced.insert(
+                    value,
+                    Produced {
+                        topic,
+                        id: None,
+                        start_ms: event.start_ms,
+                    },
+                );
             }
             Op::Consume {
                 outcome: Outcome::Ok { value },
@@ -739,13 +847,41 @@ pub fn check(events: &[Event]) -> Report {
     // The node that owns the partition a delivery's entry is stored in; a
     // partition whose owner the history does not record excuses nothing.
     let owners_of = |d: &Delivery| owners_at(&owners, d);
-    // Some node stopped answering (crash, stop or pause) before `to`: a
-    // crash replays records above the checkpoint, and a reroute around an
-    // unreachable owner stores again what a late commit stored.
-    let outage_before = |to: u64| {
-        faults
-            .iter()
-            .any(|f| f.action.makes_owner_unreachable() && f.end_ms <= to)
+    let downtime = Downtime::of(&faults);
+    // A message stored again at another offset after a copy of it was
+    // first delivered at `before`: the contract allows two ways.
+    //
+    // 1. Its accepting node restarted while the record was above the WAL's
+    //    checkpoint: the crash came within `CHECKPOINT_LAG_MS` of that
+    //    copy's commit (which was before its first delivery), or later while
+    //    an older record held the checkpoint back, which needs some node
+    //    down or just back from `before` until the checkpoint was due.
+    let replayed = |id: &str, produced_ms: u64, before: u64| {
+        let Some(by) = accepted_by(id) else {
+            return false;
+        };
+        faults.iter().any(|f| {
+            f.node == by
+                && f.action.replays_wal()
+                && f.start_ms >= produced_ms
+                && downtime.covers(before, f.start_ms.saturating_sub(CHECKPOINT_LAG_MS))
+        })
+    };
+    // 2. A commit stored at an owner whose answer a fault of that owner
+    //    lost (a kill just after the write, or a pause that held the commit
+    //    until after the dispatcher gave up on it), then sent again to the
+    //    same partition or to a sibling. The copy whose answer was lost was
+    //    stored before the one sent again, so (for two copies, and for more
+    //    when the lost one was delivered first) no later than `before`, the
+    //    first delivery of the copy before this one: some copy's owner was
+    //    down between the produce and `ANSWER_LOST_SLACK_MS` after that.
+    let answer_lost = |copies: &[(&Delivery, u64)], produced_ms: u64, before: u64| {
+        let until = before.saturating_add(ANSWER_LOST_SLACK_MS);
+        copies.iter().any(|(copy, _)| {
+            owners_of(copy)
+                .iter()
+                .any(|owner| downtime.down_between(owner, produced_ms, until))
+        })
     };
     // The owner of `d`'s partition went down (which ends its leases)
     // between `from` and `to`.
@@ -967,13 +1103,45 @@ pub fn check(events: &[Event]) -> Report {
                 } else {
                     report.duplicates_unexplained.add(|| describe(prev));
                 }
-            } else if outage_before(next.end_ms) {
-                // Stored twice: a crash replayed records above the
-                // checkpoint, or a reroute around an unreachable owner
-                // stored again what it had stored late.
-                report.duplicates_explained.add(|| describe(prev));
-            } else {
-                report.duplicates_unexplained.add(|| describe(prev));
+            }
+        }
+        // Copies at other offsets (or partitions), in the order they were
+        // first delivered: each after the first was stored again.
+        let mut copies: Vec<(&Delivery, u64)> = Vec::new();
+        for s in seen.iter() {
+            let d = s.delivery;
+            match copies
+                .iter_mut()
+                .find(|(c, _)| c.partition == d.partition && c.offset == d.offset)
+            {
+                Some((_, first_ms)) => *first_ms = (*first_ms).min(s.end_ms),
+                None => copies.push((d, s.end_ms)),
+            }
+        }
+        copies.sort_by_key(|(_, first_ms)| *first_ms);
+        let produced_ms = seen
+            .first()
+            .and_then(|s| produced.get(s.delivery.value.as_str()))
+            .map(|p| p.start_ms);
+        if let (Some(produced_ms), true) = (produced_ms, copies.len() > 1) {
+            for pair in copies.windows(2) {
+                let [(before, before_ms), (again, again_ms)] = pair else {
+                    continue;
+                };
+                let describe = || {
+                    format!(
+                        "{id}: stored at p{} o{} (first delivered at {before_ms}) and again at p{} \
+                         o{} (first delivered at {again_ms}), produced at {produced_ms}",
+                        before.partition, before.offset, again.partition, again.offset
+                    )
+                };
+                if answer_lost(&copies, produced_ms, *before_ms)
+                    || replayed(id, produced_ms, *before_ms)
+                {
+                    report.duplicates_explained.add(describe);
+                } else {
+                    report.duplicates_unexplained.add(describe);
+                }
             }
         }
         for s in seen.iter() {

@@ -24,11 +24,18 @@ pub(super) fn fault_control(
             .map_err(|e| format!("removing files a power cut lost: {e}"))?;
     }
     let path = data_dir.join(FAULT_CONTROL_FILE);
+    // The switches in force at start apply before any file is opened (a
+    // switch may change how the node recovers).
+    let at_start = std::fs::read_to_string(&path).unwrap_or_default();
+    if !at_start.trim().is_empty() {
+        let unknown = control.apply(&at_start);
+        tracing::warn!(faults = %at_start.trim(), ?unknown, "fault switches at start");
+    }
     let switches = control.clone();
     std::thread::Builder::new()
         .name("narad-faults".into())
         .spawn(move || {
-            let mut last = String::new();
+            let mut last = at_start;
             loop {
                 let text = std::fs::read_to_string(&path).unwrap_or_default();
                 if text != last {

@@ -39,7 +39,7 @@ pub(super) async fn run_shard(start: ShardStart) -> Result<(), String> {
     let disk = GlommioFs::new(&data_dir)
         .await
         .map_err(|e| format!("preparing {}: {e}", data_dir.display()))?;
-    let fs = NodeFs::wrap(disk, faults);
+    let fs = NodeFs::wrap(disk, faults.clone());
     let clock: SharedClock = Rc::new(SystemClock);
     let wal_config = WalConfig {
         ring_bytes: settings.storage.wal_ring_bytes,
@@ -83,6 +83,7 @@ pub(super) async fn run_shard(start: ShardStart) -> Result<(), String> {
             wal_failed: node.wal_failed.clone(),
             http_budget: node.http_budget.clone(),
             ship: node.ship.clone(),
+            faults,
         },
     });
     for inbox in inbox {

@@ -27,7 +27,7 @@ use narad_raft::store::MetaView;
 use narad_storage::clock::SharedClock;
 use narad_storage::consumer::{ConsumerConfig, ConsumerState};
 use narad_storage::error::StorageError;
-use narad_storage::io::faulty::FaultyFs;
+use narad_storage::io::faulty::{Fault, FaultControl, FaultyFs};
 use narad_storage::io::glommio_fs::GlommioFs;
 use narad_storage::io::FileSystem;
 use narad_storage::limits::SEGMENT_PREALLOC_STEP_BYTES_DEFAULT;
@@ -230,6 +230,9 @@ pub struct ShardEnv<F: FileSystem = NodeFs> {
     pub http_budget: Arc<NodeBudget>,
     /// Where remote children's copies leave the node.
     pub ship: Arc<dyn crate::ship::Ship + Send + Sync>,
+    /// The fault switches (`testing.faults`; all off in production). The
+    /// storage faults act in `fs`; [`Fault::HoldMoveFreeze`] acts here.
+    pub faults: Arc<FaultControl>,
 }
 
 /// The partitions of this shard, each opened on first use.

@@ -27,8 +27,9 @@ use super::redrive::Bucket;
 use super::*;
 use crate::limits::{
     DECOMMISSION_REPLAN_INTERVAL_MS, MOVES_PER_PLAN_MAX, MOVE_CALL_TIMEOUT, MOVE_CHUNK_BYTES,
-    MOVE_FREEZE_BELOW_BYTES, MOVE_FREEZE_MAX, MOVE_POLL_INTERVAL, MOVE_PROGRESS_INTERVAL_MS,
-    MOVE_PROMOTION_CHECK, MOVE_RETRY_BACKOFF_MAX, MOVE_RETRY_BACKOFF_MIN,
+    MOVE_FREEZE_BELOW_BYTES, MOVE_FREEZE_MAX, MOVE_HOLD_POLL, MOVE_POLL_INTERVAL,
+    MOVE_PROGRESS_INTERVAL_MS, MOVE_PROMOTION_CHECK, MOVE_RETRY_BACKOFF_MAX,
+    MOVE_RETRY_BACKOFF_MIN,
 };
 use crate::metric_names::{MOVES_IN_PROGRESS, MOVE_COPIED_BYTES_TOTAL};
 use crate::rpc::{MoveAction, MoveSource, SourceAnswer, SourceState};
@@ -136,6 +137,27 @@ impl<F: FileSystem> Shard<F> {
                 topic.name
             ),
         )
+    }
+
+    /// Waits until `frozen` answers false, looking each time a freeze ends,
+    /// for at most `max`.
+    pub(super) async fn wait_for_thaw(&self, max: Duration, frozen: impl Fn() -> bool) {
+        if self.moves.frozen.borrow().is_empty() || !frozen() {
+            return;
+        }
+        let deadline = self.now().saturating_add(max.as_millis() as u64);
+        loop {
+            let seen = self.moves.thawed.version();
+            let left = deadline.saturating_sub(self.now());
+            if !frozen() || left == 0 {
+                return;
+            }
+            futures_lite::future::or(
+                self.moves.thawed.changed(seen),
+                self.env.runtime.sleep(Duration::from_millis(left)),
+            )
+            .await;
+        }
     }
 
     /// Before a commit appends: waits while the partition is frozen. Once
@@ -839,6 +861,9 @@ impl<F: FileSystem> Shard<F> {
         let mut unlimited = Bucket::new(u64::MAX / 4, self.now());
         loop {
             self.ask_patiently(run, MoveAction::Freeze).await?;
+            while self.env.faults.is_raised(Fault::HoldMoveFreeze) {
+                self.env.runtime.sleep(MOVE_HOLD_POLL).await;
+            }
             let extents = extents_of(&run.latest);
             let stale = run
                 .progress

@@ -2,6 +2,7 @@
 //! granted.
 
 use super::*;
+use crate::limits::SETTLE_FREEZE_WAIT;
 use crate::metric_names::ACKS_TOTAL;
 
 impl<F: FileSystem> Shard<F> {
@@ -40,6 +41,7 @@ impl<F: FileSystem> Shard<F> {
             let count = receipts.len();
             let to = match location {
                 Location::Here => {
+                    self.wait_out_freezes(topic, &receipts).await;
                     let answers = self.settle_here(topic, receipts, op.action);
                     outcomes.put_all(group.indexes, answers);
                     continue;
@@ -70,6 +72,22 @@ impl<F: FileSystem> Shard<F> {
             outcomes.put_all(group.indexes, answers);
         }
         outcomes.finish(Self::receipt_unsettled)
+    }
+
+    /// Settles of a partition frozen for its handover wait for the freeze
+    /// to end, for at most [`SETTLE_FREEZE_WAIT`]: then the partition serves
+    /// here again (the move was abandoned) and they apply, or it moved away
+    /// and they are answered 410 (the move ended their leases). Only a
+    /// freeze that outlasts the wait is answered 503 `partition_moving`.
+    /// Waiting changes nothing, so a settle dropped meanwhile leaves no
+    /// trace.
+    async fn wait_out_freezes(&self, topic: &Topic, receipts: &[String]) {
+        let any_frozen = || {
+            receipts.iter().any(|text| {
+                Receipt::peek(text, &topic.name).is_ok_and(|r| self.is_frozen(topic, r.partition))
+            })
+        };
+        self.wait_for_thaw(SETTLE_FREEZE_WAIT, any_frozen).await;
     }
 
     /// The answer of a receipt nobody answered: a bug, answered 500 rather

@@ -27,6 +27,7 @@ use narad_raft::node::{meta_feed, MemberChange, MetaError, MetaFeed, MetaPublish
 use narad_raft::state::{Applied, Command, MetaState, NodeId};
 use narad_raft::store::MetaView;
 use narad_storage::clock::SharedClock;
+use narad_storage::io::faulty::FaultControl;
 use narad_storage::io::sim::SimFs;
 use narad_storage::rng::SimRng;
 use narad_storage::wal::{Wal, WalConfig};
@@ -542,6 +543,7 @@ impl SimCluster {
                     wal_failed: wal_failed.clone(),
                     http_budget: NodeBudget::new(1024, 1 << 30),
                     ship: Arc::new(NoRemoteClusters),
+                    faults: FaultControl::new(false),
                 },
             });
             let recovered = recovery

@@ -14,7 +14,9 @@
 //!   `consumer` folder (a partition's ack state) fail with EIO.
 //! - **A broken build.** [`Fault::SkipWalSync`] makes `sync_data` under a
 //!   `wal` folder return success without syncing: the deliberate bug that the
-//!   delivery checker must catch.
+//!   delivery checker must catch. [`Fault::ForgetWalCheckpoint`] makes the
+//!   WAL's checkpoint file read as zeros, so a node that starts sends its
+//!   whole ring to the owners again: the checker must catch that too.
 //!
 //! Faults are raised and lifted at runtime through shared atomics (the node
 //! polls a control file). With everything off, every call goes straight to
@@ -43,13 +45,22 @@ pub enum Fault {
     /// Writes to files under a `consumer` folder (a partition's ack state)
     /// fail with EIO.
     AckWriteFails,
+    /// Reads of the WAL's checkpoint file return zeros (both slots read as
+    /// damaged), so the WAL opens by replaying its whole ring.
+    ForgetWalCheckpoint,
+    /// Not a disk fault: a move's destination holds the source's freeze
+    /// (waits after the freeze answered) while it is raised, so a test can
+    /// see what clients get during a handover.
+    HoldMoveFreeze,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 3] = [
+    pub const ALL: [Fault; 5] = [
         Fault::WalWriteFails,
         Fault::SkipWalSync,
         Fault::AckWriteFails,
+        Fault::ForgetWalCheckpoint,
+        Fault::HoldMoveFreeze,
     ];
 
     /// The word for this fault in a control file.
@@ -58,6 +69,8 @@ impl Fault {
             Fault::WalWriteFails => "wal_write_fails",
             Fault::SkipWalSync => "skip_wal_sync",
             Fault::AckWriteFails => "ack_write_fails",
+            Fault::ForgetWalCheckpoint => "forget_wal_checkpoint",
+            Fault::HoldMoveFreeze => "hold_move_freeze",
         }
     }
 }
@@ -69,6 +82,8 @@ pub struct FaultControl {
     wal_write_fails: AtomicBool,
     skip_wal_sync: AtomicBool,
     ack_write_fails: AtomicBool,
+    forget_wal_checkpoint: AtomicBool,
+    hold_move_freeze: AtomicBool,
 }
 
 impl FaultControl {
@@ -89,6 +104,8 @@ impl FaultControl {
             Fault::WalWriteFails => &self.wal_write_fails,
             Fault::SkipWalSync => &self.skip_wal_sync,
             Fault::AckWriteFails => &self.ack_write_fails,
+            Fault::ForgetWalCheckpoint => &self.forget_wal_checkpoint,
+            Fault::HoldMoveFreeze => &self.hold_move_freeze,
         }
     }
 
@@ -273,6 +290,15 @@ impl<F: FileSystem> StorageFile for FaultyFile<F> {
     }
 
     async fn read_at(&self, pos: u64, len: usize) -> io::Result<Vec<u8>> {
+        if self.control.is_raised(Fault::ForgetWalCheckpoint)
+            && under_wal(&self.path)
+            && self
+                .path
+                .file_name()
+                .is_some_and(|n| n == crate::wal::CHECKPOINT_FILE_NAME)
+        {
+            return Ok(vec![0; len]);
+        }
         let Some(pending) = &self.pending else {
             return self.inner.read_at(pos, len).await;
         };
