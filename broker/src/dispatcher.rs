@@ -419,6 +419,14 @@ impl Dispatcher {
         })
     }
 
+    /// Whether records for `destination` go to a sibling now (its owner
+    /// failed for `reroute_after_ms`, or is dead).
+    pub fn is_rerouting(&self, destination: &Destination, now_ms: u64) -> bool {
+        self.destinations
+            .get(destination)
+            .is_some_and(|s| s.is_rerouting(&self.config, now_ms))
+    }
+
     /// The destinations whose waiting records should go to a sibling now:
     /// those that are rerouting and have records waiting.
     pub fn reroutes_due(&self, now_ms: u64) -> Vec<Destination> {

@@ -120,13 +120,16 @@ pub fn rotated<T>(mut items: Vec<T>, rotation: u32) -> Vec<T> {
 
 /// Where records waiting for an unreachable owner go instead: a sibling
 /// partition of this node if there is one (no network in the way), else
-/// one of a node that is neither the failing owner nor marked dead; `turn`
-/// spreads successive reroutes. `None` when no partition qualifies.
+/// one of a node that is neither the failing owner nor marked dead; among
+/// those, one this node is not itself rerouting around (`is_failing`: its
+/// records would only bounce on), unless all are. `turn` spreads
+/// successive reroutes. `None` when no partition qualifies.
 pub fn reroute_target(
     placement: &Placement<'_>,
     partitions: u32,
     from: u32,
     is_dead: impl Fn(NodeId) -> bool,
+    is_failing: impl Fn(u32) -> bool,
     turn: u32,
 ) -> Option<u32> {
     let failing = placement.node_of(from);
@@ -138,6 +141,14 @@ pub fn reroute_target(
     let mut candidates = siblings(&|node| node == placement.me);
     if candidates.is_empty() {
         candidates = siblings(&|node| node != failing && !is_dead(node));
+    }
+    let healthy: Vec<u32> = candidates
+        .iter()
+        .copied()
+        .filter(|p| !is_failing(*p))
+        .collect();
+    if !healthy.is_empty() {
+        candidates = healthy;
     }
     (!candidates.is_empty()).then(|| candidates[turn as usize % candidates.len()])
 }
@@ -290,22 +301,32 @@ mod tests {
         // Partition 0 on node 2 fails; node 1 (this one) owns partition 2.
         let owners = [2, 2, 1, 3];
         let here = placement(&owners, 0, 1);
-        assert_eq!(reroute_target(&here, 4, 0, |_| false, 0), Some(2));
-        assert_eq!(reroute_target(&here, 4, 0, |_| false, 5), Some(2));
+        assert_eq!(reroute_target(&here, 4, 0, |_| false, |_| false, 0), Some(2));
+        assert_eq!(reroute_target(&here, 4, 0, |_| false, |_| false, 5), Some(2));
         // No partition here: another live node's, not the failing owner's.
         let owners = [2, 2, 3, 4];
         let here = placement(&owners, 0, 1);
         let picks: Vec<Option<u32>> = (0..4)
-            .map(|turn| reroute_target(&here, 4, 0, |_| false, turn))
+            .map(|turn| reroute_target(&here, 4, 0, |_| false, |_| false, turn))
             .collect();
         assert_eq!(picks, vec![Some(2), Some(3), Some(2), Some(3)]);
         // Node 3 marked dead: only node 4's partition is left.
-        assert_eq!(reroute_target(&here, 4, 0, |n| n == 3, 0), Some(3));
-        assert_eq!(reroute_target(&here, 4, 0, |n| n == 3, 1), Some(3));
-        assert_eq!(reroute_target(&here, 4, 0, |n| n == 3 || n == 4, 0), None);
+        assert_eq!(reroute_target(&here, 4, 0, |n| n == 3, |_| false, 0), Some(3));
+        assert_eq!(reroute_target(&here, 4, 0, |n| n == 3, |_| false, 1), Some(3));
+        assert_eq!(reroute_target(&here, 4, 0, |n| n == 3 || n == 4, |_| false, 0), None);
+        // Partition 2 (node 3) is failing too: node 4's takes the records,
+        // whatever the turn; with every sibling failing, any will do.
+        let picks: Vec<Option<u32>> = (0..4)
+            .map(|turn| reroute_target(&here, 4, 0, |_| false, |p| p == 2, turn))
+            .collect();
+        assert_eq!(picks, vec![Some(3); 4]);
+        assert_eq!(
+            reroute_target(&here, 4, 0, |_| false, |p| p == 2 || p == 3, 1),
+            Some(3)
+        );
         // A single partition has nowhere to go.
         assert_eq!(
-            reroute_target(&placement(&[2], 0, 1), 1, 0, |_| false, 0),
+            reroute_target(&placement(&[2], 0, 1), 1, 0, |_| false, |_| false, 0),
             None
         );
     }

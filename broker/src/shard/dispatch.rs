@@ -164,11 +164,20 @@ impl<F: FileSystem> Shard<F> {
         let placement = self.placement(&topic);
         let failing = placement.node_of(from.partition);
         let turn = self.flow.round_robin.get().wrapping_add(1);
+        let now = self.now();
+        let rerouting = |partition| {
+            let sibling = Destination {
+                topic: from.topic.clone(),
+                partition,
+            };
+            self.dispatch.queue.borrow().is_rerouting(&sibling, now)
+        };
         let Some(sibling) = reroute_target(
             &placement,
             topic.config.partitions,
             from.partition,
             |node| self.is_dead(node),
+            rerouting,
             turn,
         ) else {
             return;
@@ -183,7 +192,6 @@ impl<F: FileSystem> Shard<F> {
             topic: from.topic.clone(),
             partition: sibling,
         };
-        let now = self.now();
         let mut dispatcher = self.dispatch.queue.borrow_mut();
         for record in records {
             dispatcher.push(to.clone(), record, now);
