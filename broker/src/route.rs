@@ -301,8 +301,14 @@ mod tests {
         // Partition 0 on node 2 fails; node 1 (this one) owns partition 2.
         let owners = [2, 2, 1, 3];
         let here = placement(&owners, 0, 1);
-        assert_eq!(reroute_target(&here, 4, 0, |_| false, |_| false, 0), Some(2));
-        assert_eq!(reroute_target(&here, 4, 0, |_| false, |_| false, 5), Some(2));
+        assert_eq!(
+            reroute_target(&here, 4, 0, |_| false, |_| false, 0),
+            Some(2)
+        );
+        assert_eq!(
+            reroute_target(&here, 4, 0, |_| false, |_| false, 5),
+            Some(2)
+        );
         // No partition here: another live node's, not the failing owner's.
         let owners = [2, 2, 3, 4];
         let here = placement(&owners, 0, 1);
@@ -311,9 +317,18 @@ mod tests {
             .collect();
         assert_eq!(picks, vec![Some(2), Some(3), Some(2), Some(3)]);
         // Node 3 marked dead: only node 4's partition is left.
-        assert_eq!(reroute_target(&here, 4, 0, |n| n == 3, |_| false, 0), Some(3));
-        assert_eq!(reroute_target(&here, 4, 0, |n| n == 3, |_| false, 1), Some(3));
-        assert_eq!(reroute_target(&here, 4, 0, |n| n == 3 || n == 4, |_| false, 0), None);
+        assert_eq!(
+            reroute_target(&here, 4, 0, |n| n == 3, |_| false, 0),
+            Some(3)
+        );
+        assert_eq!(
+            reroute_target(&here, 4, 0, |n| n == 3, |_| false, 1),
+            Some(3)
+        );
+        assert_eq!(
+            reroute_target(&here, 4, 0, |n| n == 3 || n == 4, |_| false, 0),
+            None
+        );
         // Partition 2 (node 3) is failing too: node 4's takes the records,
         // whatever the turn; with every sibling failing, any will do.
         let picks: Vec<Option<u32>> = (0..4)

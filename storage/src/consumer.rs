@@ -295,30 +295,49 @@ fn check_log_header(bytes: &[u8], path: &Path) -> Result<()> {
 
 /// Writes a consumer state that holds `acks` into the empty folder `dir`
 /// (made if missing), durably: a moved partition's new owner opens it with
-/// [`ConsumerState::open`].
+/// [`ConsumerState::open`]. It writes the shape `open` leaves (a snapshot
+/// and an empty log of one generation), so that opening it writes nothing.
 pub async fn write_initial<F: FileSystem>(fs: &F, dir: &Path, acks: &AckSet) -> Result<()> {
+    const GENERATION: u64 = 1;
     fs.create_dir_all(dir)
         .await
         .map_err(|e| StorageError::io("create dir", dir, e))?;
-    let path = dir.join(snapshot_name(0));
-    let file = fs
-        .open(&path, OpenMode::CREATE_BUFFERED)
-        .await
-        .map_err(|e| StorageError::io("create snapshot", &path, e))?;
-    file.write_at(&acks.encode_snapshot(0), 0)
-        .await
-        .map_err(|e| StorageError::io("write", &path, e))?;
-    file.sync_data()
-        .await
-        .map_err(|e| StorageError::io("fdatasync", &path, e))?;
+    let files = [
+        (snapshot_name(GENERATION), acks.encode_snapshot(GENERATION)),
+        (log_name(GENERATION), log_header()),
+    ];
+    for (name, bytes) in files {
+        let path = dir.join(name);
+        let file = fs
+            .open(&path, OpenMode::CREATE_BUFFERED)
+            .await
+            .map_err(|e| StorageError::io("create", &path, e))?;
+        file.write_at(&bytes, 0)
+            .await
+            .map_err(|e| StorageError::io("write", &path, e))?;
+        file.sync_data()
+            .await
+            .map_err(|e| StorageError::io("fdatasync", &path, e))?;
+    }
     fs.sync_dir(dir)
         .await
         .map_err(|e| StorageError::io("fsync dir", dir, e))
 }
 
+/// The header that starts every ack log.
+fn log_header() -> Vec<u8> {
+    let mut header = Vec::new();
+    encode_frame(&mut header, ACK_LOG_HEADER_MAGIC, 0, |buf| {
+        put_u32(buf, FORMAT_VERSION)
+    });
+    header
+}
+
 impl<F: FileSystem> ConsumerState<F> {
     /// Opens the state in `dir` (creating it), recovers it, and starts a new
-    /// generation so that the files on disk are one snapshot and one empty log.
+    /// generation so that the files on disk are one snapshot and one empty
+    /// log; files already in that shape (as [`write_initial`] leaves them)
+    /// are kept as they are, and opening writes nothing.
     pub async fn open(
         fs: &F,
         dir: &Path,
@@ -344,6 +363,9 @@ impl<F: FileSystem> ConsumerState<F> {
         logs.sort_unstable();
         let mut acks = AckSet::new(0);
         let mut base_generation = 0;
+        // One snapshot and one log of its generation holding only its
+        // header: the shape a compaction leaves, kept as it is.
+        let mut in_shape = false;
         for generation in snapshots.iter().rev() {
             let path = dir.join(snapshot_name(*generation));
             let bytes = read_whole_file(fs, &path).await?;
@@ -362,6 +384,9 @@ impl<F: FileSystem> ConsumerState<F> {
             let path = dir.join(log_name(*generation));
             let bytes = read_whole_file(fs, &path).await?;
             check_log_header(&bytes, &path)?;
+            in_shape = snapshots.as_slice() == [base_generation]
+                && logs.as_slice() == [base_generation]
+                && bytes == log_header();
             let found = scan(
                 &bytes,
                 ACK_FRAME_MAGIC,
@@ -382,6 +407,33 @@ impl<F: FileSystem> ConsumerState<F> {
             .chain(logs.iter())
             .max()
             .map_or(1, |g| g + 1);
+        if in_shape {
+            let log_path = dir.join(log_name(base_generation));
+            let log = fs
+                .open(&log_path, OpenMode::EXISTING_BUFFERED)
+                .await
+                .map_err(|e| StorageError::io("open", &log_path, e))?;
+            return Ok(Self {
+                fs: fs.clone(),
+                dir: dir.to_path_buf(),
+                config,
+                clock,
+                state: RefCell::new(State {
+                    acks,
+                    generation: base_generation,
+                    next_generation,
+                    log: Rc::new(log),
+                    log_path,
+                    log_end: log_header().len() as u64,
+                    unwritten: Vec::new(),
+                    oldest_unwritten_ms: None,
+                    oldest_unsynced_ms: None,
+                    io_busy: false,
+                    failed: None,
+                    full: None,
+                }),
+            });
+        }
         let log_path = dir.join(log_name(next_generation));
         let placeholder = fs
             .open(&log_path, OpenMode::CREATE_BUFFERED)
@@ -664,10 +716,7 @@ impl<F: FileSystem> ConsumerState<F> {
             .open(&log_path, OpenMode::CREATE_BUFFERED)
             .await
             .map_err(|e| StorageError::io("create", &log_path, e))?;
-        let mut header = Vec::new();
-        encode_frame(&mut header, ACK_LOG_HEADER_MAGIC, 0, |buf| {
-            put_u32(buf, FORMAT_VERSION)
-        });
+        let header = log_header();
         log.write_at(&header, 0)
             .await
             .map_err(|e| StorageError::io("write", &log_path, e))?;
@@ -865,6 +914,31 @@ mod tests {
             open().is_acked(1),
             "synced within 1 s and one tick of being recorded"
         );
+    }
+
+    #[test]
+    fn a_state_written_for_a_move_opens_without_writing_and_keeps_new_acks() {
+        use futures_lite::future::block_on;
+
+        let Disk { fs, clock, .. } = Disk::new(3);
+        let dir = Path::new("/data/partitions/t/0/consumer");
+        let mut acks = AckSet::new(2);
+        acks.ack(5);
+        block_on(write_initial(&fs, dir, &acks)).expect("write");
+        let syncs = fs.sync_count();
+        let state = Disk::open(&fs, &clock);
+        assert_eq!(fs.sync_count(), syncs, "opening it synced nothing");
+        assert!(state.is_acked(1) && state.is_acked(5) && !state.is_acked(2));
+        assert!(state.ack(2));
+        block_on(state.flush_now()).expect("flush");
+        drop(state);
+        fs.power_loss();
+        let state = Disk::open(&fs, &clock);
+        assert_eq!(state.frontier(), 3, "the ack made after the open is kept");
+        assert!(state.is_acked(5));
+        // Opened again after a compaction-free life: still one generation.
+        let names = block_on(fs.list_dir(dir)).expect("list");
+        assert_eq!(names.len(), 2, "{names:?}");
     }
 
     #[test]

@@ -212,8 +212,9 @@ pub enum MoveAction {
     /// The source's state, and these bytes of a segment if any:
     /// (segment name, position, length).
     Read(Option<(String, u64, u64)>),
-    /// Commits to the partition wait from now on, acks and nacks are
-    /// refused (retryably), consumes find nothing there; then the state.
+    /// Commits to the partition wait from now on, acks, nacks and extends
+    /// wait for the freeze to end, consumes find nothing there; then the
+    /// state.
     Freeze,
     /// The move was abandoned: the partition serves again.
     Thaw,
@@ -232,8 +233,12 @@ pub struct SourceState {
     /// The cursor of each copy to a child: (child, child incarnation, next offset).
     pub cursors: Vec<(String, u64, u64)>,
     /// The ids and write times of the last records appended, so that the
-    /// new owner drops a commit sent again after its answer was lost.
+    /// new owner drops a commit sent again after its answer was lost
+    /// (a freeze's answer only).
     pub recent: Vec<(u128, u64)>,
+    /// Which start of the source node answered: answers from the start
+    /// that froze the partition come from a source frozen all along.
+    pub incarnation: u64,
 }
 pub type SourceAnswer = Result<SourceState, ApiError>;
 

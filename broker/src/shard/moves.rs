@@ -203,7 +203,10 @@ impl<F: FileSystem> Shard<F> {
         }
         let key = (topic.name.clone(), topic.incarnation, op.partition);
         let owner = self.owner(&topic, op.partition).await?;
-        let mut state = SourceState::default();
+        let mut state = SourceState {
+            incarnation: self.identity.incarnation,
+            ..SourceState::default()
+        };
         match op.action {
             MoveAction::Thaw => {
                 let thawed = self.moves.frozen.borrow_mut().remove(&key).is_some();
@@ -854,25 +857,36 @@ impl<F: FileSystem> Shard<F> {
         // The handover. A source that restarted since it froze took the
         // freeze up again (the move says `freezing`), but may have served
         // a moment before: freeze once more, and copy again, until a frozen
-        // source holds nothing the copy lacks.
+        // source holds nothing the copy lacks. The tail copied after a
+        // freeze is complete when every answer came from the start of the
+        // source that froze (it stayed frozen, so its log did not change).
         self.report_progress(&run.planned, run.progress.copied_bytes(), 0, true)
             .await;
         let froze_at = self.now();
         let mut unlimited = Bucket::new(u64::MAX / 4, self.now());
-        loop {
-            self.ask_patiently(run, MoveAction::Freeze).await?;
-            while self.env.faults.is_raised(Fault::HoldMoveFreeze) {
-                self.env.runtime.sleep(MOVE_HOLD_POLL).await;
-            }
+        let complete = |run: &MoveRun| {
             let extents = extents_of(&run.latest);
             let stale = run
                 .progress
                 .names()
                 .any(|n| !extents.iter().any(|e| e.name == n));
-            if run.progress.remaining(&extents) == 0 && !stale {
+            run.progress.remaining(&extents) == 0 && !stale
+        };
+        loop {
+            self.ask_patiently(run, MoveAction::Freeze).await?;
+            while self.env.faults.is_raised(Fault::HoldMoveFreeze) {
+                self.env.runtime.sleep(MOVE_HOLD_POLL).await;
+            }
+            if complete(run) {
                 break;
             }
+            let (frozen_by, recent) = (run.latest.incarnation, run.latest.recent.clone());
             self.copy_from_source(run, &mut unlimited, 0).await?;
+            if run.latest.incarnation == frozen_by && complete(run) {
+                // Reads answer no recent ids: the freeze's are the ones.
+                run.latest.recent = recent;
+                break;
+            }
         }
         let copied_at = self.now();
         let owner = self.install(topic, run, true).await?;
