@@ -383,6 +383,14 @@ impl<F: FileSystem> Shard<F> {
             if matches!(m.state, MoveState::Done | MoveState::Promoted) && !seen.contains(&m.id) {
                 seen.insert(m.id.clone());
                 new = true;
+                // What the new owner held of the topic before may have
+                // been empty; now it holds this partition too. Its notice
+                // that messages are there may have come before this node
+                // applied the handover (and before a consume found it
+                // empty), so forget the hint rather than skip it.
+                if let Some(peers) = &self.remote.peers {
+                    peers.found_messages(m.to, &m.topic);
+                }
                 here |= m.to == self.me()
                     && crate::mesh::shard_for(
                         &m.topic,
