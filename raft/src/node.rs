@@ -29,6 +29,7 @@ use openraft::raft::{
 use openraft::{BasicNode, ChangeMembers, Config, Raft, SnapshotPolicy};
 use tokio::sync::{oneshot, watch};
 
+use crate::detector::Detector;
 use crate::state::{Applied, Command, Refused};
 use crate::store::{LogStore, MetaView, NodeId, StateMachine, TypeConfig};
 
@@ -720,39 +721,36 @@ impl Controller {
             })
             .await;
         }
-        let now = std::time::Instant::now();
-        let heard = self.heard.lock().map(|h| h.clone()).unwrap_or_default();
-        for (id, addr) in members {
-            // A new leader gives everyone a full interval before judging.
-            let last = heard
-                .get(id)
-                .map_or(leading_since, |(at, _)| (*at).max(leading_since));
-            let alive = *id == self.node_id || now.duration_since(last) < self.dead_after;
-            let known = view.state.nodes.get(id);
-            if known.is_some_and(|k| k.alive == alive && k.addr == *addr) {
-                continue;
-            }
-            if !alive {
+        // The detector's clock: milliseconds since this leader started.
+        let ms = |at: std::time::Instant| {
+            u64::try_from(at.saturating_duration_since(leading_since).as_millis())
+                .unwrap_or(u64::MAX)
+        };
+        let now_ms = ms(std::time::Instant::now());
+        let heard: BTreeMap<NodeId, u64> = self
+            .heard
+            .lock()
+            .map(|h| h.iter().map(|(id, (at, _))| (*id, ms(*at))).collect())
+            .unwrap_or_default();
+        let detector = Detector {
+            me: self.node_id,
+            leading_since_ms: 0,
+            dead_after_ms: u64::try_from(self.dead_after.as_millis()).unwrap_or(u64::MAX),
+        };
+        for verdict in detector.judge(now_ms, &heard, members, &view.state.nodes) {
+            if !verdict.alive {
                 tracing::warn!(
-                    node = id,
+                    node = verdict.id,
                     "no heartbeat for {:?}: marking the node dead",
                     self.dead_after
                 );
             }
-            // A dead node's state changed when it went silent: its last
-            // heartbeat (or this leader's start), not now. A promotion of a
-            // move off it counts from then.
-            let silent_for = if alive {
-                Duration::ZERO
-            } else {
-                now.duration_since(last)
-            };
-            let changed_ms =
-                wall_ms().saturating_sub(u64::try_from(silent_for.as_millis()).unwrap_or(u64::MAX));
+            // On the wall clock, as the metastore keeps it.
+            let changed_ms = wall_ms().saturating_sub(now_ms.saturating_sub(verdict.changed_ms));
             self.propose(Command::SetNodeState {
-                id: *id,
-                addr: addr.clone(),
-                alive,
+                id: verdict.id,
+                addr: verdict.addr,
+                alive: verdict.alive,
                 now_ms: changed_ms,
             })
             .await;
