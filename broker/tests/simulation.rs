@@ -750,6 +750,7 @@ fn run(seed: u64, scenario: &Scenario) -> Vec<Event> {
     for node in 1..=NODES {
         cluster.start(node);
     }
+    cluster.run_failure_detector();
     let executor = cluster.executor.clone();
     let clients = Rc::new(Clients {
         network: cluster.network.clone(),
@@ -918,9 +919,6 @@ fn run(seed: u64, scenario: &Scenario) -> Vec<Event> {
                 nemesis_event(&clients, action, node);
                 cluster.crash(node, power);
                 executor.run_until(executor.now_ms() + down_ms, || false);
-                if down_ms > 3_000 {
-                    cluster.mark(node, false);
-                }
                 cluster.start(node);
                 nemesis_event(&clients, NemesisAction::Start, node);
             }
@@ -928,11 +926,7 @@ fn run(seed: u64, scenario: &Scenario) -> Vec<Event> {
                 nemesis_event(&clients, NemesisAction::Pause, node);
                 cluster.network.cut.borrow_mut().insert(node);
                 executor.run_until(executor.now_ms() + down_ms, || false);
-                if down_ms > 3_000 {
-                    cluster.mark(node, false);
-                }
                 cluster.network.cut.borrow_mut().remove(&node);
-                cluster.mark(node, true);
                 nemesis_event(&clients, NemesisAction::Resume, node);
             }
             // A slow disk and a lossy network are outages to the checker

@@ -23,6 +23,7 @@ use narad_broker::settings::Settings;
 use narad_broker::shard::{Shard, ShardEnv, ShardIdentity, ShardParts};
 use narad_net::http_server::NodeBudget;
 use narad_net::{ApiError, ErrorCode};
+use narad_raft::detector::Detector;
 use narad_raft::node::{meta_feed, MemberChange, MetaError, MetaFeed, MetaPublisher, MetaSnapshot};
 use narad_raft::state::{Applied, Command, MetaState, NodeId};
 use narad_raft::store::MetaView;
@@ -60,6 +61,7 @@ pub fn settings(overrides: &[(&str, &str)]) -> Arc<Settings> {
         ("storage.wal_ring_bytes", "1048576"),
         ("storage.segment_bytes", "262144"),
         ("cluster.node_dead_after_ms", "3000"),
+        ("cluster.heartbeat_interval_ms", "200"),
         ("dispatcher.reroute_after_ms", "2000"),
     ]
     .iter()
@@ -623,15 +625,55 @@ impl SimCluster {
         narad_broker::rpc::call(&transport, &runtime, Address::Node(to), op, None).await
     }
 
-    /// The controller's view of a node that stopped answering.
-    pub fn mark(&self, node: NodeId, alive: bool) {
-        self.standin
-            .apply(&Command::SetNodeState {
-                id: node,
-                addr: format!("sim-{node}"),
-                alive,
-                now_ms: self.executor.now_ms(),
-            })
-            .expect("mark a node");
+    /// The controller's failure detector on the simulated clock, as the
+    /// Raft leader runs it: every heartbeat interval each node that runs
+    /// and is not cut off is heard, and [`Detector::judge`] marks a node
+    /// silent for `cluster.node_dead_after_ms` dead (dated from its last
+    /// heartbeat) and a heard one alive again.
+    pub fn run_failure_detector(&self) {
+        let executor = self.executor.clone();
+        let network = self.network.clone();
+        let standin = self.standin.clone();
+        let members: Vec<(NodeId, String)> = (1..=self.nodes.len() as u64)
+            .map(|id| (id, format!("sim-{id}")))
+            .collect();
+        let detector = Detector {
+            me: 0,
+            leading_since_ms: executor.now_ms(),
+            dead_after_ms: self.settings.cluster.node_dead_after_ms,
+        };
+        let interval = Duration::from_millis(self.settings.cluster.heartbeat_interval_ms);
+        let group = executor.group();
+        executor.clone().spawn(
+            group,
+            Box::pin(async move {
+                let mut heard: BTreeMap<NodeId, u64> = BTreeMap::new();
+                loop {
+                    executor.sleep(interval).await;
+                    let now = executor.now_ms();
+                    for (id, _) in &members {
+                        let running = network.running.borrow().contains_key(id);
+                        if running && !network.cut.borrow().contains(id) {
+                            heard.insert(*id, now);
+                        }
+                    }
+                    let known = standin.view().state.nodes.clone();
+                    for verdict in detector.judge(now, &heard, &members, &known) {
+                        tracing::info!(
+                            node = verdict.id,
+                            alive = verdict.alive,
+                            since_ms = verdict.changed_ms,
+                            "the simulated controller marks a node"
+                        );
+                        let _ = standin.apply(&Command::SetNodeState {
+                            id: verdict.id,
+                            addr: verdict.addr,
+                            alive: verdict.alive,
+                            now_ms: verdict.changed_ms,
+                        });
+                    }
+                }
+            }),
+        );
     }
 }
