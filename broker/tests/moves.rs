@@ -575,20 +575,7 @@ fn a_long_poll_on_a_third_node_wakes_when_a_moved_partition_has_messages_again()
     // owner has every message to deliver again.
     // (Until the controller has heard from every node, a node may not be
     // known to take partitions yet.)
-    let mut planned = Value::Null;
-    assert!(
-        eventually(MOVES_DEADLINE, || {
-            let (status, answer) = first.json(
-                "POST",
-                "/v1/cluster/moves",
-                json!({"topic": "waking", "partition": 0, "to": to}),
-            );
-            planned = answer;
-            status == 202
-        }),
-        "{planned}"
-    );
-    let moved = move_ids(&planned);
+    let moved = plan_move(first, "waking", to);
     assert!(eventually(MOVES_DEADLINE, || moves_settled(first, &moved)));
     let (status, answer, waited) = poll.join().expect("the long poll");
     assert_eq!(status, 200, "{answer}");
@@ -661,6 +648,13 @@ fn a_move_to_a_node_that_dies_is_abandoned_and_the_decommission_goes_on_elsewher
 /// Moves `topic`'s only partition to `to` (retrying while the controller
 /// has not heard from it yet) and waits until it is done.
 fn move_to(node: &Node, topic: &str, to: u64) {
+    let ids = plan_move(node, topic, to);
+    assert!(eventually(MOVES_DEADLINE, || moves_settled(node, &ids)));
+}
+
+/// Plans a move of `topic`'s partition 0 to `to`, retrying while the
+/// controller has not heard from it yet; answers the moves' ids.
+fn plan_move(node: &Node, topic: &str, to: u64) -> Vec<String> {
     let mut planned = Value::Null;
     assert!(
         eventually(MOVES_DEADLINE, || {
@@ -674,8 +668,7 @@ fn move_to(node: &Node, topic: &str, to: u64) {
         }),
         "{planned}"
     );
-    let ids = move_ids(&planned);
-    assert!(eventually(MOVES_DEADLINE, || moves_settled(node, &ids)));
+    move_ids(&planned)
 }
 
 #[test]
@@ -745,19 +738,7 @@ fn settles_during_a_handover_wait_for_it_rather_than_being_refused() {
         leased.len() == 4
     }));
     cluster.nodes[index(to)].set_faults("hold_move_freeze");
-    let mut planned = Value::Null;
-    assert!(
-        eventually(MOVES_DEADLINE, || {
-            let (status, answer) = first.json(
-                "POST",
-                "/v1/cluster/moves",
-                json!({"topic": "held", "partition": 0, "to": to}),
-            );
-            planned = answer;
-            status == 202
-        }),
-        "{planned}"
-    );
+    let ids = plan_move(first, "held", to);
     // The source freezes when it applies the move's `freezing` state (or
     // when asked to, whichever comes first).
     assert!(
@@ -809,7 +790,6 @@ fn settles_during_a_handover_wait_for_it_rather_than_being_refused() {
             "{action} via node {node} after the handover: {answer}"
         );
     }
-    let ids = move_ids(&planned);
     assert!(eventually(MOVES_DEADLINE, || moves_settled(first, &ids)));
     let again = consume_all(&cluster.nodes[index(to)], "held");
     assert_eq!(

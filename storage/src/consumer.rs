@@ -407,38 +407,19 @@ impl<F: FileSystem> ConsumerState<F> {
             .chain(logs.iter())
             .max()
             .map_or(1, |g| g + 1);
-        if in_shape {
-            let log_path = dir.join(log_name(base_generation));
-            let log = fs
-                .open(&log_path, OpenMode::EXISTING_BUFFERED)
-                .await
-                .map_err(|e| StorageError::io("open", &log_path, e))?;
-            return Ok(Self {
-                fs: fs.clone(),
-                dir: dir.to_path_buf(),
-                config,
-                clock,
-                state: RefCell::new(State {
-                    acks,
-                    generation: base_generation,
-                    next_generation,
-                    log: Rc::new(log),
-                    log_path,
-                    log_end: log_header().len() as u64,
-                    unwritten: Vec::new(),
-                    oldest_unwritten_ms: None,
-                    oldest_unsynced_ms: None,
-                    io_busy: false,
-                    failed: None,
-                    full: None,
-                }),
-            });
-        }
-        let log_path = dir.join(log_name(next_generation));
-        let placeholder = fs
-            .open(&log_path, OpenMode::CREATE_BUFFERED)
+        // In shape: append to the log there. Else a placeholder until the
+        // compaction below writes a new generation.
+        let (log_path, mode, log_end) = if in_shape {
+            let path = dir.join(log_name(base_generation));
+            (path, OpenMode::EXISTING_BUFFERED, log_header().len() as u64)
+        } else {
+            let path = dir.join(log_name(next_generation));
+            (path, OpenMode::CREATE_BUFFERED, 0)
+        };
+        let log = fs
+            .open(&log_path, mode)
             .await
-            .map_err(|e| StorageError::io("create", &log_path, e))?;
+            .map_err(|e| StorageError::io("open", &log_path, e))?;
         let consumer = Self {
             fs: fs.clone(),
             dir: dir.to_path_buf(),
@@ -448,9 +429,9 @@ impl<F: FileSystem> ConsumerState<F> {
                 acks,
                 generation: base_generation,
                 next_generation,
-                log: Rc::new(placeholder),
+                log: Rc::new(log),
                 log_path,
-                log_end: 0,
+                log_end,
                 unwritten: Vec::new(),
                 oldest_unwritten_ms: None,
                 oldest_unsynced_ms: None,
@@ -459,6 +440,9 @@ impl<F: FileSystem> ConsumerState<F> {
                 full: None,
             }),
         };
+        if in_shape {
+            return Ok(consumer);
+        }
         consumer.compact().await?;
         Ok(consumer)
     }
