@@ -139,6 +139,17 @@ pub enum Op {
         action: NemesisAction,
         node: String,
     },
+    /// From this event's end on, the network drops every packet from node
+    /// `from` to node `to` (`cut`), or carries them again (not `cut`): one
+    /// way of one link. While a link of a node is cut, a commit to it or its
+    /// answer may be lost, as while it is paused: the dispatcher sends it
+    /// again, or to a sibling after the reroute. A cut ends no lease and
+    /// loses no ack.
+    Link {
+        from: String,
+        to: String,
+        cut: bool,
+    },
     /// Which node owns each partition of `topic`: `owners[p]` names the
     /// node of partition `p`, as the nemesis names nodes (`n1`, ...).
     /// Recorded at the start of a run; a partition that moves later says
@@ -526,6 +537,15 @@ struct Fault<'a> {
     end_ms: u64,
 }
 
+/// One way of a link cut or healed ([`Op::Link`]).
+#[derive(Debug)]
+struct LinkChange<'a> {
+    ends: [&'a str; 2],
+    cut: bool,
+    start_ms: u64,
+    end_ms: u64,
+}
+
 /// The node that accepted a message, as the nemesis names nodes (`n2`): a
 /// message id's first 16 bits are the accepting node's id.
 fn accepted_by(id: &str) -> Option<String> {
@@ -534,7 +554,9 @@ fn accepted_by(id: &str) -> Option<String> {
 }
 
 /// When each node was not answering: from a fault that stopped it to the
-/// end of the start or resume that brought it back (or the history's end).
+/// end of the start or resume that brought it back (or the history's end),
+/// and from the first cut of a link to or from it to the end of the heal
+/// that left none of its links cut.
 #[derive(Debug, Default)]
 struct Downtime<'a> {
     by_node: BTreeMap<&'a str, Vec<(u64, u64)>>,
@@ -544,7 +566,7 @@ struct Downtime<'a> {
 }
 
 impl<'a> Downtime<'a> {
-    fn of(faults: &[Fault<'a>]) -> Self {
+    fn of(faults: &[Fault<'a>], links: &[LinkChange<'a>]) -> Self {
         let mut ordered: Vec<&Fault<'a>> = faults.iter().collect();
         ordered.sort_by_key(|f| f.start_ms);
         let mut by_node: BTreeMap<&str, Vec<(u64, u64)>> = BTreeMap::new();
@@ -557,6 +579,29 @@ impl<'a> Downtime<'a> {
             }
         }
         for (node, since) in down_since {
+            by_node.entry(node).or_default().push((since, u64::MAX));
+        }
+        let mut ordered: Vec<&LinkChange<'a>> = links.iter().collect();
+        ordered.sort_by_key(|l| l.start_ms);
+        let mut cuts: BTreeMap<&str, BTreeSet<[&str; 2]>> = BTreeMap::new();
+        let mut cut_since: BTreeMap<&str, u64> = BTreeMap::new();
+        for link in ordered {
+            for node in link.ends {
+                let node_cuts = cuts.entry(node).or_default();
+                if link.cut {
+                    node_cuts.insert(link.ends);
+                    cut_since.entry(node).or_insert(link.start_ms);
+                } else {
+                    node_cuts.remove(&link.ends);
+                    if node_cuts.is_empty() {
+                        if let Some(since) = cut_since.remove(node) {
+                            by_node.entry(node).or_default().push((since, link.end_ms));
+                        }
+                    }
+                }
+            }
+        }
+        for (node, since) in cut_since {
             by_node.entry(node).or_default().push((since, u64::MAX));
         }
         let mut stretched: Vec<(u64, u64)> = by_node
@@ -718,6 +763,7 @@ pub fn check(events: &[Event]) -> Report {
     let mut owners: HashMap<(&str, u32), Vec<&str>> = HashMap::new();
     let mut handovers: Vec<(&str, u32, u64)> = Vec::new();
     let mut faults: Vec<Fault<'_>> = Vec::new();
+    let mut links: Vec<LinkChange<'_>> = Vec::new();
     for event in events.iter().copied() {
         match &event.op {
             Op::Produce {
@@ -839,6 +885,12 @@ pub fn check(events: &[Event]) -> Report {
                 start_ms: event.start_ms,
                 end_ms: event.end_ms,
             }),
+            Op::Link { from, to, cut } => links.push(LinkChange {
+                ends: [from, to],
+                cut: *cut,
+                start_ms: event.start_ms,
+                end_ms: event.end_ms,
+            }),
             Op::Child { .. } => {}
         }
     }
@@ -847,7 +899,7 @@ pub fn check(events: &[Event]) -> Report {
     // The node that owns the partition a delivery's entry is stored in; a
     // partition whose owner the history does not record excuses nothing.
     let owners_of = |d: &Delivery| owners_at(&owners, d);
-    let downtime = Downtime::of(&faults);
+    let downtime = Downtime::of(&faults, &links);
     // A message stored again at another offset after a copy of it was
     // first delivered at `before`: the contract allows two ways.
     //

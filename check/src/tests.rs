@@ -331,6 +331,15 @@ fn an_extended_lease_is_still_running() {
 /// at offset 0 and first delivered at 1,100, then found again at offset 7,
 /// first delivered at 30,000; `faults` (when, what, which node) between.
 fn stored_twice(faults: &[(u64, NemesisAction, &str)]) -> Report {
+    stored_twice_around(|h| {
+        for (at, action, node) in faults {
+            h.nemesis_on(*at, *action, node);
+        }
+    })
+}
+
+/// [`stored_twice`] with the events `between` adds.
+fn stored_twice_around(between: impl FnOnce(&mut Builder)) -> Report {
     let id = id_from(1, 1);
     let first = delivery(&id, "t", 0, 1, 31_000);
     let copy = delivery(&id, "t", 7, 1, 60_000);
@@ -339,9 +348,7 @@ fn stored_twice(faults: &[(u64, NemesisAction, &str)]) -> Report {
         .produce(1_000, &id, "t")
         .consume(1_099, vec![first.clone()])
         .settle(1_200, SettleAction::Ack, &first, None);
-    for (at, action, node) in faults {
-        h.nemesis_on(*at, *action, node);
-    }
+    between(&mut h);
     h.consume(29_999, vec![copy.clone()])
         .settle(30_100, SettleAction::Ack, &copy, None);
     h.report()
@@ -424,6 +431,50 @@ fn an_owner_that_lost_a_commits_answer_explains_a_copy_sent_again() {
     assert_eq!(unexplained(&report), 1, "{}", report.summary());
     // Down before the produce, and back before it.
     let report = stored_twice(&[(100, Pause, "n2"), (900, Resume, "n2")]);
+    assert_eq!(unexplained(&report), 1, "{}", report.summary());
+}
+
+/// [`stored_twice`] with links cut and healed: (when, from, to, cut).
+fn stored_twice_across_cuts(links: &[(u64, &str, &str, bool)]) -> Report {
+    stored_twice_around(|h| {
+        for (at, from, to, cut) in links {
+            h.push(
+                *at,
+                at + 1,
+                Op::Link {
+                    from: from.to_string(),
+                    to: to.to_string(),
+                    cut: *cut,
+                },
+            );
+        }
+    })
+}
+
+#[test]
+fn a_cut_link_of_the_owner_explains_a_copy_sent_again_while_it_lasted() {
+    // The owner's answers to n1 were dropped while the commit waited.
+    let report = stored_twice_across_cuts(&[(900, "n2", "n1", true), (4_000, "n2", "n1", false)]);
+    assert_eq!(unexplained(&report), 0, "{}", report.summary());
+    // Either way, any link of the owner: n2 could not be heard by n3.
+    let report = stored_twice_across_cuts(&[(900, "n3", "n2", true), (4_000, "n3", "n2", false)]);
+    assert_eq!(unexplained(&report), 0, "{}", report.summary());
+    // Two cuts that overlap: the node is cut off until the last heals.
+    let report = stored_twice_across_cuts(&[
+        (100, "n2", "n3", true),
+        (200, "n2", "n1", true),
+        (300, "n2", "n3", false),
+        (4_000, "n2", "n1", false),
+    ]);
+    assert_eq!(unexplained(&report), 0, "{}", report.summary());
+    // Healed before the produce, or cut only long after the copy was
+    // stored and answered.
+    let report = stored_twice_across_cuts(&[(100, "n2", "n1", true), (300, "n2", "n1", false)]);
+    assert_eq!(unexplained(&report), 1, "{}", report.summary());
+    let report = stored_twice_across_cuts(&[(6_000, "n2", "n1", true), (7_000, "n2", "n1", false)]);
+    assert_eq!(unexplained(&report), 1, "{}", report.summary());
+    // A link between two other nodes explains nothing.
+    let report = stored_twice_across_cuts(&[(900, "n1", "n3", true), (4_000, "n1", "n3", false)]);
     assert_eq!(unexplained(&report), 1, "{}", report.summary());
 }
 
@@ -998,6 +1049,15 @@ fn the_new_kinds_of_operation_round_trip_through_the_file() {
             owners: vec!["n1".into(), "n3".into()],
         },
     );
+    history.record(
+        "nemesis",
+        4,
+        Op::Link {
+            from: "n1".into(),
+            to: "n2".into(),
+            cut: true,
+        },
+    );
     let dir = std::env::temp_dir().join(format!("narad-check-new-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
     let path = dir.join("history.jsonl");
@@ -1005,6 +1065,7 @@ fn the_new_kinds_of_operation_round_trip_through_the_file() {
     let text = std::fs::read_to_string(&path).expect("text");
     assert!(text.contains(r#""op":"produce_abandoned""#), "{text}");
     assert!(text.contains(r#""op":"owners""#), "{text}");
+    assert!(text.contains(r#""op":"link""#), "{text}");
     assert_eq!(History::read(&path).expect("read"), history.events());
     let _ = std::fs::remove_dir_all(&dir);
 }
