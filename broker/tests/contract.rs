@@ -23,8 +23,11 @@
 //!   deleted, and it rejoins empty. Only the messages that may have been on
 //!   that volume may be lost; every other 202'd message, and every one
 //!   accepted after the loss, must end up acked, under suite 2's other rules.
+//! - Suite 4, network partitions (`contract/partitions.rs`): the nodes in
+//!   network namespaces of their own, links between them cut one way or
+//!   both, and healed, among crashes.
 //!
-//! Both run three nodes on loopback with producers and consumers spread over
+//! Each runs three nodes (on loopback but for suite 4) with producers and consumers spread over
 //! them; a client whose node does not answer moves to the next one, as
 //! behind a load balancer. The owner of every partition is recorded in the
 //! history at the start (partitions do not move here): the checker needs it
@@ -34,6 +37,9 @@
 //! seed and the path of the history file.
 
 mod support;
+
+#[path = "contract/partitions.rs"]
+mod partitions;
 
 use std::collections::HashSet;
 use std::path::PathBuf;

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use super::netns::{self, Network};
 use super::{eventually, Node};
 
 pub const CLUSTER_SECRET: &str = "dev-secret";
@@ -21,15 +22,24 @@ pub struct Cluster {
     pub nodes: Vec<Node>,
     pub peers: String,
     pub ports: Vec<u16>,
+    /// Each node's address (loopback unless the nodes have a network).
+    pub hosts: Vec<String>,
+    /// The nodes' network, if they run in namespaces of their own (it goes
+    /// after the nodes).
+    pub network: Option<std::sync::Arc<Network>>,
     _tmp: tempfile::TempDir,
 }
 
 pub fn flags(id: usize, port: u16, peers: &str, secret: &str) -> Vec<String> {
+    flags_at(id, "127.0.0.1", port, peers, secret)
+}
+
+pub fn flags_at(id: usize, host: &str, port: u16, peers: &str, secret: &str) -> Vec<String> {
     [
         "--node-id",
         &id.to_string(),
         "--peer-listen",
-        &format!("127.0.0.1:{port}"),
+        &format!("{host}:{port}"),
         "--peers",
         peers,
         "--cluster-secret",
@@ -78,6 +88,50 @@ impl Cluster {
             nodes,
             peers,
             ports,
+            hosts: vec!["127.0.0.1".to_string(); size],
+            network: None,
+            _tmp: tmp,
+        }
+    }
+
+    /// Starts one node in each of `network`'s node namespaces, node `i`
+    /// with the flags `extra(i)`, each at its own address (see
+    /// [`netns`]).
+    pub fn start_on(
+        network: std::sync::Arc<Network>,
+        extra: impl Fn(usize) -> Vec<String>,
+    ) -> Self {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let size = network.size();
+        let hosts: Vec<String> = (0..size).map(|i| network.host(i)).collect();
+        let ports = vec![netns::PEER_PORT; size];
+        let peers = hosts
+            .iter()
+            .enumerate()
+            .map(|(i, h)| format!("{}={h}:{}", i + 1, netns::PEER_PORT))
+            .collect::<Vec<_>>()
+            .join(",");
+        let nodes = (0..size)
+            .map(|i| {
+                let mut flags = flags_at(i + 1, &hosts[i], ports[i], &peers, CLUSTER_SECRET);
+                flags.extend([
+                    "--listen".to_string(),
+                    format!("{}:{}", hosts[i], netns::CLIENT_PORT),
+                ]);
+                flags.extend(extra(i));
+                Node::start_by(
+                    &tmp.path().join(format!("n{}", i + 1)),
+                    &as_strs(&flags),
+                    network.launcher(i),
+                )
+            })
+            .collect();
+        Self {
+            nodes,
+            peers,
+            ports,
+            hosts,
+            network: Some(network),
             _tmp: tmp,
         }
     }
@@ -107,7 +161,20 @@ impl Cluster {
 
     /// Restarts node `index` (0-based) with its cluster flags and `extra`.
     pub fn restart_node(&mut self, index: usize, extra: &[String]) {
-        let mut all = flags(index + 1, self.ports[index], &self.peers, CLUSTER_SECRET);
+        let host = &self.hosts[index];
+        let mut all = flags_at(
+            index + 1,
+            host,
+            self.ports[index],
+            &self.peers,
+            CLUSTER_SECRET,
+        );
+        if self.network.is_some() {
+            all.extend([
+                "--listen".to_string(),
+                format!("{host}:{}", netns::CLIENT_PORT),
+            ]);
+        }
         all.extend(extra.iter().cloned());
         self.nodes[index].restart_with(&as_strs(&all));
     }

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 pub mod cluster;
+pub mod netns;
 pub mod tls;
 
 /// How tests reach a node that serves HTTPS or wants credentials.
@@ -73,6 +74,9 @@ pub struct Node {
     pub addr: String,
     access: Option<Access>,
     extra: Vec<String>,
+    /// A command that runs the node's process (`ip netns exec ...`), or
+    /// nothing to run it directly.
+    launcher: Vec<String>,
     child: Option<Child>,
     stderr_path: PathBuf,
 }
@@ -80,11 +84,18 @@ pub struct Node {
 impl Node {
     /// Starts a node on a fresh port with `extra` flags (e.g. `--set k=v`).
     pub fn start(data_dir: &Path, extra: &[&str]) -> Self {
+        Self::start_by(data_dir, extra, Vec::new())
+    }
+
+    /// [`Node::start`], the process run by `launcher` (a command and its
+    /// arguments, before the program's path).
+    pub fn start_by(data_dir: &Path, extra: &[&str], launcher: Vec<String>) -> Self {
         let mut node = Self {
             data_dir: data_dir.to_path_buf(),
             addr: String::new(),
             access: None,
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            launcher,
             child: None,
             stderr_path: data_dir.with_extension("stderr.log"),
         };
@@ -103,7 +114,16 @@ impl Node {
             .append(true)
             .open(&self.stderr_path)
             .expect("stderr log");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_narad"))
+        let program = env!("CARGO_BIN_EXE_narad");
+        let mut command = match self.launcher.split_first() {
+            Some((first, rest)) => {
+                let mut command = Command::new(first);
+                command.args(rest).arg(program);
+                command
+            }
+            None => Command::new(program),
+        };
+        let mut child = command
             .arg("serve")
             .arg("--data-dir")
             .arg(&self.data_dir)
