@@ -3,7 +3,7 @@
 //! metastore's decisions, all on a manual clock (`tests/sim/`). Producers,
 //! consumers that ack, nack, extend, let leases lapse and hang up mid
 //! request, and a nemesis that crashes nodes, cuts their power, cuts them
-//! off, slows or fills their disks and loses messages between them; one
+//! off (both ways, or one way only), slows or fills their disks and loses messages between them; one
 //! scenario adds a fanout and a delay child to the topic. `narad-check`
 //! judges each history exactly as it judges the process suites.
 //!
@@ -702,6 +702,20 @@ fn nemesis_event(clients: &Clients, action: NemesisAction, node: NodeId) {
     );
 }
 
+/// One way of a link cut or healed, in the history.
+fn link_event(clients: &Clients, from: NodeId, to: NodeId, cut: bool) {
+    let now = clients.now();
+    clients.record(
+        "nemesis",
+        now,
+        Op::Link {
+            from: format!("n{from}"),
+            to: format!("n{to}"),
+            cut,
+        },
+    );
+}
+
 /// Ends a run's tasks when the run ends, also when it fails.
 struct Teardown(Rc<Executor>);
 
@@ -922,13 +936,39 @@ fn run(seed: u64, scenario: &Scenario) -> Vec<Event> {
                 cluster.start(node);
                 nemesis_event(&clients, NemesisAction::Start, node);
             }
-            2 => {
-                nemesis_event(&clients, NemesisAction::Pause, node);
-                cluster.network.cut.borrow_mut().insert(node);
-                executor.run_until(executor.now_ms() + down_ms, || false);
-                cluster.network.cut.borrow_mut().remove(&node);
-                nemesis_event(&clients, NemesisAction::Resume, node);
-            }
+            // The node cut off both ways, or one way only (its own stream,
+            // so that older seeds draw as before): not heard (what it sends
+            // is lost) or deaf (what is sent to it is lost).
+            2 => match draw("cut way").below(3) {
+                0 => {
+                    nemesis_event(&clients, NemesisAction::Pause, node);
+                    cluster.network.cut.borrow_mut().insert(node);
+                    executor.run_until(executor.now_ms() + down_ms, || false);
+                    cluster.network.cut.borrow_mut().remove(&node);
+                    nemesis_event(&clients, NemesisAction::Resume, node);
+                }
+                way => {
+                    let links: Vec<(NodeId, NodeId)> = (1..=NODES)
+                        .filter(|other| *other != node)
+                        .map(|other| {
+                            if way == 1 {
+                                (node, other)
+                            } else {
+                                (other, node)
+                            }
+                        })
+                        .collect();
+                    for &(from, to) in &links {
+                        link_event(&clients, from, to, true);
+                        cluster.network.one_way.borrow_mut().insert((from, to));
+                    }
+                    executor.run_until(executor.now_ms() + down_ms, || false);
+                    for &(from, to) in &links {
+                        cluster.network.one_way.borrow_mut().remove(&(from, to));
+                        link_event(&clients, from, to, false);
+                    }
+                }
+            },
             // A slow disk and a lossy network are outages to the checker
             // (as a pause is): a commit whose answer came late or got lost
             // is sent again, rerouted, and may be stored twice.

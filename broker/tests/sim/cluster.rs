@@ -261,6 +261,9 @@ pub struct Network {
     running: RefCell<BTreeMap<NodeId, Running>>,
     /// Nodes cut off from every other.
     pub cut: RefCell<BTreeSet<NodeId>>,
+    /// One way of a link that carries nothing: what `.0` sends to `.1` is
+    /// lost (the other way still carries).
+    pub one_way: RefCell<BTreeSet<(NodeId, NodeId)>>,
     /// Messages between nodes lost, per thousand.
     pub loss_per_mille: Cell<u64>,
 }
@@ -272,6 +275,7 @@ impl Network {
             rng: RefCell::new(SimRng::new(seed ^ 0x4E37)),
             running: RefCell::default(),
             cut: RefCell::default(),
+            one_way: RefCell::default(),
             loss_per_mille: Cell::new(0),
         })
     }
@@ -289,6 +293,7 @@ impl Network {
         let cut = self.cut.borrow();
         cut.contains(&from)
             || cut.contains(&to)
+            || self.one_way.borrow().contains(&(from, to))
             || self
                 .rng
                 .borrow_mut()
@@ -627,7 +632,7 @@ impl SimCluster {
 
     /// The controller's failure detector on the simulated clock, as the
     /// Raft leader runs it: every heartbeat interval each node that runs
-    /// and is not cut off is heard, and [`Detector::judge`] marks a node
+    /// and is not cut off, nor has a link out of it cut, is heard, and [`Detector::judge`] marks a node
     /// silent for `cluster.node_dead_after_ms` dead (dated from its last
     /// heartbeat) and a heard one alive again.
     pub fn run_failure_detector(&self) {
@@ -653,7 +658,8 @@ impl SimCluster {
                     let now = executor.now_ms();
                     for (id, _) in &members {
                         let running = network.running.borrow().contains_key(id);
-                        if running && !network.cut.borrow().contains(id) {
+                        let mute = network.one_way.borrow().iter().any(|(from, _)| from == id);
+                        if running && !mute && !network.cut.borrow().contains(id) {
                             heard.insert(*id, now);
                         }
                     }
