@@ -37,6 +37,10 @@ pub const COMMIT_RETRY_BACKOFF_MAX_MS: u64 = 2000;
 /// `dispatcher.reroute_after_ms`: how long a destination may fail before
 /// its records go to a sibling partition.
 pub const REROUTE_AFTER_MS_DEFAULT: u64 = 3000;
+/// A partition whose records are being rerouted is logged (at WARN) at most
+/// once per this interval, with the records moved since: under load a
+/// reroute moves records one at a time, thousands a second.
+pub const REROUTE_LOG_INTERVAL_MS: u64 = 10_000;
 /// Record ids a partition remembers to drop a repeated commit: more than
 /// the largest dispatcher batch, so a whole batch sent again is caught.
 pub const RECENT_IDS_MAX: usize = 8192;

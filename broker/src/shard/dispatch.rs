@@ -3,6 +3,7 @@
 //! owner that stays unreachable, and tell other nodes about new messages.
 
 use super::*;
+use crate::limits::REROUTE_LOG_INTERVAL_MS;
 use crate::metric_names::{DISPATCHER_COMMIT_RECORDS, DISPATCHER_REROUTES_TOTAL};
 
 impl<F: FileSystem> Shard<F> {
@@ -198,7 +199,14 @@ impl<F: FileSystem> Shard<F> {
         }
         drop(dispatcher);
         metrics::counter!(DISPATCHER_REROUTES_TOTAL).increment(count as u64);
-        tracing::warn!(topic = %from.topic, partition = from.partition, owner = failing, to = sibling, records = count, "rerouted records around an unavailable owner");
+        let mut log = self.dispatch.reroute_log.borrow_mut();
+        let (last_ms, moved) = log.entry(from.clone()).or_insert((0, 0));
+        *moved += count;
+        if *last_ms == 0 || now.saturating_sub(*last_ms) >= REROUTE_LOG_INTERVAL_MS {
+            tracing::warn!(topic = %from.topic, partition = from.partition, owner = failing, to = sibling, records = *moved, "rerouted records around an unavailable owner");
+            *last_ms = now.max(1);
+            *moved = 0;
+        }
     }
 
     /// Appends a batch to its partition, at the shard and node that own it

@@ -254,6 +254,9 @@ struct Dispatch {
     awaiting: RefCell<VecDeque<(WalPos, Destination, DispatchRecord)>>,
     /// Raised when records are queued or the queue should look again.
     signal: Signal,
+    /// Per partition rerouted from: when it was last logged, and the
+    /// records moved since ([`REROUTE_LOG_INTERVAL_MS`]).
+    reroute_log: RefCell<HashMap<Destination, (u64, usize)>>,
 }
 
 /// This shard's side of the other nodes.
@@ -315,6 +318,7 @@ impl<F: FileSystem> Shard<F> {
                 queue: RefCell::new(dispatcher),
                 awaiting: RefCell::new(VecDeque::new()),
                 signal: Signal::default(),
+                reroute_log: RefCell::new(HashMap::new()),
             },
             remote: Remote {
                 peers,
