@@ -1280,3 +1280,125 @@ fn a_simulated_cluster_loses_only_what_a_lost_volume_held() {
         iterations().div_ceil(4),
     );
 }
+
+/// `cluster.move_promote_after_ms` in the promotion test: short, so that a
+/// seed takes a few simulated seconds.
+const PROMOTE_AFTER_MS: u64 = 5_000;
+/// How many seeds the promotion test runs.
+const PROMOTION_SEEDS: u64 = 40;
+/// How late, on the simulated clock, the controller may mark a silent node
+/// dead and a destination may take over: a heartbeat interval for the
+/// detector's look, and the destination's promotion check with a few hops.
+const DETECTOR_SLACK_MS: u64 = 400;
+const PROMOTION_SLACK_MS: u64 = 500;
+
+/// The contract's clocks, with the real failure detector and the real move
+/// code on the simulated clock: a move's source dies (SIGKILL or power cut,
+/// and stays down) just after the move was planned; the controller marks
+/// it dead `cluster.node_dead_after_ms` after its last heartbeat, and the
+/// destination promotes its copy `cluster.move_promote_after_ms` after the
+/// source's death, not after it was marked dead (items seen in process
+/// tests too; here over many seeds and on an exact clock).
+#[test]
+fn a_move_whose_source_dies_is_promoted_on_the_contracts_clock() {
+    let promote_after = PROMOTE_AFTER_MS.to_string();
+    for seed in first_seed()..first_seed() + PROMOTION_SEEDS {
+        let mut cluster = SimCluster::new(
+            seed,
+            NODES,
+            &[("cluster.move_promote_after_ms", promote_after.as_str())],
+        );
+        let _teardown = Teardown(cluster.executor.clone());
+        for node in 1..=NODES {
+            cluster.start(node);
+        }
+        cluster.run_failure_detector();
+        let executor = cluster.executor.clone();
+        let standin = cluster.standin.clone();
+        let created: Rc<Cell<bool>> = Rc::default();
+        {
+            let (shard, created) = (cluster.shard(1, 0).expect("node 1"), created.clone());
+            let patch = TopicPatch {
+                partitions: Some(PARTITIONS),
+                ..TopicPatch::default()
+            };
+            executor.spawn(
+                executor.group(),
+                Box::pin(async move {
+                    shard.put_topic(TOPIC, patch).await.expect("the topic");
+                    created.set(true);
+                }),
+            );
+        }
+        assert!(executor.run_until(executor.now_ms() + 10_000, || created.get()));
+        let mut rng = SimRng::new(seed);
+        let partition = u32::try_from(rng.below(u64::from(PARTITIONS))).unwrap_or(0);
+        let from = standin.view().state.topics[TOPIC].owners[partition as usize];
+        let to = 1 + (from + rng.below(NODES - 1)) % NODES;
+        let plan = Command::PlanMoves {
+            moves: vec![MovePlan {
+                topic: TOPIC.into(),
+                partition,
+                from,
+                to,
+            }],
+            decommission: None,
+            now_ms: executor.now_ms(),
+        };
+        let Ok(Applied::MovesPlanned(planned)) = standin.apply(&plan) else {
+            panic!("seed {seed}: the move was not planned");
+        };
+        let id = planned[0].id.clone();
+        let died_at = executor.now_ms();
+        cluster.crash(from, rng.chance(1, 2));
+        let marked_dead = {
+            let standin = standin.clone();
+            move || {
+                standin
+                    .view()
+                    .state
+                    .nodes
+                    .get(&from)
+                    .is_some_and(|n| !n.alive)
+            }
+        };
+        let dead_after = cluster.settings.cluster.node_dead_after_ms;
+        assert!(
+            executor.run_until(died_at + dead_after + DETECTOR_SLACK_MS, marked_dead),
+            "seed {seed}: node {from} marked dead within {dead_after} ms (+{DETECTOR_SLACK_MS}) \
+             of its death"
+        );
+        let ended = {
+            let (standin, id) = (standin.clone(), id.clone());
+            move || {
+                standin
+                    .view()
+                    .state
+                    .moves
+                    .get(&id)
+                    .is_none_or(|m| !m.state.is_active())
+            }
+        };
+        assert!(
+            executor.run_until(died_at + PROMOTE_AFTER_MS + PROMOTION_SLACK_MS, ended),
+            "seed {seed}: the move from node {from} ended within {PROMOTE_AFTER_MS} ms \
+             (+{PROMOTION_SLACK_MS}) of its source's death (now {} ms after it)",
+            executor.now_ms() - died_at
+        );
+        let ended_after = executor.now_ms() - died_at;
+        let state = standin.view().state.moves.get(&id).map(|m| m.state);
+        assert_eq!(
+            state,
+            Some(MoveState::Promoted),
+            "seed {seed}: the destination promoted its copy"
+        );
+        // Not before: the source's last heartbeat came at most one interval
+        // before its death.
+        let interval = cluster.settings.cluster.heartbeat_interval_ms;
+        assert!(
+            ended_after + interval >= PROMOTE_AFTER_MS,
+            "seed {seed}: promoted {ended_after} ms after the source died, before \
+             {PROMOTE_AFTER_MS} ms"
+        );
+    }
+}

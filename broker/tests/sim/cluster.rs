@@ -428,7 +428,7 @@ pub struct SimCluster {
     pub standin: Rc<StandIn>,
     pub network: Rc<Network>,
     pub nodes: Vec<SimNode>,
-    settings: Arc<Settings>,
+    pub settings: Arc<Settings>,
     rng: RefCell<SimRng>,
 }
 
