@@ -18,5 +18,6 @@
 pub mod detector;
 pub mod moves;
 pub mod node;
+pub mod prevote;
 pub mod state;
 pub mod store;

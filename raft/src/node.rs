@@ -30,6 +30,7 @@ use openraft::{BasicNode, ChangeMembers, Config, Raft, SnapshotPolicy};
 use tokio::sync::{oneshot, watch};
 
 use crate::detector::Detector;
+use crate::prevote::{self, Guard, LeaderContact, PreVoteAnswer};
 use crate::state::{Applied, Command, Refused};
 use crate::store::{LogStore, MetaView, NodeId, StateMachine, TypeConfig};
 
@@ -47,6 +48,8 @@ pub const KIND_HEARTBEAT: u8 = 7;
 pub const KIND_ELECT: u8 = 6;
 /// A change of the membership ([`MemberChange`]), done by the leader.
 pub const KIND_MEMBER_CHANGE: u8 = 8;
+/// "Would you vote for me?", asked before an election (see `prevote`).
+pub const KIND_PRE_VOTE: u8 = 9;
 /// How often a joining node asks to be admitted until it is a member.
 const JOIN_RETRY_INTERVAL: Duration = Duration::from_secs(1);
 /// A learner this many entries or fewer behind the leader's log is caught
@@ -268,8 +271,27 @@ async fn propose_at_leader(
     node_id: NodeId,
     submitted: &std::sync::atomic::AtomicBool,
     leaving: &std::sync::atomic::AtomicBool,
+    contact: &LeaderContact,
 ) -> Result<Applied, MetaError> {
     loop {
+        // A follower that has not heard its leader for a while is cut off
+        // from it (it calls no election, see `prevote`): it has no leader
+        // to forward to, and waits for one as if none were known.
+        let unheard_leader = {
+            let metrics = raft.metrics();
+            let metrics = metrics.borrow();
+            metrics
+                .current_leader
+                .is_some_and(|leader| leader != node_id)
+                && !contact.fresh(Duration::from_millis(LEADER_QUORUM_STALE_MS))
+        };
+        if unheard_leader {
+            let _ = raft
+                .wait(Some(FORWARD_RETRY_WAIT))
+                .metrics(|m| m.current_leader == Some(node_id), "leadership")
+                .await;
+            continue;
+        }
         // A leader handing over appends nothing more: an entry its
         // successor lacks would cost the successor this node's vote. The
         // write waits for the next leader instead.
@@ -554,6 +576,10 @@ pub struct MetaNode {
     /// Heartbeats this node received while it leads.
     heard: Heard,
     leaving: Leaving,
+    /// When a leader's append last reached this node, and the shortest
+    /// election timeout (a pre-vote's terms).
+    contact: LeaderContact,
+    election_timeout_min: Duration,
 }
 
 /// Set once a stopping node starts to hand its leadership over.
@@ -582,6 +608,7 @@ struct Controller {
     dead_after: Duration,
     heard: Heard,
     leaving: Leaving,
+    contact: LeaderContact,
     /// `--join`: the member to ask for admission until this node is one.
     join: Option<String>,
 }
@@ -766,6 +793,7 @@ impl Controller {
             self.node_id,
             &submitted,
             &self.leaving,
+            &self.contact,
         );
         if let Ok(Err(error)) = tokio::time::timeout(PROPOSE_TIMEOUT, proposing).await {
             tracing::debug!(%error, "controller change not applied");
@@ -837,6 +865,9 @@ impl MetaNode {
         let served_heard = heard.clone();
         let leaving: Leaving = Arc::default();
         let controller_leaving = leaving.clone();
+        let contact = LeaderContact::default();
+        let guard_contact = contact.clone();
+        let election_timeout_min = Duration::from_millis(config.election_timeout_min_ms);
         let thread = std::thread::Builder::new()
             .name("narad-raft".into())
             .spawn(move || {
@@ -864,9 +895,26 @@ impl MetaNode {
                                 dead_after: Duration::from_millis(config.node_dead_after_ms),
                                 heard: heard.clone(),
                                 leaving: controller_leaving,
+                                contact: guard_contact.clone(),
                                 join: config.join.clone(),
                             };
                             tokio::spawn(controller.run());
+                            if let Some(caller) = config.caller.clone() {
+                                tokio::spawn(
+                                    Guard {
+                                        raft: raft.clone(),
+                                        node_id: config.node_id,
+                                        caller,
+                                        contact: guard_contact,
+                                        interval: Duration::from_millis(
+                                            config.heartbeat_interval_ms,
+                                        ),
+                                        election_timeout_min,
+                                        stale_after_ms: LEADER_QUORUM_STALE_MS,
+                                    }
+                                    .run(),
+                                );
+                            }
                             let _ = ready_sender.send(Ok((
                                 raft.clone(),
                                 view,
@@ -900,6 +948,8 @@ impl MetaNode {
             caught_up_once: Arc::default(),
             heard: served_heard,
             leaving,
+            contact,
+            election_timeout_min,
         })
     }
 
@@ -1056,10 +1106,12 @@ impl MetaNode {
         let (raft, caller) = (self.raft.clone(), self.caller.clone());
         let node_id = self.node_id;
         let leaving = self.leaving.clone();
+        let contact = self.contact.clone();
         let task = self.runtime.spawn(async move {
             let submitted = std::sync::atomic::AtomicBool::new(false);
-            let proposing =
-                propose_at_leader(raft, caller, command, node_id, &submitted, &leaving);
+            let proposing = propose_at_leader(
+                raft, caller, command, node_id, &submitted, &leaving, &contact,
+            );
             match tokio::time::timeout(PROPOSE_TIMEOUT, proposing).await {
                 Ok(result) => result,
                 // Once in a leader's log, a change may still be committed
@@ -1116,12 +1168,36 @@ impl MetaNode {
         let heard = self.heard.clone();
         let refuse_votes_up_to = self.refuse_votes_up_to;
         let leaving = self.leaving.clone();
+        let (contact, election_timeout_min) = (self.contact.clone(), self.election_timeout_min);
+        let me = self.node_id;
         Box::pin(async move {
             let bad = |e: serde_json::Error| format!("bad request of kind {kind}: {e}");
             let answer = match kind {
                 KIND_APPEND_ENTRIES => {
                     let request = serde_json::from_slice(&payload).map_err(bad)?;
-                    serde_json::to_vec(&raft.append_entries(request).await)
+                    let answer = raft.append_entries(request).await;
+                    // A leader of this term or a later one (a stale one is
+                    // answered with the higher vote and is no contact).
+                    if !matches!(answer, Err(_) | Ok(AppendEntriesResponse::HigherVote(_))) {
+                        contact.heard();
+                    }
+                    serde_json::to_vec(&answer)
+                }
+                KIND_PRE_VOTE => {
+                    let leads_with_quorum = {
+                        let metrics = raft.metrics();
+                        let metrics = metrics.borrow();
+                        metrics.current_leader == Some(me)
+                            && metrics
+                                .millis_since_quorum_ack
+                                .is_some_and(|ms| ms <= LEADER_QUORUM_STALE_MS)
+                    };
+                    serde_json::to_vec(&PreVoteAnswer {
+                        granted: prevote::grants(
+                            leads_with_quorum,
+                            contact.fresh(election_timeout_min),
+                        ),
+                    })
                 }
                 KIND_VOTE => {
                     let request: VoteRequest<NodeId> =
@@ -1162,7 +1238,11 @@ impl MetaNode {
                 }
                 KIND_INSTALL_SNAPSHOT => {
                     let request = serde_json::from_slice(&payload).map_err(bad)?;
-                    serde_json::to_vec(&raft.install_snapshot(request).await)
+                    let answer = raft.install_snapshot(request).await;
+                    if answer.is_ok() {
+                        contact.heard();
+                    }
+                    serde_json::to_vec(&answer)
                 }
                 KIND_FORWARD_WRITE => {
                     if leaving.load(std::sync::atomic::Ordering::SeqCst) {
@@ -1215,7 +1295,10 @@ impl MetaNode {
     }
 
     /// The current leader, if any. A leader that has not heard from a
-    /// quorum for a while does not count: it cannot commit anything.
+    /// quorum for a while does not count: it cannot commit anything. Nor
+    /// does a leader this node has not heard from for as long: a follower
+    /// cut off from it calls no election (see `prevote`), so Raft's own
+    /// record of the leader stays.
     pub fn leader(&self) -> Option<NodeId> {
         let metrics = self.raft.metrics();
         let metrics = metrics.borrow();
@@ -1228,7 +1311,11 @@ impl MetaNode {
                 .millis_since_quorum_ack
                 .filter(|ms| *ms <= LEADER_QUORUM_STALE_MS)
                 .map(|_| leader),
-            other => other,
+            Some(leader) => self
+                .contact
+                .fresh(Duration::from_millis(LEADER_QUORUM_STALE_MS))
+                .then_some(leader),
+            None => None,
         }
     }
 

@@ -422,6 +422,10 @@ fn cut_off(p: &Partitioned, schedule: &str, victim: usize, hold: Duration) -> Fi
         );
     }
     eprintln!("suite4: {schedule}: a topic change sent to the cut-off node: {answered:?}");
+    assert!(
+        matches!(answered, None | Some(200..=299 | 503)),
+        "{schedule}: the cut-off node answered a topic change {answered:?}, not 503 or nothing"
+    );
     let split_topic = format!("{schedule}-cut-off");
     if matches!(answered, Some(200..=299)) {
         assert!(
@@ -483,6 +487,9 @@ fn bridged(p: &Partitioned, schedule: &str, bridge: usize, hold: Duration) -> Fi
 fn one_way(p: &Partitioned, schedule: &str, victim: usize, deaf: bool, hold: Duration) -> Figures {
     let others: Vec<usize> = (0..CLUSTER_NODES).filter(|n| *n != victim).collect();
     let mut figures = Figures::default();
+    // A follower that hears nothing must not call elections that would
+    // unseat the leader when the link heals: the term stays.
+    let follower_term = (p.leader() != Some(victim)).then(|| p.cluster.term(others[0]));
     for &other in &others {
         if deaf {
             p.cut(other, victim);
@@ -491,17 +498,39 @@ fn one_way(p: &Partitioned, schedule: &str, victim: usize, deaf: bool, hold: Dur
         }
     }
     let cut_at = Instant::now();
-    (figures.leader, figures.topic_change) = std::thread::scope(|scope| {
+    let name = format!("{schedule}-change");
+    let answered = std::thread::scope(|scope| {
         let leader = scope.spawn(|| p.time_to_leader(&others, cut_at));
-        let change = p.take_topic_change(&others, &format!("{schedule}-majority"), cut_at);
-        (leader.join().expect("the leader watch"), change)
+        let unready =
+            scope.spawn(|| eventually(hold, || !p.ready(victim)).then(|| cut_at.elapsed()));
+        let answered = scope.spawn(|| p.create_topic_at(victim, &name, CLIENT_TIMEOUT));
+        figures.topic_change =
+            p.take_topic_change(&others, &format!("{schedule}-majority"), cut_at);
+        let mut i = 0;
+        while cut_at.elapsed() < hold {
+            i += 1;
+            assert!(
+                p.produce_at(victim, &format!("{schedule}-{i}")),
+                "{schedule}: n{} answers a produce 202 throughout",
+                victim + 1
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        figures.leader = leader.join().expect("the leader watch");
+        figures.unready = unready.join().expect("the readiness watch");
+        answered.join().expect("the change at the cut node")
     });
     assert!(
         figures.topic_change.is_some(),
         "{schedule}: the others take a topic change within {TOPIC_CHANGE_BOUND:?}"
     );
-    let name = format!("{schedule}-change");
-    let answered = p.create_topic_at(victim, &name, CLIENT_TIMEOUT);
+    // A node that still hears its leader forwards the change, and cannot
+    // know whether it arrived: 500 (it may have been taken) is honest too.
+    assert!(
+        matches!(answered, None | Some(200..=299 | 500 | 503)),
+        "{schedule}: n{} answered a topic change {answered:?}",
+        victim + 1
+    );
     if matches!(answered, Some(200..=299)) {
         assert!(
             others.iter().all(|n| p.has_topic(*n, &name)),
@@ -509,20 +538,14 @@ fn one_way(p: &Partitioned, schedule: &str, victim: usize, deaf: bool, hold: Dur
             victim + 1
         );
     }
-    let mut i = 0;
-    while cut_at.elapsed() < hold {
-        i += 1;
-        assert!(
-            p.produce_at(victim, &format!("{schedule}-{i}")),
-            "{schedule}: n{} answers a produce 202 throughout",
-            victim + 1
-        );
-        if figures.unready.is_none() && !p.ready(victim) {
-            figures.unready = Some(cut_at.elapsed());
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
     figures.ready_after_heal = Some(p.heal_and_wait(schedule));
+    if let Some(term) = follower_term {
+        let after: Vec<String> = (0..CLUSTER_NODES).map(|n| p.cluster.term(n)).collect();
+        assert!(
+            after.iter().all(|t| *t == term),
+            "{schedule}: the heal cost an election (term {term} before, {after:?} after)"
+        );
+    }
     figures
 }
 
@@ -646,12 +669,17 @@ fn suite_4_partitions_cut_nodes_off_and_lose_nothing_scripted() {
     timed("one node not heard (its packets out dropped)", &|| {
         one_way(&p, "not-heard", victim, false, short)
     });
+    // Long enough for a deaf node to time out more than once.
     timed("one node deaf (packets to it dropped)", &|| {
-        one_way(&p, "deaf", victim, true, short)
+        one_way(&p, "deaf", victim, true, Duration::from_secs(8))
     });
     timed("the Raft leader not heard", &|| {
         let leader = p.leader().expect("a leader after the heal");
         one_way(&p, "leader-not-heard", leader, false, short)
+    });
+    timed("the Raft leader deaf", &|| {
+        let leader = p.leader().expect("a leader after the heal");
+        one_way(&p, "leader-deaf", leader, true, short)
     });
     finish_partitioned(&p, "suite4-scripted", seed, clients);
     let windows: Vec<(u64, u64)> = figures.iter().map(|(_, f)| f.window).collect();
