@@ -17,7 +17,7 @@
 mod sim;
 
 use std::cell::{Cell, RefCell};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
@@ -1315,22 +1315,7 @@ fn a_move_whose_source_dies_is_promoted_on_the_contracts_clock() {
         cluster.run_failure_detector();
         let executor = cluster.executor.clone();
         let standin = cluster.standin.clone();
-        let created: Rc<Cell<bool>> = Rc::default();
-        {
-            let (shard, created) = (cluster.shard(1, 0).expect("node 1"), created.clone());
-            let patch = TopicPatch {
-                partitions: Some(PARTITIONS),
-                ..TopicPatch::default()
-            };
-            executor.spawn(
-                executor.group(),
-                Box::pin(async move {
-                    shard.put_topic(TOPIC, patch).await.expect("the topic");
-                    created.set(true);
-                }),
-            );
-        }
-        assert!(executor.run_until(executor.now_ms() + 10_000, || created.get()));
+        create_plain_topic(&cluster);
         let mut rng = SimRng::new(seed);
         let partition = u32::try_from(rng.below(u64::from(PARTITIONS))).unwrap_or(0);
         let from = standin.view().state.topics[TOPIC].owners[partition as usize];
@@ -1401,4 +1386,148 @@ fn a_move_whose_source_dies_is_promoted_on_the_contracts_clock() {
              {PROMOTE_AFTER_MS} ms"
         );
     }
+}
+
+/// Creates [`TOPIC`] with [`PARTITIONS`] partitions through node 1, and
+/// waits for it.
+fn create_plain_topic(cluster: &SimCluster) {
+    let executor = cluster.executor.clone();
+    let created: Rc<Cell<bool>> = Rc::default();
+    let (shard, done) = (cluster.shard(1, 0).expect("node 1"), created.clone());
+    let patch = TopicPatch {
+        partitions: Some(PARTITIONS),
+        ..TopicPatch::default()
+    };
+    executor.spawn(
+        executor.group(),
+        Box::pin(async move {
+            shard.put_topic(TOPIC, patch).await.expect("the topic");
+            done.set(true);
+        }),
+    );
+    assert!(executor.run_until(executor.now_ms() + 10_000, || created.get()));
+}
+
+/// How many seeds the reroute test runs, and how long its cut lasts.
+const REROUTE_SEEDS: u64 = 30;
+const REROUTE_CUT_MS: u64 = 8_000;
+/// On top of `dispatcher.reroute_after_ms`: the linger, a commit to the
+/// sibling, and a sample's spacing.
+const REROUTE_SLACK_MS: u64 = 1_000;
+/// Once the reroute is under way a record is handed on within this.
+const REROUTED_AT_ONCE_MS: u64 = 1_000;
+/// How often the reroute test samples every WAL.
+const WAL_SAMPLE_MS: u64 = 50;
+
+/// The reroute's clock, with the real dispatcher on the simulated clock:
+/// every node takes unkeyed produces while one is cut off from the others,
+/// both ways. No record may wait in any node's WAL (the one cut off
+/// included: its records go to its own partitions) longer than
+/// `dispatcher.reroute_after_ms` (+[`REROUTE_SLACK_MS`]) before an owner
+/// took it, and once the reroute is under way no longer than
+/// [`REROUTED_AT_ONCE_MS`]. Measured on each WAL: its oldest record not yet
+/// taken (`tail`) must have passed where its durable data ended that long
+/// before.
+#[test]
+fn a_cut_off_owners_records_go_to_a_sibling_on_the_contracts_clock() {
+    let reroute_after = sim::cluster::settings(&[]).dispatcher.reroute_after_ms;
+    let mut longest = 0;
+    for seed in first_seed()..first_seed() + REROUTE_SEEDS {
+        // The production setting: the cut ends long before the node would
+        // be marked dead, so the reroute comes from failing commits alone.
+        let mut cluster = SimCluster::new(seed, NODES, &[("cluster.node_dead_after_ms", "30000")]);
+        let _teardown = Teardown(cluster.executor.clone());
+        for node in 1..=NODES {
+            cluster.start(node);
+        }
+        cluster.run_failure_detector();
+        let executor = cluster.executor.clone();
+        create_plain_topic(&cluster);
+        // A produce every 10 ms at every node, and a sample of every WAL.
+        type Samples = RefCell<BTreeMap<(NodeId, usize), Vec<(u64, u64, u64)>>>;
+        let samples: Rc<Samples> = Rc::default();
+        {
+            let (network, executor_in) = (cluster.network.clone(), executor.clone());
+            let samples = samples.clone();
+            executor.spawn(
+                executor.group(),
+                Box::pin(async move {
+                    let mut turn = 0u64;
+                    loop {
+                        executor_in.sleep(Duration::from_millis(10)).await;
+                        turn += 1;
+                        for node in 1..=NODES {
+                            let Some((group, shards)) = network.target(node) else {
+                                continue;
+                            };
+                            let shard = shards[(turn % shards.len() as u64) as usize].clone();
+                            let body = Bytes::from(format!("n{node}-{turn}"));
+                            executor_in.spawn(
+                                group,
+                                Box::pin(async move {
+                                    if let Ok(topic) = shard.topic(TOPIC) {
+                                        let _ = shard.produce(&topic, vec![(None, body)]).await;
+                                    }
+                                }),
+                            );
+                        }
+                        if turn % (WAL_SAMPLE_MS / 10) == 0 {
+                            let now = executor_in.now_ms();
+                            for node in 1..=NODES {
+                                let Some((_, shards)) = network.target(node) else {
+                                    continue;
+                                };
+                                for (i, shard) in shards.iter().enumerate() {
+                                    let wal = shard.wal().stats();
+                                    samples.borrow_mut().entry((node, i)).or_default().push((
+                                        now,
+                                        wal.durable_end,
+                                        wal.tail,
+                                    ));
+                                }
+                            }
+                        }
+                    }
+                }),
+            );
+        }
+        executor.run_until(executor.now_ms() + 2_000, || false);
+        let victim = 1 + SimRng::new(seed).below(NODES);
+        let cut_at = executor.now_ms();
+        cluster.network.cut.borrow_mut().insert(victim);
+        executor.run_until(cut_at + REROUTE_CUT_MS, || false);
+        cluster.network.cut.borrow_mut().remove(&victim);
+        let first_bound = reroute_after + REROUTE_SLACK_MS;
+        for ((node, shard), series) in samples.borrow().iter() {
+            for &(at, _, tail) in series
+                .iter()
+                .filter(|s| s.0 >= cut_at && s.0 <= cut_at + REROUTE_CUT_MS)
+            {
+                let bound = if at >= cut_at + 2 * first_bound {
+                    REROUTED_AT_ONCE_MS
+                } else {
+                    first_bound
+                };
+                // Where the durable data ended `bound` before this sample.
+                let Some(&(_, then_end, _)) = series.iter().rev().find(|s| s.0 + bound <= at)
+                else {
+                    continue;
+                };
+                // How long the oldest record still waiting has waited.
+                let waited = series
+                    .iter()
+                    .find(|s| s.1 > tail)
+                    .map_or(0, |s| at.saturating_sub(s.0));
+                longest = longest.max(waited);
+                assert!(
+                    tail >= then_end,
+                    "seed {seed}: {} ms into the cut of node {victim}, node {node} shard {shard} \
+                     still holds a record that was durable {bound} ms before (it waited about \
+                     {waited} ms); replay with NARAD_SIM_SEED={seed}",
+                    at - cut_at
+                );
+            }
+        }
+    }
+    eprintln!("the longest a record waited in a WAL during a cut: about {longest} ms");
 }
