@@ -1,5 +1,11 @@
 # Shared by the bench scripts: waiting for a narad process started into
-# "$work/NAME.out" to print its listening line (with a deadline).
+# "$work/NAME.out" to print its listening line (with a deadline), and
+# stopping the processes a script started.
+stop_all() { # pid...: SIGTERM each, then wait for each to exit (so that its files can go)
+  for p in "$@"; do kill "$p" 2>/dev/null || true; done
+  for p in "$@"; do wait "$p" 2>/dev/null || true; done
+}
+
 address_of() { # name: prints the client address once the node listens
   for _ in $(seq 1 600); do
     if grep -q 'listening client=' "$work/$1.out" 2>/dev/null; then

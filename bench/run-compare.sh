@@ -24,7 +24,7 @@ work="$(mktemp -d)"
 pids=()
 started_peers=no
 cleanup() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    stop_all "${pids[@]}"
     if [[ $started_peers == yes ]]; then bench/peers.sh stop; fi
     rm -rf "$work"
 }

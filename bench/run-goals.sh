@@ -27,7 +27,7 @@ started_peers=no
 cleanup() {
   # fresh_node runs in a command substitution: its pids are in files.
   for f in "$work"/*.pid; do [[ -e $f ]] && pids+=("$(cat "$f")"); done
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  stop_all "${pids[@]}"
   if [[ $started_peers == yes ]]; then bench/peers.sh stop; fi
   rm -rf "$work"
 }

@@ -18,7 +18,7 @@ seconds="${1:-10}"
 cargo build --release -p narad-broker -p narad-bench >/dev/null
 work="$(mktemp -d)"
 declare -A pid_of
-cleanup() { for p in "${pid_of[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"; }
+cleanup() { stop_all "${pid_of[@]}"; rm -rf "$work"; }
 trap cleanup EXIT
 
 . bench/lib.sh

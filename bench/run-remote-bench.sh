@@ -23,7 +23,7 @@ shards="${3:-$(nproc)}"
 cargo build --release -p narad-broker -p narad-bench >/dev/null
 work="$(mktemp -d)"
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"; }
+cleanup() { stop_all "${pids[@]}"; rm -rf "$work"; }
 trap cleanup EXIT
 
 . bench/lib.sh
