@@ -865,6 +865,7 @@ impl MetaNode {
         let served_heard = heard.clone();
         let leaving: Leaving = Arc::default();
         let controller_leaving = leaving.clone();
+        let guard_leaving = leaving.clone();
         let contact = LeaderContact::default();
         let guard_contact = contact.clone();
         let election_timeout_min = Duration::from_millis(config.election_timeout_min_ms);
@@ -906,11 +907,11 @@ impl MetaNode {
                                         node_id: config.node_id,
                                         caller,
                                         contact: guard_contact,
+                                        leaving: guard_leaving,
                                         interval: Duration::from_millis(
                                             config.heartbeat_interval_ms,
                                         ),
                                         election_timeout_min,
-                                        stale_after_ms: LEADER_QUORUM_STALE_MS,
                                     }
                                     .run(),
                                 );
@@ -1237,9 +1238,12 @@ impl MetaNode {
                     })
                 }
                 KIND_INSTALL_SNAPSHOT => {
-                    let request = serde_json::from_slice(&payload).map_err(bad)?;
+                    let request: InstallSnapshotRequest<TypeConfig> =
+                        serde_json::from_slice(&payload).map_err(bad)?;
+                    let sender = request.vote;
                     let answer = raft.install_snapshot(request).await;
-                    if answer.is_ok() {
+                    // A deposed leader is answered with the higher vote.
+                    if answer.as_ref().is_ok_and(|a| a.vote <= sender) {
                         contact.heard();
                     }
                     serde_json::to_vec(&answer)

@@ -1,32 +1,30 @@
-//! Elections only a node that can win calls, and a leader that stops
-//! holding its followers once it cannot hear them.
+//! Elections only a node that can win calls.
 //!
-//! openraft 0.9 has neither a pre-vote nor check-quorum. Without them, two
-//! one-way network cuts go wrong:
+//! openraft 0.9 has no pre-vote. Without one, a follower that sends but
+//! hears nothing (deaf: a one-way network cut) calls an election every
+//! timeout, each at a higher term. The others refuse its votes while they
+//! hear their leader, but when the link heals the leader meets the higher
+//! term and steps down: the heal costs an election, and every node is
+//! unready meanwhile.
 //!
-//! - **A deaf follower** (it sends, but hears nothing) calls an election
-//!   every timeout, each at a higher term. The others refuse its votes
-//!   while they hear their leader, but when the link heals the leader meets
-//!   the higher term and steps down: the heal costs an election, and every
-//!   node is unready meanwhile.
-//! - **A deaf leader** keeps sending appends that its followers take, so
-//!   they never time out, while no answer reaches it: no write commits
-//!   until the link heals.
+//! [`Guard::run`] adds the classic remedy on openraft's runtime switch. A
+//! follower that has heard no leader for the shortest election timeout asks
+//! every voter whether it would vote ([`KIND_PRE_VOTE`]); a voter says yes
+//! only if it has heard no leader for as long itself and leads nothing with
+//! a quorum ([`grants`]). Elections are switched on
+//! (`runtime_config().elect`) only while a quorum said yes ([`may_stand`]),
+//! and never on a node handing its leadership over on a graceful stop
+//! (that handover calls an election directly). A pre-vote does not compare
+//! logs: the real vote does, and a node that cannot win only raises the
+//! term where no leader is heard anyway.
 //!
-//! [`Guard::run`] maps the two classic remedies onto openraft's runtime
-//! switches. A follower that has heard no leader for the shortest election
-//! timeout asks every voter whether it would vote ([`KIND_PRE_VOTE`]); a
-//! voter says yes only if it has heard no leader for as long itself and
-//! leads nothing with a quorum ([`grants`]). Elections are switched on
-//! (`runtime_config().elect`) only while a quorum said yes
-//! ([`may_stand`]). A leader whose last quorum acknowledgement is older
-//! than `stale_after_ms` switches its heartbeats off, so that its followers
-//! time out and elect a leader that can commit; a new leadership starts with
-//! them on. Handing leadership over on a graceful stop calls an election
-//! directly and is not affected.
+//! A leader that is deaf needs no switch here: its followers stop hearing
+//! it because its peer connections time out and a new QUIC handshake needs
+//! both directions, so they elect another (suite 4's "the leader deaf").
 //!
 //! [`KIND_PRE_VOTE`]: crate::node::KIND_PRE_VOTE
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -70,16 +68,6 @@ pub fn may_stand(voters: usize, granted: usize) -> bool {
     2 * (granted + 1) > voters
 }
 
-/// Whether a leader keeps sending heartbeats: while a quorum acknowledged
-/// it within `stale_after_ms`, or while its leadership is younger than that.
-pub fn keeps_heartbeats(
-    millis_since_quorum_ack: Option<u64>,
-    leading_ms: u64,
-    stale_after_ms: u64,
-) -> bool {
-    leading_ms <= stale_after_ms || millis_since_quorum_ack.is_some_and(|ms| ms <= stale_after_ms)
-}
-
 /// The pre-vote's answer (its question carries nothing).
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct PreVoteAnswer {
@@ -92,58 +80,45 @@ pub struct Guard {
     pub node_id: NodeId,
     pub caller: Arc<dyn PeerCaller>,
     pub contact: LeaderContact,
+    /// Set once this node hands its leadership over to stop: it stands in
+    /// no election from then on.
+    pub leaving: Arc<AtomicBool>,
     /// How often to look, and how long a pre-vote may take.
     pub interval: Duration,
     /// The shortest election timeout: a follower that heard no leader for
     /// this long asks.
     pub election_timeout_min: Duration,
-    /// A leader without a quorum acknowledgement for this long stops its
-    /// heartbeats.
-    pub stale_after_ms: u64,
 }
 
 impl Guard {
     pub async fn run(self) {
-        let mut leading_since: Option<Instant> = None;
         let mut electing = true;
-        let mut beating = true;
         loop {
             tokio::time::sleep(self.interval).await;
-            let (leader, voters, since_ack) = {
+            if self.leaving.load(Ordering::SeqCst) {
+                // `hand_over_leadership` switched elections off for good.
+                return;
+            }
+            let (leader, voters) = {
                 let metrics = self.raft.metrics();
                 let metrics = metrics.borrow();
-                let voters: Vec<(NodeId, String)> = metrics
-                    .membership_config
-                    .membership()
+                let membership = metrics.membership_config.membership();
+                let voters: Vec<(NodeId, String)> = membership
                     .voter_ids()
-                    .filter_map(|id| {
-                        let node = metrics.membership_config.membership().get_node(&id)?;
-                        Some((id, node.addr.clone()))
-                    })
+                    .filter_map(|id| Some((id, membership.get_node(&id)?.addr.clone())))
                     .collect();
-                (
-                    metrics.current_leader,
-                    voters,
-                    metrics.millis_since_quorum_ack,
-                )
+                (metrics.current_leader, voters)
             };
-            let (elect, beat) = if voters.len() <= 1 {
-                leading_since = None;
-                (true, true)
+            let elect = if voters.len() <= 1 {
+                true
             } else if leader == Some(self.node_id) {
-                let since = *leading_since.get_or_insert_with(Instant::now);
-                let leading_ms = u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX);
-                (
-                    electing,
-                    keeps_heartbeats(since_ack, leading_ms, self.stale_after_ms),
-                )
+                // A leader's switch matters only once it follows again.
+                electing
             } else {
-                leading_since = None;
-                let stand = !self.contact.fresh(self.election_timeout_min)
-                    && may_stand(voters.len(), self.ask(&voters).await);
-                (stand, true)
+                !self.contact.fresh(self.election_timeout_min)
+                    && may_stand(voters.len(), self.ask(&voters).await)
             };
-            if elect != electing {
+            if elect != electing && !self.leaving.load(Ordering::SeqCst) {
                 tracing::info!(
                     elect,
                     "elections {}",
@@ -155,18 +130,6 @@ impl Guard {
                 );
                 self.raft.runtime_config().elect(elect);
                 electing = elect;
-            }
-            if beat != beating {
-                if beat {
-                    tracing::info!("heartbeats on");
-                } else {
-                    tracing::warn!(
-                        stale_after_ms = self.stale_after_ms,
-                        "no quorum acknowledged this leader: heartbeats off, so that the followers elect another"
-                    );
-                }
-                self.raft.runtime_config().heartbeat(beat);
-                beating = beat;
             }
         }
     }
@@ -220,15 +183,6 @@ mod tests {
         assert!(!may_stand(2, 0));
         assert!(may_stand(2, 1));
         assert!(may_stand(1, 0));
-    }
-
-    #[test]
-    fn a_leader_stops_its_heartbeats_once_no_quorum_acknowledged_it_for_a_while() {
-        assert!(keeps_heartbeats(Some(100), 60_000, 2_000));
-        assert!(!keeps_heartbeats(Some(2_500), 60_000, 2_000));
-        assert!(!keeps_heartbeats(None, 60_000, 2_000));
-        // A leadership younger than the window has had no time for acks.
-        assert!(keeps_heartbeats(None, 500, 2_000));
     }
 
     #[test]

@@ -489,7 +489,8 @@ fn one_way(p: &Partitioned, schedule: &str, victim: usize, deaf: bool, hold: Dur
     let mut figures = Figures::default();
     // A follower that hears nothing must not call elections that would
     // unseat the leader when the link heals: the term stays.
-    let follower_term = (p.leader() != Some(victim)).then(|| p.cluster.term(others[0]));
+    let was_leader = p.leader() == Some(victim);
+    let follower_term = (!was_leader).then(|| p.cluster.term(others[0]));
     for &other in &others {
         if deaf {
             p.cut(other, victim);
@@ -524,6 +525,15 @@ fn one_way(p: &Partitioned, schedule: &str, victim: usize, deaf: bool, hold: Dur
         figures.topic_change.is_some(),
         "{schedule}: the others take a topic change within {TOPIC_CHANGE_BOUND:?}"
     );
+    // A deaf node hears no leader, and a leader either way hears no quorum.
+    if deaf || was_leader {
+        assert!(
+            figures.unready.is_some_and(|t| t <= UNREADY_BOUND),
+            "{schedule}: n{} answers /readyz 503 within {UNREADY_BOUND:?} ({:?})",
+            victim + 1,
+            figures.unready
+        );
+    }
     // A node that still hears its leader forwards the change, and cannot
     // know whether it arrived: 500 (it may have been taken) is honest too.
     assert!(
