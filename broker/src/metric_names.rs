@@ -12,6 +12,8 @@ pub const CONNECTIONS_OPEN: &str = "narad_connections_open";
 pub const CONSUMER_STATE_FAILED: &str = "narad_consumer_state_failed";
 /// Consumes parked waiting for messages.
 pub const CONSUME_LONG_POLLS_WAITING: &str = "narad_consume_long_polls_waiting";
+/// Rounds of a long poll that a wake-up started and that found nothing.
+pub const CONSUME_EMPTY_WAKES_TOTAL: &str = "narad_consume_empty_wakes_total";
 /// Messages moved to a dead-letter topic.
 pub const DEAD_LETTERED_TOTAL: &str = "narad_dead_lettered_total";
 /// Records per dispatcher commit (histogram).
@@ -84,6 +86,7 @@ pub const ALL: &[(&str, Kind, &str)] = &[
     (CONNECTIONS_OPEN, Kind::Gauge, "Client connections open on this node."),
     (CONSUMER_STATE_FAILED, Kind::Gauge, "1 once a partition's ack state failed."),
     (CONSUME_LONG_POLLS_WAITING, Kind::Gauge, "Consumes parked waiting for messages."),
+    (CONSUME_EMPTY_WAKES_TOTAL, Kind::Counter, "Rounds of a long poll that a wake-up started and that found nothing."),
     (DEAD_LETTERED_TOTAL, Kind::Counter, "Messages moved to a dead-letter topic."),
     (DISPATCHER_COMMIT_RECORDS, Kind::Histogram, "Records per dispatcher commit."),
     (DISPATCHER_PENDING_RECORDS, Kind::Gauge, "Accepted records not yet committed."),

@@ -2181,3 +2181,43 @@ fn with_a_thousand_partitions_on_a_shard_acks_reach_the_os_within_about_100_ms()
         again.len()
     );
 }
+
+/// A long poll woken by a commit that brings it nothing is counted in
+/// `narad_consume_empty_wakes_total` (here a commit of another topic: a
+/// commit wakes every long poll of its shard today).
+#[test]
+fn a_long_poll_woken_for_nothing_is_counted() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let node = Node::start(&tmp.path().join("n"), &[]);
+    node.create_topic("quiet", json!({"partitions": 1}));
+    node.create_topic("busy", json!({"partitions": 1}));
+    let counted = || support::metric(&node, "narad_consume_empty_wakes_total");
+    assert_eq!(counted(), 0.0, "the counter is there from the start");
+    let addr = node.addr.clone();
+    let poll = std::thread::spawn(move || {
+        support::try_request(
+            &addr,
+            "POST",
+            "/v1/topics/quiet/consume",
+            br#"{"wait_ms": 20000}"#,
+            Duration::from_secs(30),
+        )
+    });
+    assert!(
+        eventually(Duration::from_secs(10), || support::metric(
+            &node,
+            "narad_consume_long_polls_waiting"
+        ) >= 1.0),
+        "the poll parks"
+    );
+    node.produce("busy", "not for the quiet topic");
+    assert!(
+        eventually(Duration::from_secs(10), || counted() >= 1.0),
+        "the wake-up that found nothing is counted"
+    );
+    // The poll is still waiting, and ends with what its topic gets.
+    node.produce("quiet", "for it");
+    let (status, body) = poll.join().expect("the poll").expect("an answer");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["messages"][0]["value"], "for it", "{body}");
+}

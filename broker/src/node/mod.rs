@@ -31,9 +31,9 @@ use crate::limits::{
 };
 use crate::mesh::{self, MeshEnds};
 use crate::metric_names::{
-    CONSUME_LONG_POLLS_WAITING, DISPATCHER_COMMIT_RECORDS, DISPATCHER_REROUTES_TOTAL,
-    MOVES_IN_PROGRESS, MOVE_COPIED_BYTES_TOTAL, STORAGE_CORRUPT_RECORDS_TOTAL,
-    WAL_RECORDS_PER_SYNC,
+    CONSUME_EMPTY_WAKES_TOTAL, CONSUME_LONG_POLLS_WAITING, DISPATCHER_COMMIT_RECORDS,
+    DISPATCHER_REROUTES_TOTAL, MOVES_IN_PROGRESS, MOVE_COPIED_BYTES_TOTAL,
+    STORAGE_CORRUPT_RECORDS_TOTAL, WAL_RECORDS_PER_SYNC,
 };
 use crate::receipt::ReceiptKey;
 use crate::remote::{DataInbox, Peers, QuicNodes};
@@ -311,6 +311,7 @@ pub fn run(config: Config) -> Result<(), String> {
     let epoch = next_epoch(&blocking_fs, &data_dir)?;
     let metrics = install_metrics()?;
     metrics::gauge!(CONSUME_LONG_POLLS_WAITING).set(0.0);
+    metrics::counter!(CONSUME_EMPTY_WAKES_TOTAL).absolute(0);
     metrics::counter!(DISPATCHER_REROUTES_TOTAL).absolute(0);
     metrics::gauge!(MOVES_IN_PROGRESS).set(0.0);
     metrics::counter!(MOVE_COPIED_BYTES_TOTAL).absolute(0);

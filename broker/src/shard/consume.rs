@@ -2,7 +2,9 @@
 //! other nodes', with long polls; lease sweeps, retention and dead letters.
 
 use super::*;
-use crate::metric_names::{CONSUME_LONG_POLLS_WAITING, DEAD_LETTERED_TOTAL};
+use crate::metric_names::{
+    CONSUME_EMPTY_WAKES_TOTAL, CONSUME_LONG_POLLS_WAITING, DEAD_LETTERED_TOTAL,
+};
 
 impl<F: FileSystem> Shard<F> {
     /// Refuses a consume the topic cannot serve (a pinned partition beyond
@@ -31,6 +33,9 @@ impl<F: FileSystem> Shard<F> {
             .visibility_timeout_ms
             .unwrap_or(topic.config.visibility_timeout_ms);
         let deadline = self.now() + request.wait_ms;
+        // Whether this round was started by a wake-up (not the first round,
+        // nor the deadline): one that finds nothing is counted.
+        let mut woken = false;
         loop {
             let seen = self.flow.availability.version();
             // Each round asks the owners as they are now: a partition may
@@ -41,6 +46,9 @@ impl<F: FileSystem> Shard<F> {
                 .filter(|t| t.incarnation == topic.incarnation);
             let topic = current.as_deref().unwrap_or(topic);
             let got = self.collect_for_client(topic, request, visibility).await?;
+            if woken && got.is_empty() {
+                metrics::counter!(CONSUME_EMPTY_WAKES_TOTAL).increment(1);
+            }
             let now = self.now();
             if !got.is_empty() || now >= deadline || self.flow.stopping.get() {
                 return Ok(got
@@ -50,9 +58,15 @@ impl<F: FileSystem> Shard<F> {
             }
             let wait = Duration::from_millis(deadline - now);
             let _parked = LongPollGauge::park();
-            futures_lite::future::or(
-                self.flow.availability.changed(seen),
-                self.env.runtime.sleep(wait),
+            woken = futures_lite::future::or(
+                async {
+                    self.flow.availability.changed(seen).await;
+                    true
+                },
+                async {
+                    self.env.runtime.sleep(wait).await;
+                    false
+                },
             )
             .await;
         }
