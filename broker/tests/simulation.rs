@@ -725,6 +725,19 @@ impl Drop for Teardown {
     }
 }
 
+/// A simulated cluster of [`NODES`] nodes with `overrides`, every node
+/// started and the failure detector running; its tasks end when the
+/// returned guard goes.
+fn running_cluster(seed: u64, overrides: &[(&str, &str)]) -> (SimCluster, Teardown) {
+    let mut cluster = SimCluster::new(seed, NODES, overrides);
+    let teardown = Teardown(cluster.executor.clone());
+    for node in 1..=NODES {
+        cluster.start(node);
+    }
+    cluster.run_failure_detector();
+    (cluster, teardown)
+}
+
 /// Whether an operation was answered 404 `topic_not_found`.
 fn told_missing(op: &Op) -> bool {
     let code = match op {
@@ -759,12 +772,7 @@ fn run(seed: u64, scenario: &Scenario) -> Vec<Event> {
     } else {
         &[]
     };
-    let mut cluster = SimCluster::new(seed, NODES, overrides);
-    let _teardown = Teardown(cluster.executor.clone());
-    for node in 1..=NODES {
-        cluster.start(node);
-    }
-    cluster.run_failure_detector();
+    let (mut cluster, _teardown) = running_cluster(seed, overrides);
     let executor = cluster.executor.clone();
     let clients = Rc::new(Clients {
         network: cluster.network.clone(),
@@ -1303,16 +1311,10 @@ const PROMOTION_SLACK_MS: u64 = 500;
 fn a_move_whose_source_dies_is_promoted_on_the_contracts_clock() {
     let promote_after = PROMOTE_AFTER_MS.to_string();
     for seed in first_seed()..first_seed() + PROMOTION_SEEDS {
-        let mut cluster = SimCluster::new(
+        let (mut cluster, _teardown) = running_cluster(
             seed,
-            NODES,
             &[("cluster.move_promote_after_ms", promote_after.as_str())],
         );
-        let _teardown = Teardown(cluster.executor.clone());
-        for node in 1..=NODES {
-            cluster.start(node);
-        }
-        cluster.run_failure_detector();
         let executor = cluster.executor.clone();
         let standin = cluster.standin.clone();
         create_plain_topic(&cluster);
@@ -1435,12 +1437,8 @@ fn a_cut_off_owners_records_go_to_a_sibling_on_the_contracts_clock() {
     for seed in first_seed()..first_seed() + REROUTE_SEEDS {
         // The production setting: the cut ends long before the node would
         // be marked dead, so the reroute comes from failing commits alone.
-        let mut cluster = SimCluster::new(seed, NODES, &[("cluster.node_dead_after_ms", "30000")]);
-        let _teardown = Teardown(cluster.executor.clone());
-        for node in 1..=NODES {
-            cluster.start(node);
-        }
-        cluster.run_failure_detector();
+        let (cluster, _teardown) =
+            running_cluster(seed, &[("cluster.node_dead_after_ms", "30000")]);
         let executor = cluster.executor.clone();
         create_plain_topic(&cluster);
         // A produce every 10 ms at every node, and a sample of every WAL.

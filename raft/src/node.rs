@@ -85,6 +85,18 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// A leader whose last quorum acknowledgement is older than this is not
 /// counted as a leader (a few heartbeat rounds and election timeouts).
 const LEADER_QUORUM_STALE_MS: u64 = 2_000;
+
+/// Whether a leader's last quorum acknowledgement (openraft's
+/// `millis_since_quorum_ack`) is recent enough for it to count as leader.
+fn quorum_fresh(millis_since_quorum_ack: Option<u64>) -> bool {
+    millis_since_quorum_ack.is_some_and(|ms| ms <= LEADER_QUORUM_STALE_MS)
+}
+
+/// Whether this node heard its leader recently enough to count it (as a
+/// leader counts its quorum).
+fn leader_heard(contact: &LeaderContact) -> bool {
+    contact.fresh(Duration::from_millis(LEADER_QUORUM_STALE_MS))
+}
 /// How long a leader without a fresh quorum acknowledgement waits for one
 /// before it refuses a write.
 const QUORUM_ACK_WAIT: Duration = Duration::from_secs(1);
@@ -283,7 +295,7 @@ async fn propose_at_leader(
             metrics
                 .current_leader
                 .is_some_and(|leader| leader != node_id)
-                && !contact.fresh(Duration::from_millis(LEADER_QUORUM_STALE_MS))
+                && !leader_heard(contact)
         };
         if unheard_leader {
             let _ = raft
@@ -310,9 +322,7 @@ async fn propose_at_leader(
             let metrics = raft.metrics();
             let metrics = metrics.borrow();
             metrics.current_leader == Some(node_id)
-                && metrics
-                    .millis_since_quorum_ack
-                    .is_none_or(|ms| ms > LEADER_QUORUM_STALE_MS)
+                && !quorum_fresh(metrics.millis_since_quorum_ack)
                 && metrics.membership_config.membership().voter_ids().count() > 1
         };
         if stale_leader {
@@ -321,9 +331,7 @@ async fn propose_at_leader(
                 .wait(Some(QUORUM_ACK_WAIT))
                 .metrics(
                     |m| {
-                        m.current_leader != Some(node_id)
-                            || m.millis_since_quorum_ack
-                                .is_some_and(|ms| ms <= LEADER_QUORUM_STALE_MS)
+                        m.current_leader != Some(node_id) || quorum_fresh(m.millis_since_quorum_ack)
                     },
                     "a quorum acknowledgement",
                 )
@@ -1189,9 +1197,7 @@ impl MetaNode {
                         let metrics = raft.metrics();
                         let metrics = metrics.borrow();
                         metrics.current_leader == Some(me)
-                            && metrics
-                                .millis_since_quorum_ack
-                                .is_some_and(|ms| ms <= LEADER_QUORUM_STALE_MS)
+                            && quorum_fresh(metrics.millis_since_quorum_ack)
                     };
                     serde_json::to_vec(&PreVoteAnswer {
                         granted: prevote::grants(
@@ -1311,14 +1317,10 @@ impl MetaNode {
             return None;
         }
         match metrics.current_leader {
-            Some(leader) if leader == self.node_id => metrics
-                .millis_since_quorum_ack
-                .filter(|ms| *ms <= LEADER_QUORUM_STALE_MS)
-                .map(|_| leader),
-            Some(leader) => self
-                .contact
-                .fresh(Duration::from_millis(LEADER_QUORUM_STALE_MS))
-                .then_some(leader),
+            Some(leader) if leader == self.node_id => {
+                quorum_fresh(metrics.millis_since_quorum_ack).then_some(leader)
+            }
+            Some(leader) => leader_heard(&self.contact).then_some(leader),
             None => None,
         }
     }

@@ -200,11 +200,11 @@ impl<F: FileSystem> Shard<F> {
         drop(dispatcher);
         metrics::counter!(DISPATCHER_REROUTES_TOTAL).increment(count as u64);
         let mut log = self.dispatch.reroute_log.borrow_mut();
-        let (last_ms, moved) = log.entry(from.clone()).or_insert((0, 0));
+        let (logged_at, moved) = log.entry(from.clone()).or_insert((None, 0));
         *moved += count;
-        if *last_ms == 0 || now.saturating_sub(*last_ms) >= REROUTE_LOG_INTERVAL_MS {
+        if logged_at.is_none_or(|at| now.saturating_sub(at) >= REROUTE_LOG_INTERVAL_MS) {
             tracing::warn!(topic = %from.topic, partition = from.partition, owner = failing, to = sibling, records = *moved, "rerouted records around an unavailable owner");
-            *last_ms = now.max(1);
+            *logged_at = Some(now);
             *moved = 0;
         }
     }

@@ -256,7 +256,7 @@ struct Dispatch {
     signal: Signal,
     /// Per partition rerouted from: when it was last logged, and the
     /// records moved since ([`REROUTE_LOG_INTERVAL_MS`]).
-    reroute_log: RefCell<HashMap<Destination, (u64, usize)>>,
+    reroute_log: RefCell<HashMap<Destination, (Option<u64>, usize)>>,
 }
 
 /// This shard's side of the other nodes.
