@@ -9,7 +9,7 @@ stop_all() { # pid...: SIGTERM each, then wait for each to exit (so that its fil
 address_of() { # name: prints the client address once the node listens
   for _ in $(seq 1 600); do
     if grep -q 'listening client=' "$work/$1.out" 2>/dev/null; then
-      grep -o 'client=[^ ]*' "$work/$1.out" | cut -d= -f2; return 0
+      grep -o 'client=[^ ]*' "$work/$1.out" | head -1 | cut -d= -f2; return 0
     fi
     sleep 0.1
   done
