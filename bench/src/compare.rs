@@ -9,6 +9,7 @@ use clap::Args;
 use serde_json::Value;
 
 use crate::chart;
+use crate::coalescing::CoalescingDriver;
 use crate::driver::{Driver, NaradDriver};
 use crate::omb;
 use crate::reqwest_driver::ReqwestDriver;
@@ -24,7 +25,15 @@ const REDIS_URL: &str = "redis://127.0.0.1:16379/";
 const PEERS: &str = "nats,rabbitmq,redis";
 
 /// The systems `workload --driver` can run on.
-const DRIVERS: [&str; 5] = ["narad", "narad-reqwest", "nats", "rabbitmq", "redis"];
+const DRIVERS: [&str; 7] = [
+    "narad",
+    "narad-reqwest",
+    "narad-coalescing",
+    "nats",
+    "rabbitmq",
+    "redis",
+    "redis-pipelined",
+];
 
 /// Where the systems under test are and how long each run lasts; shared by
 /// `workload` and `compare`.
@@ -147,6 +156,7 @@ fn driver(name: &str, system: &SystemArgs) -> Result<Arc<dyn Driver>, String> {
     match name {
         "narad" => Ok(Arc::new(NaradDriver::new(&system.server)?)),
         "narad-reqwest" => Ok(Arc::new(ReqwestDriver::new(&system.server)?)),
+        "narad-coalescing" => Ok(Arc::new(CoalescingDriver::new(&system.server)?)),
         #[cfg(feature = "peers")]
         peer => crate::peers::driver(peer, system),
         #[cfg(not(feature = "peers"))]

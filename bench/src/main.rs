@@ -42,6 +42,7 @@ mod ceiling;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 mod chart;
+mod coalescing;
 mod compare;
 mod drain;
 mod driver;

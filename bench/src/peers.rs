@@ -10,7 +10,10 @@
 //! - RabbitMQ: a quorum queue per topic, publisher confirms awaited one at a
 //!   time, manual acks (several at once with `multiple`).
 //! - Redis streams: one stream per topic with `appendfsync always`, a
-//!   consumer group, `XREADGROUP` and `XACK`.
+//!   consumer group, `XREADGROUP` and `XACK`. `redis-pipelined` shares a
+//!   few connections among all producers and pipelines the `XADD`s that
+//!   came while the last pipeline was out (one in flight per connection),
+//!   as `narad-coalescing` batches.
 //!
 //! Partitions: each peer keeps a topic as one stream or queue (NATS and Redis
 //! streams are one log; a quorum queue is one Raft group), as OMB's drivers
@@ -50,8 +53,9 @@ pub fn driver(name: &str, system: &SystemArgs) -> Result<Arc<dyn Driver>, String
         "nats" => Ok(Arc::new(Nats::connect(&system.nats)?)),
         "rabbitmq" => Ok(Arc::new(RabbitMq::connect(&system.rabbitmq)?)),
         "redis" => Ok(Arc::new(Redis::connect(&system.redis)?)),
+        "redis-pipelined" => Ok(Arc::new(RedisPipelined::connect(&system.redis)?)),
         other => Err(format!(
-            "unknown system {other:?} (narad, nats, rabbitmq, redis)"
+            "unknown system {other:?} (narad, nats, rabbitmq, redis, redis-pipelined)"
         )),
     }
 }
@@ -626,5 +630,130 @@ impl Consumer for RedisConsumer {
             .query::<u64>(&mut self.connection)
             .map(|_| ())
             .map_err(text)
+    }
+}
+
+/// Redis streams with pipelined producers: every producer thread hands its
+/// `XADD` to one of [`PIPELINE_LANES`] lanes, each a thread with one
+/// connection that sends everything queued since its last pipeline was
+/// answered as the next pipeline. Each producer waits for its own reply.
+struct RedisPipelined {
+    redis: Redis,
+    lanes: Vec<crossbeam_channel::Sender<Xadd>>,
+    next: Arc<AtomicU64>,
+}
+
+/// Lanes of the pipelined producer: its best with 64 producers on this
+/// machine among 1, 4, 8, 16 and 64 (docs/benchmarks.md);
+/// `NARAD_BENCH_REDIS_LANES` sets another count.
+const PIPELINE_LANES: usize = 8;
+/// The most commands in one pipeline.
+const PIPELINE_MAX: usize = 1000;
+
+struct Xadd {
+    stream: String,
+    payload: Vec<u8>,
+    done: crossbeam_channel::Sender<Result<(), String>>,
+}
+
+impl RedisPipelined {
+    fn connect(url: &str) -> Result<Self, String> {
+        let redis = Redis::connect(url)?;
+        let lanes_wanted = std::env::var("NARAD_BENCH_REDIS_LANES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(PIPELINE_LANES);
+        let mut lanes = Vec::new();
+        for lane in 0..lanes_wanted {
+            let mut connection = redis.connection()?;
+            let (queue, queued) = crossbeam_channel::unbounded::<Xadd>();
+            std::thread::Builder::new()
+                .name(format!("redis-lane-{lane}"))
+                .spawn(move || {
+                    while let Ok(first) = queued.recv() {
+                        let mut batch = vec![first];
+                        while batch.len() < PIPELINE_MAX {
+                            match queued.try_recv() {
+                                Ok(next) => batch.push(next),
+                                Err(_) => break,
+                            }
+                        }
+                        let mut pipe = redis::pipe();
+                        for xadd in &batch {
+                            pipe.cmd("XADD")
+                                .arg(&xadd.stream)
+                                .arg("*")
+                                .arg("v")
+                                .arg(&xadd.payload);
+                        }
+                        let answer = pipe.query::<Vec<String>>(&mut connection).map_err(text);
+                        for xadd in batch {
+                            let _ = xadd
+                                .done
+                                .send(answer.as_ref().map(|_| ()).map_err(Clone::clone));
+                        }
+                    }
+                })
+                .map_err(text)?;
+            lanes.push(queue);
+        }
+        Ok(Self {
+            redis,
+            lanes,
+            next: Arc::new(AtomicU64::new(0)),
+        })
+    }
+}
+
+impl Driver for RedisPipelined {
+    fn name(&self) -> &'static str {
+        "redis-pipelined"
+    }
+
+    fn durability(&self) -> Result<String, String> {
+        self.redis.durability()
+    }
+
+    fn create_topic(&self, topic: &str, partitions: u32) -> Result<(), String> {
+        self.redis.create_topic(topic, partitions)
+    }
+
+    fn delete_topic(&self, topic: &str) -> Result<(), String> {
+        self.redis.delete_topic(topic)
+    }
+
+    fn producer(&self, topic: &str) -> Result<Box<dyn Producer>, String> {
+        Ok(Box::new(PipelinedProducer {
+            lanes: self.lanes.clone(),
+            next: self.next.clone(),
+            stream: topic.to_string(),
+        }))
+    }
+
+    fn consumer(&self, topic: &str) -> Result<Box<dyn Consumer>, String> {
+        self.redis.consumer(topic)
+    }
+}
+
+struct PipelinedProducer {
+    lanes: Vec<crossbeam_channel::Sender<Xadd>>,
+    next: Arc<AtomicU64>,
+    stream: String,
+}
+
+impl Producer for PipelinedProducer {
+    fn send(&mut self, _key: Option<&str>, payload: &[u8]) -> Result<(), String> {
+        let lane = self.next.fetch_add(1, Ordering::Relaxed) as usize % self.lanes.len();
+        let (done, answered) = crossbeam_channel::bounded(1);
+        self.lanes[lane]
+            .send(Xadd {
+                stream: self.stream.clone(),
+                payload: payload.to_vec(),
+                done,
+            })
+            .map_err(|_| "a redis lane ended".to_string())?;
+        answered
+            .recv()
+            .map_err(|_| "a redis lane ended".to_string())?
     }
 }

@@ -3,7 +3,7 @@
 
 mod support;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -1214,6 +1214,105 @@ fn a_node_whose_locked_memory_limit_is_too_low_says_so_and_exits() {
 extern "C" {
     #[link_name = "geteuid"]
     fn libc_geteuid() -> u32;
+}
+
+/// The Rust client's coalescing producer: 400 callers at once get their
+/// own ids, in fewer requests than messages; a message the topic refuses
+/// fails alone while the others of its batch are stored; every message is
+/// stored once.
+#[test]
+fn the_rust_clients_coalescing_producer_answers_each_caller_and_batches() {
+    use narad_client::{Client, ConsumeRequest, Error, Producer, ProducerOptions};
+    let tmp = tempfile::tempdir().expect("tmp");
+    let node = Node::start(&tmp.path().join("n"), &[]);
+    node.create_topic(
+        "orders",
+        json!({"partitions": 4, "max_message_bytes": 2048}),
+    );
+    let produce_requests = || {
+        let (_, _, body) = support::raw_request(&node.addr, "GET", "/metrics", &[], b"");
+        String::from_utf8_lossy(&body)
+            .lines()
+            .filter(|l| {
+                l.starts_with("narad_http_requests_total{")
+                    && (l.contains("route=\"produce\"") || l.contains("route=\"produce_batch\""))
+            })
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    const CALLERS: usize = 400;
+    const BAD: usize = 123;
+    let before = produce_requests();
+    let answers = runtime.block_on(async {
+        let client = Client::builder(&format!("http://{}", node.addr))
+            .build()
+            .expect("client");
+        let options = ProducerOptions {
+            lanes: 2,
+            ..ProducerOptions::default()
+        };
+        let producer = std::sync::Arc::new(Producer::new(client, options));
+        let callers: Vec<_> = (0..CALLERS)
+            .map(|i| {
+                let producer = producer.clone();
+                tokio::spawn(async move {
+                    let value = if i == BAD {
+                        "x".repeat(4000)
+                    } else {
+                        format!("order {i}")
+                    };
+                    let key = (i % 3 == 0).then(|| format!("customer-{}", i % 7));
+                    producer.produce("orders", key.as_deref(), value).await
+                })
+            })
+            .collect();
+        let mut answers = Vec::new();
+        for caller in callers {
+            answers.push(caller.await.expect("the caller"));
+        }
+        answers
+    });
+    let requests = produce_requests() - before;
+    let mut ids = HashSet::new();
+    for (i, answer) in answers.iter().enumerate() {
+        match answer {
+            Err(Error::Api { status, .. }) if i == BAD => {
+                assert!(*status == 400 || *status == 413, "{answer:?}");
+            }
+            Ok(id) if i != BAD => assert!(ids.insert(id.clone()), "id {id} answered twice"),
+            other => panic!("caller {i}: {other:?}"),
+        }
+    }
+    assert!(
+        requests < (CALLERS / 2) as f64,
+        "{requests} produce requests for {CALLERS} messages"
+    );
+    // Every good message is there once, the bad one not at all.
+    let client = Client::builder(&format!("http://{}", node.addr))
+        .build()
+        .expect("client");
+    let request = ConsumeRequest {
+        max_messages: Some(100),
+        wait_ms: Some(500),
+        ..ConsumeRequest::default()
+    };
+    let mut stored = Vec::new();
+    runtime.block_on(async {
+        let deadline = Instant::now() + WAIT;
+        while stored.len() < CALLERS - 1 && Instant::now() < deadline {
+            for delivery in client.consume("orders", &request).await.expect("consume") {
+                stored.push(delivery.id.clone());
+                client.ack("orders", &delivery.receipt).await.expect("ack");
+            }
+        }
+    });
+    let stored_set: HashSet<String> = stored.iter().cloned().collect();
+    assert_eq!(stored.len(), CALLERS - 1, "each good message once");
+    assert_eq!(stored_set, ids);
 }
 
 #[test]

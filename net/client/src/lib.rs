@@ -5,6 +5,9 @@
 //!
 //! - [`Client`]: produce one message or a batch, consume with a lease, ack,
 //!   nack (with a delay), extend, and the batch forms of the three.
+//! - [`Producer`]: many callers' messages sent together as batch requests,
+//!   a batch leaving when the one before it is answered, each caller
+//!   answered with its own id or error.
 //! - [`Consumer`]: a loop that consumes, runs a handler on each message,
 //!   extends the lease while the handler runs, and acks or nacks by the
 //!   handler's result.
@@ -48,7 +51,9 @@ use serde_json::{json, Value};
 pub mod blocking;
 mod connection;
 mod consumer;
+mod producer;
 pub use consumer::{Consumer, ConsumerOptions, Outcome};
+pub use producer::{Producer, ProducerOptions};
 
 /// What can go wrong with a call.
 #[derive(Debug, Clone, PartialEq, Eq)]
