@@ -5,7 +5,8 @@
 #
 # 1. end to end, 20,000 msg/s open loop and max rate: `narad-bench compare`
 #    of the 5k, 20k and max 1 KiB workloads on Narad (its own driver and
-#    the stock reqwest one) and Redis streams with redis-rs, ROUNDS rounds.
+#    the stock reqwest one) and Redis streams with redis-rs, ROUNDS rounds;
+#    at max rate also narad-coalescing and redis-pipelined.
 # 2. produce -> consumable at 100 msg/s on an idle node.
 # 3. server CPU per accepted message: the node's CPU time (utime + stime
 #    of /proc/PID/stat) over one workload run at 5k, 20k and max rate,
@@ -50,8 +51,11 @@ workloads=(1kb-5k 1kb-20k 1kb-max)
 echo "== 1. compare: ${workloads[*]}, $rounds rounds of $seconds s"
 node=$(fresh_node compare)
 for w in "${workloads[@]}"; do
+  peers=narad-reqwest,redis
+  # At max rate also the coalescing producer, beside Redis pipelining.
+  if [[ $w == 1kb-max ]]; then peers=narad-reqwest,narad-coalescing,redis,redis-pipelined; fi
   target/release/narad-bench compare "bench/workloads/1-topic-16-partitions-$w.yaml" \
-    --server "http://$node" --peers narad-reqwest,redis --rounds "$rounds" \
+    --server "http://$node" --peers "$peers" --rounds "$rounds" \
     --duration-seconds "$seconds" --warmup-seconds 5 --out "$work/compare-$w" 2>&1 \
     | grep -v '^\s*$'
 done
