@@ -1216,6 +1216,67 @@ extern "C" {
     fn libc_geteuid() -> u32;
 }
 
+/// Keyless messages go round robin over the partitions of the shard that
+/// took the request, whose commits need no hop to another shard: one
+/// kept-alive connection to a node of two shards fills half of a topic's
+/// 16 partitions, evenly; connections spread over both shards fill them
+/// all.
+#[test]
+fn keyless_messages_go_round_robin_over_the_partitions_of_the_shard_that_took_them() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let node = Node::start(&tmp.path().join("n"), &["--shards", "2"]);
+    node.create_topic("spread", json!({"partitions": 16}));
+    let held = || -> Vec<u64> {
+        let (status, topic) = node.request("GET", "/v1/topics/spread", b"");
+        assert_eq!(status, 200, "{topic}");
+        topic["partition_stats"]
+            .as_array()
+            .expect("partition_stats")
+            .iter()
+            .map(|p| p["high_watermark"].as_u64().expect("high_watermark"))
+            .collect()
+    };
+    let client = narad_client::blocking::Client::builder(&format!("http://{}", node.addr))
+        .build()
+        .expect("client");
+    let mut connection = client.connect().expect("a connection");
+    for i in 0..48 {
+        connection
+            .request(
+                "POST",
+                "/v1/topics/spread/messages",
+                &[],
+                format!("m{i}").as_bytes(),
+                Duration::ZERO,
+            )
+            .expect("202");
+    }
+    // A 202 comes before the commit to the partition: wait for all 48.
+    assert!(
+        eventually(WAIT, || held().iter().sum::<u64>() == 48),
+        "committed: {:?}",
+        held()
+    );
+    let one = held();
+    let filled: Vec<u64> = one.iter().copied().filter(|c| *c > 0).collect();
+    assert_eq!(
+        filled,
+        vec![6; 8],
+        "one connection, one shard's partitions: {one:?}"
+    );
+    // New connections land on either shard.
+    for i in 0..64 {
+        node.produce("spread", &format!("n{i}"));
+    }
+    assert!(
+        eventually(WAIT, || held().iter().sum::<u64>() == 48 + 64),
+        "committed: {:?}",
+        held()
+    );
+    let all = held();
+    assert!(all.iter().all(|c| *c > 0), "every partition: {all:?}");
+}
+
 /// The Rust client's coalescing producer: 400 callers at once get their
 /// own ids, in fewer requests than messages; a message the topic refuses
 /// fails alone while the others of its batch are stored; every message is

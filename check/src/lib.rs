@@ -900,6 +900,9 @@ pub fn check(events: &[Event]) -> Report {
     // partition whose owner the history does not record excuses nothing.
     let owners_of = |d: &Delivery| owners_at(&owners, d);
     let downtime = Downtime::of(&faults, &links);
+    // Processes stopped or paused, not links cut: a cut link of the
+    // accepting node to a third node loses no answer of the owner.
+    let stopped = Downtime::of(&faults, &[]);
     // A message stored again at another offset after a copy of it was
     // first delivered at `before`: the contract allows two ways.
     //
@@ -927,13 +930,20 @@ pub fn check(events: &[Event]) -> Report {
     //    when the lost one was delivered first) no later than `before`, the
     //    first delivery of the copy before this one: some copy's owner was
     //    down between the produce and `ANSWER_LOST_SLACK_MS` after that.
-    let answer_lost = |copies: &[(&Delivery, u64)], produced_ms: u64, before: u64| {
+    //    The same when the accepting node's process was down (paused)
+    //    then: its call's deadline passed while it waited, so it could not
+    //    tell that the commit landed (a cut link between it and the owner
+    //    is the owner's downtime above).
+    let answer_lost = |id: &str, copies: &[(&Delivery, u64)], produced_ms: u64, before: u64| {
         let until = before.saturating_add(ANSWER_LOST_SLACK_MS);
-        copies.iter().any(|(copy, _)| {
-            owners_of(copy)
-                .iter()
-                .any(|owner| downtime.down_between(owner, produced_ms, until))
-        })
+        let sender_down =
+            accepted_by(id).is_some_and(|by| stopped.down_between(&by, produced_ms, until));
+        sender_down
+            || copies.iter().any(|(copy, _)| {
+                owners_of(copy)
+                    .iter()
+                    .any(|owner| downtime.down_between(owner, produced_ms, until))
+            })
     };
     // The owner of `d`'s partition went down (which ends its leases)
     // between `from` and `to`.
@@ -1187,7 +1197,7 @@ pub fn check(events: &[Event]) -> Report {
                         before.partition, before.offset, again.partition, again.offset
                     )
                 };
-                if answer_lost(&copies, produced_ms, *before_ms)
+                if answer_lost(id, &copies, produced_ms, *before_ms)
                     || replayed(id, produced_ms, *before_ms)
                 {
                     report.duplicates_explained.add(describe);

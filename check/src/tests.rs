@@ -504,6 +504,39 @@ fn a_rerouted_copy_is_explained_by_its_original_owners_outage() {
 }
 
 #[test]
+fn a_copy_rerouted_after_its_accepting_node_was_paused_is_explained() {
+    use NemesisAction::{Pause, Resume};
+    // Accepted by n1 (its id says so), committed to partition 0 (n2),
+    // which stored it; n1 was paused before the answer came, its call's
+    // deadline passed during the pause, and on waking it rerouted the
+    // record to partition 1 (n3). Neither owner was ever down.
+    let id = id_from(1, 7);
+    let first = delivery(&id, "t", 0, 1, 35_000);
+    let rerouted = Delivery {
+        partition: 1,
+        ..delivery(&id, "t", 5, 1, 60_000)
+    };
+    let history = |paused: bool| {
+        let mut h = Builder::default();
+        h.owners("t", &["n2", "n3"]).produce(1_000, &id, "t");
+        if paused {
+            h.nemesis_on(1_003, Pause, "n1")
+                .nemesis_on(5_100, Resume, "n1");
+        }
+        h.consume(5_300, vec![first.clone()])
+            .settle(5_400, SettleAction::Ack, &first, None)
+            .consume(5_600, vec![rerouted.clone()])
+            .settle(5_700, SettleAction::Ack, &rerouted, None);
+        h.report()
+    };
+    let report = history(true);
+    assert_eq!(unexplained(&report), 0, "{}", report.summary());
+    // Without the pause nothing explains the second copy.
+    let report = history(false);
+    assert_eq!(unexplained(&report), 1, "{}", report.summary());
+}
+
+#[test]
 fn acked_then_delivered_again_fails_unless_a_crash_lost_the_ack() {
     let mut h = Builder::default();
     let first = delivery("a", "t", 0, 1, 15);

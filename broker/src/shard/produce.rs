@@ -15,9 +15,22 @@ impl<F: FileSystem> Shard<F> {
         match key {
             Some(key) => partition_for_key(key, topic.config.partitions),
             None => {
-                let next = self.flow.round_robin.get().wrapping_add(1);
+                let count = topic.config.partitions.max(1);
+                let placement = self.placement(topic);
+                let mut next = self.flow.round_robin.get();
+                let first = next.wrapping_add(1) % count;
+                // Round robin, preferring partitions of this shard: their
+                // commits need no hop to another shard.
+                let steps = (2 * placement.shards as u32).min(count);
+                for _ in 0..steps {
+                    next = next.wrapping_add(1);
+                    if placement.locate(next % count) == Location::Here {
+                        self.flow.round_robin.set(next);
+                        return next % count;
+                    }
+                }
                 self.flow.round_robin.set(next);
-                next % topic.config.partitions.max(1)
+                first
             }
         }
     }
