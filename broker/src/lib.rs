@@ -41,4 +41,3 @@ pub mod settings;
 pub mod shard;
 pub mod ship;
 pub mod signal;
-pub mod wakeups;

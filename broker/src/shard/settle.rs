@@ -190,12 +190,7 @@ impl<F: FileSystem> Shard<F> {
                     }
                 }
             }
-            SettleAction::Nack { .. } => {
-                let nacked = answers.iter().filter(|a| a.is_ok()).count();
-                if nacked > 0 {
-                    self.announce_available(&topic.name, count_of(nacked));
-                }
-            }
+            SettleAction::Nack { .. } => self.announce_available(),
             SettleAction::Extend { .. } => {}
         }
         answers

@@ -318,13 +318,11 @@ fn stopped() -> CallError {
 
 impl Transport for SimShards {
     fn deliver(&self, to: Address, envelope: Envelope, _: Option<Duration>) -> Delivered<'_> {
-        self.hand_over(to, envelope);
+        self.post(to, envelope);
         Box::pin(async { Ok(()) })
     }
-}
 
-impl SimShards {
-    fn hand_over(&self, to: Address, envelope: Envelope) {
+    fn post(&self, to: Address, envelope: Envelope) {
         let Address::Shard(shard) = to else {
             return;
         };
@@ -408,6 +406,8 @@ impl Transport for SimNodes {
             timeout: timeout.unwrap_or(CALL_TIMEOUT_DEFAULT),
         })
     }
+
+    fn post(&self, _: Address, _: Envelope) {}
 }
 
 // ------------------------------------------------------------ nodes
