@@ -41,3 +41,4 @@ pub mod settings;
 pub mod shard;
 pub mod ship;
 pub mod signal;
+pub mod wakeups;

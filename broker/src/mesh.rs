@@ -157,13 +157,6 @@ impl Transport for Mesh {
             sender.send(envelope).await.map_err(|_| peer_gone())
         })
     }
-
-    fn post(&self, to: Address, envelope: Envelope) {
-        if let Ok(sender) = self.sender(to) {
-            // A full channel already holds a wake-up for that shard.
-            let _ = sender.try_send(envelope);
-        }
-    }
 }
 
 #[cfg(test)]

@@ -93,9 +93,6 @@ impl Transport for QuicNodes {
             Err(error) => Box::pin(async move { Err(error) }),
         }
     }
-
-    /// Wake-ups between nodes are calls of their own (`notify_peers`).
-    fn post(&self, _to: Address, _envelope: Envelope) {}
 }
 
 /// What this node knows of another's messages, for unpinned consumes.

@@ -2342,42 +2342,64 @@ fn with_a_thousand_partitions_on_a_shard_acks_reach_the_os_within_about_100_ms()
     );
 }
 
-/// A long poll woken by a commit that brings it nothing is counted in
-/// `narad_consume_empty_wakes_total` (here a commit of another topic: a
-/// commit wakes every long poll of its shard today).
+/// A commit wakes only the long polls of its topic, and only as many as
+/// it brings messages: commits of another topic wake nobody, and one
+/// message wakes one of two polls that each take one. A wake-up that finds
+/// nothing would be counted in `narad_consume_empty_wakes_total` (seen
+/// failing when every commit woke every poll of the node).
 #[test]
-fn a_long_poll_woken_for_nothing_is_counted() {
+fn a_commit_wakes_only_polls_of_its_topic_one_per_message() {
     let tmp = tempfile::tempdir().expect("tmp");
     let node = Node::start(&tmp.path().join("n"), &[]);
     node.create_topic("quiet", json!({"partitions": 1}));
-    node.create_topic("busy", json!({"partitions": 1}));
+    node.create_topic("busy", json!({"partitions": 4}));
     let counted = || support::metric(&node, "narad_consume_empty_wakes_total");
+    let waiting = || support::metric(&node, "narad_consume_long_polls_waiting");
     assert_eq!(counted(), 0.0, "the counter is there from the start");
-    let addr = node.addr.clone();
-    let poll = std::thread::spawn(move || {
-        support::try_request(
-            &addr,
-            "POST",
-            "/v1/topics/quiet/consume",
-            br#"{"wait_ms": 20000}"#,
-            Duration::from_secs(30),
-        )
-    });
+    let (answers, answered) = std::sync::mpsc::channel();
+    let polls: Vec<_> = (0..2)
+        .map(|_| {
+            let (addr, answers) = (node.addr.clone(), answers.clone());
+            std::thread::spawn(move || {
+                let answer = support::try_request(
+                    &addr,
+                    "POST",
+                    "/v1/topics/quiet/consume",
+                    br#"{"wait_ms": 20000, "max_messages": 1}"#,
+                    Duration::from_secs(30),
+                );
+                let _ = answers.send(answer);
+            })
+        })
+        .collect();
     assert!(
-        eventually(Duration::from_secs(10), || support::metric(
-            &node,
-            "narad_consume_long_polls_waiting"
-        ) >= 1.0),
-        "the poll parks"
+        eventually(Duration::from_secs(10), || waiting() >= 2.0),
+        "both polls park"
     );
-    node.produce("busy", "not for the quiet topic");
-    assert!(
-        eventually(Duration::from_secs(10), || counted() >= 1.0),
-        "the wake-up that found nothing is counted"
-    );
-    // The poll is still waiting, and ends with what its topic gets.
-    node.produce("quiet", "for it");
-    let (status, body) = poll.join().expect("the poll").expect("an answer");
+    for i in 0..20 {
+        node.produce("busy", &format!("not for the quiet topic {i}"));
+    }
+    node.produce("quiet", "one");
+    let (status, body) = answered
+        .recv_timeout(Duration::from_secs(10))
+        .expect("one poll answers")
+        .expect("an answer");
     assert_eq!(status, 200, "{body}");
-    assert_eq!(body["messages"][0]["value"], "for it", "{body}");
+    assert_eq!(body["messages"][0]["value"], "one", "{body}");
+    assert_eq!(waiting(), 1.0, "the other poll still waits");
+    node.produce("quiet", "two");
+    let (status, body) = answered
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the other poll answers")
+        .expect("an answer");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["messages"][0]["value"], "two", "{body}");
+    for poll in polls {
+        poll.join().expect("the poll");
+    }
+    assert_eq!(
+        counted(),
+        0.0,
+        "no poll was woken for the other topic's commits or for the message the other took"
+    );
 }

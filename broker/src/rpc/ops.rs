@@ -16,7 +16,7 @@ use rkyv::{Archive, Deserialize, Serialize};
 
 use super::wire::{
     Wire, KIND_AVAILABLE, KIND_COLLECT, KIND_COMMIT, KIND_GAUGES, KIND_MOVE_SOURCE, KIND_SETTLE,
-    KIND_STATS,
+    KIND_STATS, KIND_WAKE,
 };
 use crate::owner::PartitionStats;
 
@@ -249,6 +249,18 @@ pub struct Available {
     pub from: NodeId,
 }
 
+/// Messages of one topic became available on another shard of this node
+/// (`count` of them that the sender's own long polls did not cover, or 0
+/// when it only ends what the receiver knew of it): wake long polls of that
+/// topic here (`wakeups.rs`).
+#[derive(Debug, Clone, PartialEq, Eq, Archive, Serialize, Deserialize)]
+pub struct Wake {
+    pub topic: String,
+    /// The sending shard's index.
+    pub shard: u32,
+    pub count: u32,
+}
+
 /// An operation and where its reply goes: the one message every transport
 /// carries.
 pub enum Envelope {
@@ -259,6 +271,7 @@ pub enum Envelope {
     Gauges(Gauges, Reply<ShardGauges>),
     Available(Available, Reply<()>),
     MoveSource(MoveSource, Reply<SourceAnswer>),
+    Wake(Wake, Reply<()>),
 }
 
 /// Something done with an envelope's typed operation and reply.
@@ -277,6 +290,7 @@ impl Envelope {
             Self::Gauges(..) => Gauges::KIND,
             Self::Available(..) => Available::KIND,
             Self::MoveSource(..) => MoveSource::KIND,
+            Self::Wake(..) => Wake::KIND,
         }
     }
 
@@ -290,6 +304,7 @@ impl Envelope {
             Self::Gauges(op, reply) => visitor.visit(op, reply),
             Self::Available(op, reply) => visitor.visit(op, reply),
             Self::MoveSource(op, reply) => visitor.visit(op, reply),
+            Self::Wake(op, reply) => visitor.visit(op, reply),
         }
     }
 
@@ -302,7 +317,7 @@ impl Envelope {
             Self::Stats(op, _) => Some((&op.topic.name, first(&op.partitions))),
             Self::Settle(op, _) => Some((&op.topic.name, 0)),
             Self::MoveSource(op, _) => Some((&op.topic.name, op.partition)),
-            Self::Gauges(..) | Self::Available(..) => None,
+            Self::Gauges(..) | Self::Available(..) | Self::Wake(..) => None,
         }
     }
 }
@@ -330,3 +345,4 @@ operation!(Stats, Figures, KIND_STATS);
 operation!(Gauges, ShardGauges, KIND_GAUGES);
 operation!(Available, (), KIND_AVAILABLE);
 operation!(MoveSource, SourceAnswer, KIND_MOVE_SOURCE);
+operation!(Wake, (), KIND_WAKE);

@@ -61,10 +61,6 @@ pub trait Transport {
     /// reply then comes on the envelope's oneshot) or could not be; a
     /// transport that needs one uses `timeout` as its own deadline.
     fn deliver(&self, to: Address, envelope: Envelope, timeout: Option<Duration>) -> Delivered<'_>;
-
-    /// Hands over a wake-up without waiting: dropped when the receiver
-    /// already has one queued (so none is ever lost) or cannot be reached.
-    fn post(&self, to: Address, envelope: Envelope);
 }
 
 /// Hands the reply in an answer that came over the wire to whoever waits
@@ -135,14 +131,6 @@ impl Transport for Links {
             (Address::Shard(_), _) => self.shards.deliver(to, envelope, timeout),
             (Address::Node(_), Some(nodes)) => nodes.deliver(to, envelope, timeout),
             (Address::Node(node), None) => Box::pin(async move { Err(no_such_node(node)) }),
-        }
-    }
-
-    fn post(&self, to: Address, envelope: Envelope) {
-        match (to, &self.nodes) {
-            (Address::Shard(_), _) => self.shards.post(to, envelope),
-            (Address::Node(_), Some(nodes)) => nodes.post(to, envelope),
-            (Address::Node(_), None) => {}
         }
     }
 }

@@ -14,7 +14,7 @@ use rkyv::ser::allocator::ArenaHandle;
 use rkyv::util::AlignedVec;
 
 use super::ops::{
-    Available, Collect, Commit, Envelope, Gauges, MoveSource, Operation, Settle, Stats,
+    Available, Collect, Commit, Envelope, Gauges, MoveSource, Operation, Settle, Stats, Wake,
 };
 
 /// The version of this form. A node refuses a request of another version
@@ -31,10 +31,11 @@ pub const KIND_STATS: u8 = 35;
 pub const KIND_AVAILABLE: u8 = 36;
 pub const KIND_GAUGES: u8 = 37;
 pub const KIND_MOVE_SOURCE: u8 = 38;
+pub const KIND_WAKE: u8 = 39;
 
 /// Whether `kind` is an operation of the data plane.
 pub fn is_operation_kind(kind: u8) -> bool {
-    (KIND_COMMIT..=KIND_MOVE_SOURCE).contains(&kind)
+    (KIND_COMMIT..=KIND_WAKE).contains(&kind)
 }
 
 const ANSWERED: u8 = 0;
@@ -123,6 +124,7 @@ pub fn open(kind: u8, payload: &[u8]) -> Result<(Envelope, EncodedReply), String
         KIND_AVAILABLE => open_as::<Available>(payload),
         KIND_GAUGES => open_as::<Gauges>(payload),
         KIND_MOVE_SOURCE => open_as::<MoveSource>(payload),
+        KIND_WAKE => open_as::<Wake>(payload),
         other => Err(format!("no operation of kind {other}")),
     }
 }

@@ -5,6 +5,7 @@ use super::*;
 use crate::metric_names::{
     CONSUME_EMPTY_WAKES_TOTAL, CONSUME_LONG_POLLS_WAITING, DEAD_LETTERED_TOTAL,
 };
+use crate::wakeups::Woken;
 
 impl<F: FileSystem> Shard<F> {
     /// Refuses a consume the topic cannot serve (a pinned partition beyond
@@ -33,11 +34,13 @@ impl<F: FileSystem> Shard<F> {
             .visibility_timeout_ms
             .unwrap_or(topic.config.visibility_timeout_ms);
         let deadline = self.now() + request.wait_ms;
-        // Whether this round was started by a wake-up (not the first round,
-        // nor the deadline): one that finds nothing is counted.
-        let mut woken = false;
+        let room = request.max_messages;
+        let name: &str = &topic.name;
+        // The wake-up that started this round, if any: it is finished (or,
+        // dropped with the request, passed on) once the round is done.
+        let mut woken: Option<Woken<'_>> = None;
         loop {
-            let seen = self.flow.availability.version();
+            let seen = self.flow.polls.version(name);
             // Each round asks the owners as they are now: a partition may
             // have moved since the poll began.
             let current = self
@@ -46,8 +49,11 @@ impl<F: FileSystem> Shard<F> {
                 .filter(|t| t.incarnation == topic.incarnation);
             let topic = current.as_deref().unwrap_or(topic);
             let got = self.collect_for_client(topic, request, visibility).await?;
-            if woken && got.is_empty() {
-                metrics::counter!(CONSUME_EMPTY_WAKES_TOTAL).increment(1);
+            if let Some(woken) = woken.take() {
+                if got.is_empty() {
+                    metrics::counter!(CONSUME_EMPTY_WAKES_TOTAL).increment(1);
+                }
+                woken.finish(got.len());
             }
             let now = self.now();
             if !got.is_empty() || now >= deadline || self.flow.stopping.get() {
@@ -59,13 +65,10 @@ impl<F: FileSystem> Shard<F> {
             let wait = Duration::from_millis(deadline - now);
             let _parked = LongPollGauge::park();
             woken = futures_lite::future::or(
-                async {
-                    self.flow.availability.changed(seen).await;
-                    true
-                },
+                async { Some(self.flow.polls.wait(name, room, seen).await) },
                 async {
                     self.env.runtime.sleep(wait).await;
-                    false
+                    None
                 },
             )
             .await;
@@ -134,6 +137,14 @@ impl<F: FileSystem> Shard<F> {
                 self.collect_here(topic, &partitions, room, op.visibility_ms)
                     .await
             } else if reach.crosses_shards() {
+                // Asked for every partition there: what it answers says
+                // whether it has anything of the topic at all.
+                let whole = op.partitions.len() >= count as usize;
+                let polls = &self.flow.polls;
+                if whole && polls.known_empty(&topic.name, shard) {
+                    continue;
+                }
+                let asked_at = polls.asking(&topic.name, shard);
                 let to = Address::Shard(shard);
                 let part = Collect {
                     topic: op.topic.clone(),
@@ -141,10 +152,15 @@ impl<F: FileSystem> Shard<F> {
                     max: u32::try_from(room).unwrap_or(u32::MAX),
                     visibility_ms: op.visibility_ms,
                 };
-                self.call(to, part, None)
+                let got = self
+                    .call(to, part, None)
                     .await
                     .map_err(|e| e.to_api(to))
-                    .and_then(|got| got)
+                    .and_then(|got| got);
+                if whole && matches!(&got, Ok(got) if got.is_empty()) {
+                    polls.found_empty(&topic.name, shard, asked_at);
+                }
+                got
             } else {
                 continue;
             };
@@ -227,7 +243,7 @@ impl<F: FileSystem> Shard<F> {
                 continue;
             }
             let owner = self.owner(topic, partition).await?;
-            self.sweep_owner(&owner);
+            self.sweep_owner(&topic.name, &owner);
             let deliveries = owner
                 .consume(max - out.len(), visibility, self.now())
                 .await
@@ -260,13 +276,13 @@ impl<F: FileSystem> Shard<F> {
     /// Ends expired leases of one partition; messages out of deliveries are
     /// queued for the dead-letter mover. Synchronous: a consume dropped here
     /// leaves nothing half done.
-    pub(super) fn sweep_owner(&self, owner: &Owner<F>) {
+    pub(super) fn sweep_owner(&self, topic: &str, owner: &Owner<F>) {
         let sweep = owner.sweep(self.now());
         // Only a sweep that ended leases changes availability; notifying on
         // every sweep would wake a long poll with its own sweep, and the
         // poll would spin without yielding the shard.
         if sweep.ended > 0 {
-            self.announce_available();
+            self.announce_available(topic, count_of(sweep.ended));
         }
         // Also a move that failed to read its message: tried again each sweep.
         if sweep.dead > 0 || owner.has_dead_letters() {
@@ -319,7 +335,7 @@ impl<F: FileSystem> Shard<F> {
                 Err(error) => {
                     tracing::warn!(topic = %topic.name, offset = letter.offset, %error, "dead-lettering failed; delivering again");
                     owner.dead_letter_failed(letter.offset);
-                    self.announce_available();
+                    self.announce_available(&topic.name, 1);
                 }
             }
         }
@@ -367,7 +383,7 @@ impl<F: FileSystem> Shard<F> {
             for (key, slot) in self.owners_snapshot() {
                 if key.0 == topic.name && key.1 == topic.incarnation {
                     if let OwnerSlot::Ready(owner) = slot {
-                        self.sweep_owner(&owner);
+                        self.sweep_owner(&topic.name, &owner);
                     }
                 }
             }

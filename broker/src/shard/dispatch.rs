@@ -236,8 +236,8 @@ impl<F: FileSystem> Shard<F> {
         }
     }
 
-    /// Appends a batch to a partition of this shard and wakes long polls on
-    /// every shard.
+    /// Appends a batch to a partition of this shard and wakes long polls of
+    /// its topic.
     pub(super) async fn commit_here(
         &self,
         topic: &Topic,
@@ -256,28 +256,82 @@ impl<F: FileSystem> Shard<F> {
         }
         // A probe (no messages) makes nothing available.
         if !messages.is_empty() {
-            self.announce_available();
+            self.announce_available(&topic.name, count_of(messages.len()));
         }
         Ok(())
     }
 
-    /// Messages became available here: wake long polls on every shard and
-    /// tell the other nodes.
-    pub(super) fn announce_available(&self) {
-        self.flow.availability.notify();
-        self.wake_other_shards();
+    /// `count` messages of `topic` became available here: wake the long
+    /// polls of that topic that cover them, first here, then what is left
+    /// on the node's other shards, and tell the other nodes.
+    /// [`EVERY_POLL`] when the count is not known.
+    pub(super) fn announce_available(&self, topic: &str, count: u32) {
+        let (left, asked) = self.flow.polls.gained(topic, count);
+        if left > 0 || asked {
+            self.wake_other_shards(topic, left);
+        }
         self.remote.notice.notify();
     }
 
-    /// Wakes the long polls of this node's other shards.
-    pub(super) fn wake_other_shards(&self) {
-        let from = self.me();
-        for shard in (0..usize::from(self.identity.shards)).filter(|s| *s != self.shard_index()) {
-            let (reply, _) = futures_channel::oneshot::channel();
-            self.links.post(
-                Address::Shard(shard),
-                Envelope::Available(Available { from }, reply),
-            );
+    /// Something changed for every long poll of this shard (a stop, the
+    /// placement, another node's messages): each runs its round again.
+    pub(super) fn wake_every_poll(&self) {
+        self.flow.polls.wake_all();
+    }
+
+    /// Wakes every long poll of this node's other shards (another node's
+    /// notice, which names no topic).
+    pub(super) fn wake_other_shards_every_poll(&self) {
+        self.flow.polls.forward_every_poll();
+    }
+
+    /// Sends a gain of `topic` to this node's other shards (through
+    /// [`Self::forward_wakes`]).
+    pub(super) fn wake_other_shards(&self, topic: &str, count: u32) {
+        self.flow.polls.forward(topic, count);
+    }
+
+    /// Sends the wake-ups queued for the node's other shards (gains their
+    /// polls here did not cover, wake-ups passed on), until the shard
+    /// stops. Each waits for room in a full channel rather than being
+    /// dropped; those queued meanwhile are added up by topic.
+    pub async fn forward_wakes(self: Rc<Self>) {
+        let polls = &self.flow.polls;
+        let me = self.shard_index();
+        let others: Vec<usize> = (0..usize::from(self.identity.shards))
+            .filter(|s| *s != me)
+            .collect();
+        loop {
+            let seen = polls.forward_due.version();
+            let (all, gains) = polls.take_forward();
+            for &shard in &others {
+                let envelopes = all
+                    .then(|| {
+                        let (reply, _) = futures_channel::oneshot::channel();
+                        Envelope::Available(Available { from: self.me() }, reply)
+                    })
+                    .into_iter()
+                    .chain(gains.iter().map(|(topic, count)| {
+                        let (reply, _) = futures_channel::oneshot::channel();
+                        let op = Wake {
+                            topic: topic.clone(),
+                            shard: me as u32,
+                            count: *count,
+                        };
+                        Envelope::Wake(op, reply)
+                    }));
+                for envelope in envelopes {
+                    // A shard that stopped takes nothing: nobody waits there.
+                    let _ = self
+                        .links
+                        .deliver(Address::Shard(shard), envelope, None)
+                        .await;
+                }
+            }
+            if self.flow.stopping.get() {
+                return;
+            }
+            polls.forward_due.changed(seen).await;
         }
     }
 

@@ -58,12 +58,13 @@ use crate::route::{
 use crate::rpc::{
     Address, Available, CallError, Collect, Collected, Commit, Committed, CopyFigures, Delivery,
     Envelope, Figures, Gauges, Links, Operation, Reach, Record, Settle, SettleOutcome, Settled,
-    ShardGauges, Stats, TopicFigures, TopicRef, Transport,
+    ShardGauges, Stats, TopicFigures, TopicRef, Transport, Wake,
 };
 use crate::runtime::SharedRuntime;
 use crate::schemas::CompiledSchemas;
 use crate::settings::Settings;
 use crate::signal::Signal;
+use crate::wakeups::{PollWaiters, EVERY_POLL};
 
 mod children;
 mod consume;
@@ -273,8 +274,9 @@ struct Remote {
 
 /// The shard's own small state: signals, turns, and where it is in a stop.
 struct Flow {
-    /// Raised when messages became available here (long polls wait on it).
-    availability: Signal,
+    /// The long polls parked here, woken by gains of their topic
+    /// (`wakeups.rs`).
+    polls: PollWaiters,
     /// Raised when a partition queued messages for its dead-letter topic.
     dead_letters_due: Signal,
     stopping: Cell<bool>,
@@ -327,7 +329,10 @@ impl<F: FileSystem> Shard<F> {
                 done: Signal::default(),
             },
             flow: Flow {
-                availability: Signal::default(),
+                polls: PollWaiters::new(
+                    usize::from(identity.shards),
+                    usize::from(identity.shard_id),
+                ),
                 dead_letters_due: Signal::default(),
                 stopping: Cell::new(false),
                 acks_closed: Cell::new(false),
@@ -394,6 +399,11 @@ impl<F: FileSystem> Shard<F> {
     ) -> Result<O::Reply, CallError> {
         crate::rpc::call(&self.links, self.env.runtime.as_ref(), to, op, timeout).await
     }
+}
+
+/// A number of messages as a wake-up counts them.
+fn count_of(messages: usize) -> u32 {
+    u32::try_from(messages).unwrap_or(EVERY_POLL)
 }
 
 /// Runs `tick` every `interval` until the shard stops.

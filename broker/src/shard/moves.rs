@@ -378,7 +378,7 @@ impl<F: FileSystem> Shard<F> {
     fn wake_polls_on_handovers(&self, state: &MetaState) {
         let mut seen = self.moves.handed_over.borrow_mut();
         let mut new = false;
-        let mut here = false;
+        let mut here = Vec::new();
         for m in state.moves.values() {
             if matches!(m.state, MoveState::Done | MoveState::Promoted) && !seen.contains(&m.id) {
                 seen.insert(m.id.clone());
@@ -391,21 +391,26 @@ impl<F: FileSystem> Shard<F> {
                 if let Some(peers) = &self.remote.peers {
                     peers.found_messages(m.to, &m.topic);
                 }
-                here |= m.to == self.me()
+                if m.to == self.me()
                     && crate::mesh::shard_for(
                         &m.topic,
                         m.partition,
                         usize::from(self.identity.shards),
-                    ) == self.shard_index();
+                    ) == self.shard_index()
+                {
+                    here.push(m.topic.clone());
+                }
             }
         }
         // Ended moves the metastore no longer keeps are forgotten here too.
         seen.retain(|id| state.moves.contains_key(id));
         drop(seen);
-        if here {
-            self.announce_available();
-        } else if new {
-            self.flow.availability.notify();
+        if new {
+            self.wake_every_poll();
+        }
+        // Partitions handed to this shard: their messages are here now.
+        for topic in here {
+            self.announce_available(&topic, EVERY_POLL);
         }
     }
 

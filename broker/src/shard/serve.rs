@@ -26,6 +26,11 @@ impl<F: FileSystem> Shard<F> {
                 let _ = reply.send(());
                 return;
             }
+            Envelope::Wake(op, reply) => {
+                self.heard_wake(&op);
+                let _ = reply.send(());
+                return;
+            }
             envelope => envelope,
         };
         let in_flight = (from == Reach::Node).then(|| InFlight::enter(self));
@@ -49,6 +54,11 @@ impl<F: FileSystem> Shard<F> {
                 let _ = reply.send(answer);
             }
             Envelope::Collect(op, reply) => {
+                if from == Reach::Shard {
+                    // Its next gain goes to the other shards, which may
+                    // now count this one as having nothing.
+                    self.flow.polls.asked(&op.topic.name);
+                }
                 let answer = match self.topic_at(&op.topic) {
                     Ok(topic) => self.collect(&topic, op, from, self.next_turn()).await,
                     Err(error) => Err(error),
@@ -76,22 +86,34 @@ impl<F: FileSystem> Shard<F> {
                 self.heard_available(&op, from);
                 let _ = reply.send(());
             }
+            Envelope::Wake(op, reply) => {
+                self.heard_wake(&op);
+                let _ = reply.send(());
+            }
             Envelope::MoveSource(op, reply) => {
                 let _ = reply.send(self.serve_move_source(op).await);
             }
         }
     }
 
-    /// Messages became available on another shard or node: wake long polls
-    /// here, and (for another node's) on every shard of this node.
+    /// Messages became available on another node (or, from a node of an
+    /// earlier release, another shard): wake every long poll here, and (for
+    /// another node's) on every shard of this node. Other nodes' notices
+    /// name no topic.
     fn heard_available(&self, op: &Available, from: Reach) {
-        self.flow.availability.notify();
+        self.wake_every_poll();
         if from == Reach::Node {
             if let Some(peers) = &self.remote.peers {
                 peers.heard_available(op.from, self.now());
             }
-            self.wake_other_shards();
+            self.wake_other_shards_every_poll();
         }
+    }
+
+    /// Another shard of this node gained messages of a topic.
+    fn heard_wake(&self, op: &Wake) {
+        let from = usize::try_from(op.shard).unwrap_or(usize::MAX);
+        self.flow.polls.heard(&op.topic, from, op.count);
     }
 
     /// The topic an operation names, if this shard knows that incarnation.

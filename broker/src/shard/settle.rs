@@ -190,7 +190,12 @@ impl<F: FileSystem> Shard<F> {
                     }
                 }
             }
-            SettleAction::Nack { .. } => self.announce_available(),
+            SettleAction::Nack { .. } => {
+                let nacked = answers.iter().filter(|a| a.is_ok()).count();
+                if nacked > 0 {
+                    self.announce_available(&topic.name, count_of(nacked));
+                }
+            }
             SettleAction::Extend { .. } => {}
         }
         answers

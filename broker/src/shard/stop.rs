@@ -8,7 +8,8 @@ impl<F: FileSystem> Shard<F> {
     /// shard finished this half).
     pub async fn drain(&self) {
         self.flow.stopping.set(true);
-        self.flow.availability.notify();
+        self.wake_every_poll();
+        self.flow.polls.forward_due.notify();
         self.dispatch.signal.notify();
         let deadline = self.now() + STOP_DRAIN_TIMEOUT.as_millis() as u64;
         while self.undispatched() > 0 && self.now() < deadline {

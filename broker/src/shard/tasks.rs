@@ -8,7 +8,7 @@ use crate::metric_names::{WAL_RECORDS_PER_SYNC, WAL_SYNC_SECONDS};
 impl<F: FileSystem> Shard<F> {
     /// Commits again what the WAL held above its checkpoint, then starts the
     /// WAL's committer and checkpointer, the metadata watch, availability
-    /// notices, the dead-letter mover, lease sweeps, retention of idle
+    /// notices and wake-ups passed on, the dead-letter mover, lease sweeps, retention of idle
     /// partitions, ack maintenance, and (on shard 0) the bootstrap of the
     /// user admin. The dispatcher loop
     /// ([`Self::run_dispatcher`]) is the caller's to run, since a stop waits
@@ -46,6 +46,7 @@ impl<F: FileSystem> Shard<F> {
         runtime.spawn(Box::pin(self.clone().watch_topics()));
         runtime.spawn(Box::pin(self.clone().run_moves()));
         runtime.spawn(Box::pin(self.clone().notify_peers()));
+        runtime.spawn(Box::pin(self.clone().forward_wakes()));
         runtime.spawn(Box::pin(self.clone().run_dead_letters()));
         let sweep = Duration::from_millis(self.settings.leases.sweep_interval_ms);
         runtime.spawn(Box::pin(every(self.clone(), sweep, |s| {

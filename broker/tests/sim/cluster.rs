@@ -318,11 +318,13 @@ fn stopped() -> CallError {
 
 impl Transport for SimShards {
     fn deliver(&self, to: Address, envelope: Envelope, _: Option<Duration>) -> Delivered<'_> {
-        self.post(to, envelope);
+        self.hand_over(to, envelope);
         Box::pin(async { Ok(()) })
     }
+}
 
-    fn post(&self, to: Address, envelope: Envelope) {
+impl SimShards {
+    fn hand_over(&self, to: Address, envelope: Envelope) {
         let Address::Shard(shard) = to else {
             return;
         };
@@ -406,8 +408,6 @@ impl Transport for SimNodes {
             timeout: timeout.unwrap_or(CALL_TIMEOUT_DEFAULT),
         })
     }
-
-    fn post(&self, _: Address, _: Envelope) {}
 }
 
 // ------------------------------------------------------------ nodes
