@@ -337,7 +337,10 @@ impl<F: FileSystem> ConsumerState<F> {
     /// Opens the state in `dir` (creating it), recovers it, and starts a new
     /// generation so that the files on disk are one snapshot and one empty
     /// log; files already in that shape (as [`write_initial`] leaves them)
-    /// are kept as they are, and opening writes nothing.
+    /// are kept as they are, and opening writes nothing. It syncs them and
+    /// the folder, though: an open that died after creating them (a crash,
+    /// an error) may have left them only in the page cache, and acks synced
+    /// into a file whose name is not durable vanish at a power cut.
     pub async fn open(
         fs: &F,
         dir: &Path,
@@ -441,10 +444,37 @@ impl<F: FileSystem> ConsumerState<F> {
             }),
         };
         if in_shape {
+            consumer.make_adopted_files_durable(base_generation).await?;
             return Ok(consumer);
         }
         consumer.compact().await?;
         Ok(consumer)
+    }
+
+    /// Syncs the snapshot and log of `generation` and the folder's entries
+    /// (cheap when they are durable already: nothing is dirty).
+    async fn make_adopted_files_durable(&self, generation: u64) -> Result<()> {
+        let snapshot_path = self.dir.join(snapshot_name(generation));
+        let snapshot = self
+            .fs
+            .open(&snapshot_path, OpenMode::EXISTING_BUFFERED)
+            .await
+            .map_err(|e| StorageError::io("open", &snapshot_path, e))?;
+        snapshot
+            .sync_data()
+            .await
+            .map_err(|e| StorageError::io("fdatasync", &snapshot_path, e))?;
+        let (log, log_path) = {
+            let state = self.state.borrow();
+            (state.log.clone(), state.log_path.clone())
+        };
+        log.sync_data()
+            .await
+            .map_err(|e| StorageError::io("fdatasync", &log_path, e))?;
+        self.fs
+            .sync_dir(&self.dir)
+            .await
+            .map_err(|e| StorageError::io("fsync dir", &self.dir, e))
     }
 
     /// Records an ack in memory; it reaches the disk on the next flushes.

@@ -375,6 +375,35 @@ fn consumer_acks_reach_the_disk_on_their_intervals_and_on_flush_now() {
 }
 
 #[test]
+fn acks_synced_into_files_a_crashed_open_left_survive_a_later_power_cut() {
+    // An open creates a new generation and dies (the process crashes, or
+    // its caller is gone) before it made the folder's entries durable. The
+    // next open finds files in the shape it would leave and adopts them:
+    // acks it then syncs must survive a power cut.
+    let fs = SimFs::new(11);
+    let clock = ManualClock::new(0);
+    let shared: SharedClock = Rc::new(clock.clone());
+    let dir = Path::new("/data/partitions/orders/1/consumer");
+    let config = ConsumerConfig::default();
+    fs.inject(FaultRule::once(
+        FaultOp::SyncDir,
+        "orders/1/consumer",
+        FaultError::Eio,
+    ));
+    assert!(block_on(ConsumerState::open(&fs, dir, config, shared.clone())).is_err());
+    fs.crash_process();
+    let state = block_on(ConsumerState::open(&fs, dir, config, shared.clone())).expect("open");
+    for offset in 0..4 {
+        state.ack(offset);
+    }
+    block_on(state.flush_now()).expect("write and sync");
+    drop(state);
+    fs.power_loss();
+    let state = block_on(ConsumerState::open(&fs, dir, config, shared)).expect("reopen");
+    assert_eq!(state.frontier(), 4, "synced acks survive a power cut");
+}
+
+#[test]
 fn a_failed_read_is_an_error_never_a_wrong_answer() {
     let fs = SimFs::new(11);
     let clock = ManualClock::new(1_000);

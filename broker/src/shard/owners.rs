@@ -29,7 +29,8 @@ impl<F: FileSystem> Shard<F> {
             .insert(key.clone(), OwnerSlot::Opening);
         // Opening reads the partition's files and may take a while; if this
         // request is dropped meanwhile, the slot goes and the next caller
-        // opens it (the files are consistent at every await of an open).
+        // opens it (the files are consistent at every await of an open, and
+        // an open makes what it adopts durable before using it).
         let opening = OpeningSlot {
             shard: self,
             key: Some(key.clone()),
