@@ -100,6 +100,13 @@ impl WalRecordRef<'_> {
     }
 }
 
+/// The flags of a body whose checksum verified, if it carries flags this
+/// build does not know: a newer version wrote it, and reading it as
+/// damaged would drop an accepted message, so recovery refuses instead.
+pub fn unknown_flags(body: &[u8]) -> Option<u16> {
+    get_u16(body, 30).filter(|flags| flags & !FLAG_TOPIC_INCARNATION != 0)
+}
+
 /// Decodes a body whose checksum already verified; `None` if it is malformed.
 pub fn decode_body(body: &[u8]) -> Option<WalRecord> {
     let id = get_u128(body, 0)?;
@@ -194,8 +201,10 @@ mod tests {
         assert_eq!(&buf[30..32], &[0, 0]);
         assert_eq!(buf.len(), BODY_FIXED_BYTES + 6 + 3);
         assert_eq!(decode_body(&buf), Some(record));
+        assert_eq!(unknown_flags(&buf), None);
         // Flags this version does not know: not a record it can read.
         buf[30] = 0x80;
         assert_eq!(decode_body(&buf), None);
+        assert_eq!(unknown_flags(&buf), Some(0x80));
     }
 }

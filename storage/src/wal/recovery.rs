@@ -130,7 +130,18 @@ pub(super) async fn recover<Fl: StorageFile>(
     while at + HEADER <= capacity {
         match window.probe(at).await? {
             Probe::Valid { pos, body, len } if accept(at, pos) => {
-                let record = window.bytes.get(body).and_then(record::decode_body);
+                let bytes = window.bytes.get(body).unwrap_or_default();
+                if let Some(flags) = record::unknown_flags(bytes) {
+                    return Err(StorageError::BadFormat {
+                        path: path.to_path_buf(),
+                        detail: format!(
+                            "the record at ring position {pos} was written by a newer version \
+                             of Narad (record flags {flags:#06x}); start that version (or a \
+                             later one) on this data folder"
+                        ),
+                    });
+                }
+                let record = record::decode_body(bytes);
                 frames.push(Found {
                     pos,
                     len: len as u64,

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use futures_lite::future::block_on;
 
 use super::recover;
-use crate::frame::scan;
+use crate::frame::{encode_frame, scan, FRAME_HEADER_BYTES};
 use crate::io::sim::SimFs;
 use crate::io::{FileSystem, OpenMode, StorageFile};
 use crate::limits::BLOCK_BYTES;
@@ -209,4 +209,44 @@ fn windowed_recovery_finds_what_whole_ring_recovery_finds() {
 
 fn expected_records_empty(whole: &[u8]) -> bool {
     outcome(recover_whole(whole, CAPACITY, None)).0.is_empty()
+}
+
+/// A record with flags this build does not know (a newer version wrote it)
+/// stops the WAL from opening, naming what wrote it: read as damage, it
+/// would be dropped, and it is an accepted message.
+#[test]
+fn a_record_of_a_newer_version_stops_the_wal_from_opening() {
+    let fs = SimFs::new(3);
+    let config = WalConfig {
+        ring_bytes: CAPACITY,
+    };
+    let (wal, _) = block_on(Wal::open(&fs, &dir(), config)).expect("open");
+    let mut rng = SimRng::new(3);
+    wal.append(&record_of(1, &mut rng).as_ref())
+        .expect("append");
+    block_on(wal.flush()).expect("flush");
+    drop(wal);
+    fs.crash_process();
+    let path = dir().join("ring.wal");
+    let ring = {
+        let file = block_on(fs.open(&path, OpenMode::EXISTING_BUFFERED)).expect("ring");
+        block_on(file.read_at(0, usize::try_from(CAPACITY).unwrap_or(0))).expect("read")
+    };
+    let found = scan(&ring, RECORD_MAGIC, 4096, |_, _| true);
+    let frame = found.frames.first().expect("the record's frame");
+    let mut body = ring.get(frame.body.clone()).expect("body").to_vec();
+    body[30] |= 0x40;
+    let mut rewritten = Vec::new();
+    encode_frame(&mut rewritten, RECORD_MAGIC, frame.pos, |buf| {
+        buf.extend_from_slice(&body)
+    });
+    let at = (frame.body.start - FRAME_HEADER_BYTES) as u64;
+    assert!(fs.scribble(&path, at, &rewritten));
+    let error = block_on(Wal::open(&fs, &dir(), config))
+        .expect_err("a newer record refuses the open")
+        .to_string();
+    assert!(
+        error.contains("newer version") && error.contains("0x0041"),
+        "{error}"
+    );
 }
