@@ -262,6 +262,13 @@ fn log_workload(seed: u64) {
     // 500 may arrive); later appends at the same offsets supersede it.
     let mut maybe: BTreeMap<u64, Vec<Message>> = BTreeMap::new();
     let mut next_id: u128 = 1;
+    // Half the seeds also write batches behind (no sync until
+    // `sync_behind`), drawn from a second generator so that the seeds of
+    // the other half run as they always did.
+    let mut behind_rng = SimRng::new(seed ^ 0xB3_41D);
+    let behind_mode = behind_rng.chance(1, 2);
+    // Batches written behind and not yet synced: readable, not durable.
+    let mut pending: BTreeMap<u64, Message> = BTreeMap::new();
     for _round in 0..(2 + rng.below(4)) {
         if rng.chance(1, 5) {
             fs.set_random_failure_rate(30_000);
@@ -270,7 +277,64 @@ fn log_workload(seed: u64) {
             fs.corrupt_next_writes(".seg", 1);
         }
         for _step in 0..(10 + rng.below(30)) {
-            match rng.below(10) {
+            if behind_mode && behind_rng.chance(1, 4) {
+                let r = block_on(log.sync_behind());
+                match r {
+                    Ok(end) => {
+                        assert_eq!(end, log.high_watermark());
+                        model.append(&mut pending);
+                    }
+                    Err(_) => {
+                        let hw = log.high_watermark();
+                        for (offset, message) in std::mem::take(&mut pending) {
+                            if offset < hw {
+                                model.insert(offset, message);
+                            } else {
+                                maybe.entry(offset).or_default().push(message);
+                            }
+                        }
+                    }
+                }
+            }
+            let op = rng.below(10);
+            if behind_mode && op <= 5 && behind_rng.chance(1, 2) {
+                let messages: Vec<Message> = (0..1 + behind_rng.below(12))
+                    .map(|_| {
+                        next_id += 1;
+                        Message {
+                            id: next_id,
+                            produced_at_ms: clock.now_ms_for_test(),
+                            key: None,
+                            value: random_bytes(&mut behind_rng, 700).into(),
+                        }
+                    })
+                    .collect();
+                let hw_before = log.high_watermark();
+                let r = block_on(log.append_behind(&messages));
+                match r {
+                    Ok(base) => {
+                        assert_eq!(base, hw_before, "a batch starts at the high watermark");
+                        maybe.split_off(&base);
+                        assert_eq!(log.high_watermark(), base + messages.len() as u64);
+                        for (offset, message) in (base..).zip(messages) {
+                            pending.insert(offset, message);
+                        }
+                    }
+                    Err(_) => {
+                        // Its roll may have synced what was written behind,
+                        // or, failing, left the log where those began.
+                        let hw = log.high_watermark();
+                        for (offset, message) in pending.split_off(&hw) {
+                            maybe.entry(offset).or_default().push(message);
+                        }
+                        for (offset, message) in (hw..).zip(messages) {
+                            maybe.entry(offset).or_default().push(message);
+                        }
+                    }
+                }
+                continue;
+            }
+            match op {
                 0..=5 => {
                     let messages: Vec<Message> = (0..1 + rng.below(12))
                         .map(|_| {
@@ -284,9 +348,13 @@ fn log_workload(seed: u64) {
                         })
                         .collect();
                     let hw_before = log.high_watermark();
-                    match block_on(log.append(&messages)) {
+                    // An append syncs what was written behind first.
+                    let was_behind = std::mem::take(&mut pending);
+                    let r = block_on(log.append(&messages));
+                    match r {
                         Ok(base) => {
                             assert_eq!(base, hw_before, "a batch starts at the high watermark");
+                            model.extend(was_behind);
                             maybe.split_off(&base);
                             assert_eq!(log.high_watermark(), base + messages.len() as u64);
                             for (offset, message) in (base..).zip(messages) {
@@ -294,11 +362,22 @@ fn log_workload(seed: u64) {
                             }
                         }
                         Err(_) => {
-                            assert_eq!(
-                                log.high_watermark(),
-                                hw_before,
+                            // Its sync of what was written behind kept
+                            // those below where the log now ends (verified,
+                            // or written again); the rest may be anywhere.
+                            let hw = log.high_watermark();
+                            assert!(
+                                hw <= hw_before,
                                 "a failed append does not move the watermark"
                             );
+                            for (offset, message) in was_behind {
+                                if offset < hw {
+                                    model.insert(offset, message);
+                                } else {
+                                    maybe.entry(offset).or_default().push(message);
+                                }
+                            }
+                            let hw_before = hw;
                             for (offset, message) in (hw_before..).zip(messages) {
                                 maybe.entry(offset).or_default().push(message);
                             }
@@ -314,8 +393,10 @@ fn log_workload(seed: u64) {
                     )) {
                         for stored in read {
                             assert!(stored.offset >= from);
+                            let appended =
+                                model.get(&stored.offset).or(pending.get(&stored.offset));
                             assert_eq!(
-                                model.get(&stored.offset),
+                                appended,
                                 Some(&stored.message),
                                 "read returns what was appended (seed {seed})"
                             );
@@ -324,13 +405,33 @@ fn log_workload(seed: u64) {
                 }
                 8 => clock.advance_ms(rng.below(4_000)),
                 _ => {
-                    if let Ok(outcome) = block_on(log.enforce_retention()) {
-                        model = model.split_off(&outcome.log_start_offset);
+                    let r = block_on(log.enforce_retention());
+                    match r {
+                        Ok(outcome) => {
+                            model = model.split_off(&outcome.log_start_offset);
+                            pending = pending.split_off(&outcome.log_start_offset);
+                        }
+                        Err(_) => {
+                            // Segments it deleted before it failed stay
+                            // deleted (they had expired).
+                            model = model.split_off(&log.log_start_offset());
+                            let hw = log.high_watermark();
+                            for (offset, message) in pending.split_off(&hw) {
+                                maybe.entry(offset).or_default().push(message);
+                            }
+                        }
                     }
                 }
             }
         }
         fs.clear_faults();
+        if behind_mode && behind_rng.chance(1, 2) && block_on(log.sync_behind()).is_ok() {
+            model.append(&mut pending);
+        }
+        // What was written behind may or may not survive.
+        for (offset, message) in std::mem::take(&mut pending) {
+            maybe.entry(offset).or_default().push(message);
+        }
         let extents = log.batch_extents();
         drop(log);
         if rng.chance(1, 2) {
@@ -505,6 +606,10 @@ fn seeds_that_found_bugs_stay_green() {
     // A phantom batch resurfacing when bit rot destroyed its superseding batch.
     log_workload(1_592_591_598);
     log_workload(777_654);
+    // A retention that failed after deleting expired segments.
+    log_workload(9_026_424);
+    // Batches written behind, discarded by a failed sync, then counted.
+    log_workload(9_000_654);
     // A torn WAL record's extent hiding newer durable records.
     wal_workload(782_911);
     wal_workload(1_592_590_360);

@@ -148,6 +148,16 @@ impl<Fl> Segment<Fl> {
     }
 }
 
+/// A batch written behind: where, and the bytes to verify it against (and
+/// to write again elsewhere if its sync fails: a batch's bytes do not
+/// depend on where it lies).
+struct Behind {
+    pos: u64,
+    base_offset: u64,
+    count: u32,
+    bytes: Vec<u8>,
+}
+
 struct LogState<Fl> {
     segments: Vec<Segment<Fl>>,
     next_offset: u64,
@@ -164,6 +174,15 @@ pub struct PartitionLog<F: FileSystem> {
     clock: SharedClock,
     state: RefCell<LogState<F::File>>,
     appending: Cell<bool>,
+    /// Batches written behind ([`Self::append_behind`]) and not yet synced
+    /// and verified, oldest first; all in the active segment (a roll syncs
+    /// them first).
+    behind: RefCell<Vec<Behind>>,
+    /// A write or sync of the active segment failed after batches were
+    /// written behind into it: a later fdatasync may succeed without
+    /// having written them (fsyncgate), so they are written again, not
+    /// trusted.
+    behind_suspect: Cell<bool>,
     /// An append failed since the log was opened: its batch may sit in the
     /// page cache only, so the log is never marked clean.
     append_failed: Cell<bool>,
@@ -630,6 +649,8 @@ impl<F: FileSystem> PartitionLog<F> {
             clock,
             state: RefCell::new(state),
             appending: Cell::new(false),
+            behind: RefCell::new(Vec::new()),
+            behind_suspect: Cell::new(false),
             append_failed: Cell::new(false),
             corrupt_records: Cell::new(0),
         };
@@ -642,6 +663,7 @@ impl<F: FileSystem> PartitionLog<F> {
     /// guards against a failed fdatasync's page-cache ghosts). Nothing is
     /// recorded after a failed append.
     pub async fn mark_clean(&self) -> Result<()> {
+        self.sync_behind().await?;
         if self.append_failed.get() {
             return Ok(());
         }
@@ -699,6 +721,199 @@ impl<F: FileSystem> PartitionLog<F> {
         if messages.is_empty() {
             return Ok(self.high_watermark());
         }
+        let (count, len) = Self::batch_size(messages)?;
+        assert!(
+            !self.appending.replace(true),
+            "partition log appends must not overlap"
+        );
+        // Batches written behind come first: this append's sync would make
+        // them durable, but not verified.
+        let result = match self.sync_behind_inner().await {
+            Ok(()) => self.append_inner(messages, count, len, true).await,
+            Err(error) => Err(error),
+        };
+        self.appending.set(false);
+        result
+    }
+
+    /// Appends one batch without syncing it: it is readable at once and
+    /// the high watermark moves, but a power cut may take it until
+    /// [`Self::sync_behind`] returns. For a caller whose batch is already
+    /// durable elsewhere (a journal that replays it at the same offsets
+    /// after a crash). Returns the batch's first offset.
+    pub async fn append_behind(&self, messages: &[Message]) -> Result<u64> {
+        if messages.is_empty() {
+            return Ok(self.high_watermark());
+        }
+        let (count, len) = Self::batch_size(messages)?;
+        assert!(
+            !self.appending.replace(true),
+            "partition log appends must not overlap"
+        );
+        let result = self.append_inner(messages, count, len, false).await;
+        self.appending.set(false);
+        result
+    }
+
+    /// Syncs every batch written behind and reads it back: returns the
+    /// offset below which everything is durable and verified (the high
+    /// watermark). A batch whose sync or read-back fails is written again,
+    /// whole, at the start of a new segment (which supersedes the old
+    /// segment from there, as recovery reads it); an error means even that
+    /// failed, and the log stands at the last verified batch.
+    pub async fn sync_behind(&self) -> Result<u64> {
+        assert!(
+            !self.appending.replace(true),
+            "partition log appends must not overlap"
+        );
+        let result = self.sync_behind_inner().await;
+        self.appending.set(false);
+        result.map(|()| self.high_watermark())
+    }
+
+    /// Whether batches written behind wait for [`Self::sync_behind`].
+    pub fn has_behind(&self) -> bool {
+        !self.behind.borrow().is_empty()
+    }
+
+    async fn sync_behind_inner(&self) -> Result<()> {
+        if self.behind.borrow().is_empty() {
+            return Ok(());
+        }
+        let (file, path) = {
+            let state = self.state.borrow();
+            let segment = state
+                .segments
+                .last()
+                .ok_or(StorageError::Closed("partition log segment"))?;
+            (segment.file.clone(), segment.path.clone())
+        };
+        let mut failure = if self.behind_suspect.replace(false) {
+            Some(StorageError::Io {
+                op: "an earlier write or sync",
+                path: path.clone(),
+                source: std::rc::Rc::new(std::io::Error::other(
+                    "failed after batches were written behind",
+                )),
+            })
+        } else {
+            file.sync_data()
+                .await
+                .map_err(|e| StorageError::io("fdatasync", &path, e))
+                .err()
+        };
+        if failure.is_none() {
+            let checks: Vec<(u64, Vec<u8>)> = self
+                .behind
+                .borrow()
+                .iter()
+                .map(|b| (b.pos, b.bytes.clone()))
+                .collect();
+            for (pos, bytes) in checks {
+                match file.read_equals(pos, &bytes).await {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        failure = Some(StorageError::VerifyFailed {
+                            path: path.clone(),
+                            pos,
+                            detail: "bytes written behind differ when read back".into(),
+                        });
+                        break;
+                    }
+                    Err(e) => {
+                        failure = Some(StorageError::io("read back", &path, e));
+                        break;
+                    }
+                }
+            }
+        }
+        let Some(error) = failure else {
+            self.behind.borrow_mut().clear();
+            return Ok(());
+        };
+        tracing::error!(path = %path.display(), %error, "partition log sync of batches written behind failed; writing them again in a new segment");
+        self.append_failed.set(true);
+        let behind = std::mem::take(&mut *self.behind.borrow_mut());
+        let first = behind.first().map(|b| (b.pos, b.base_offset));
+        {
+            // Forget them where they are: the log ends at the last verified
+            // batch, and the active segment takes no more appends.
+            let mut state = self.state.borrow_mut();
+            let Some((pos, base_offset)) = first else {
+                return Ok(());
+            };
+            let segment = state
+                .segments
+                .last_mut()
+                .ok_or(StorageError::Closed("partition log segment"))?;
+            segment.batches.retain(|b| b.base_offset < base_offset);
+            segment.write_pos = pos;
+            segment.sealed = true;
+            state.next_offset = base_offset;
+        }
+        let now = self.clock.now_ms();
+        self.roll(now).await?;
+        for batch in behind {
+            self.write_again(batch).await?;
+        }
+        Ok(())
+    }
+
+    /// Writes a batch that failed where it was written behind at the end of
+    /// the active segment, synced and verified.
+    async fn write_again(&self, batch: Behind) -> Result<()> {
+        let (file, path, pos, allocated) = {
+            let state = self.state.borrow();
+            let segment = state
+                .segments
+                .last()
+                .ok_or(StorageError::Closed("partition log segment"))?;
+            (
+                segment.file.clone(),
+                segment.path.clone(),
+                segment.write_pos,
+                segment.allocated,
+            )
+        };
+        let len = batch.bytes.len() as u64;
+        let result = self
+            .write_verified(
+                &file,
+                &path,
+                &batch.bytes,
+                pos,
+                allocated,
+                batch.base_offset,
+                batch.count,
+            )
+            .await;
+        let mut state = self.state.borrow_mut();
+        let segment = state
+            .segments
+            .last_mut()
+            .ok_or(StorageError::Closed("partition log segment"))?;
+        match result {
+            Ok(new_allocated) => {
+                segment.allocated = new_allocated;
+                segment.batches.push(BatchEntry {
+                    base_offset: batch.base_offset,
+                    count: batch.count,
+                    pos,
+                    len,
+                    appended_at_ms: self.clock.now_ms(),
+                });
+                segment.write_pos = pos + len;
+                state.next_offset = batch.base_offset + u64::from(batch.count);
+                Ok(())
+            }
+            Err(error) => {
+                segment.sealed = true;
+                Err(error)
+            }
+        }
+    }
+
+    fn batch_size(messages: &[Message]) -> Result<(u32, u64)> {
         let count = u32::try_from(messages.len())
             .ok()
             .filter(|c| *c <= BATCH_RECORDS_MAX)
@@ -715,19 +930,23 @@ impl<F: FileSystem> PartitionLog<F> {
                 max: BATCH_BYTES_MAX,
             });
         }
-        assert!(
-            !self.appending.replace(true),
-            "partition log appends must not overlap"
-        );
-        let result = self.append_inner(messages, count, len).await;
-        self.appending.set(false);
-        result
+        Ok((count, len))
     }
 
-    async fn append_inner(&self, messages: &[Message], count: u32, len: u64) -> Result<u64> {
+    async fn append_inner(
+        &self,
+        messages: &[Message],
+        count: u32,
+        len: u64,
+        sync: bool,
+    ) -> Result<u64> {
         let now = self.clock.now_ms();
         if self.needs_roll(len, now) {
-            self.roll(now).await?;
+            self.sync_behind_inner().await?;
+            // A failed sync wrote its batches again into a new segment.
+            if self.needs_roll(len, now) {
+                self.roll(now).await?;
+            }
         }
         let (file, path, pos, allocated, base_offset) = {
             let state = self.state.borrow();
@@ -744,9 +963,12 @@ impl<F: FileSystem> PartitionLog<F> {
             )
         };
         let buf = batch::encode_batch(base_offset, now, messages);
-        let result = self
-            .write_verified(&file, &path, &buf, pos, allocated, base_offset, count)
-            .await;
+        let result = if sync {
+            self.write_verified(&file, &path, &buf, pos, allocated, base_offset, count)
+                .await
+        } else {
+            self.write_batch(&file, &path, &buf, pos, allocated).await
+        };
         let mut state = self.state.borrow_mut();
         let segment = state
             .segments
@@ -764,12 +986,23 @@ impl<F: FileSystem> PartitionLog<F> {
                 });
                 segment.write_pos = pos + len;
                 state.next_offset = base_offset + u64::from(count);
+                if !sync {
+                    self.behind.borrow_mut().push(Behind {
+                        pos,
+                        base_offset,
+                        count,
+                        bytes: buf,
+                    });
+                }
                 Ok(base_offset)
             }
             Err(error) => {
                 tracing::error!(path = %path.display(), %error, "partition log append failed; segment sealed");
                 self.append_failed.set(true);
                 segment.sealed = true;
+                if !self.behind.borrow().is_empty() {
+                    self.behind_suspect.set(true);
+                }
                 Err(error)
             }
         }
@@ -786,25 +1019,7 @@ impl<F: FileSystem> PartitionLog<F> {
         base_offset: u64,
         count: u32,
     ) -> Result<u64> {
-        let needed = pos + buf.len() as u64;
-        let mut new_allocated = allocated;
-        if needed > allocated {
-            // Grow by as much as the segment holds (doubling it), within
-            // the first preallocation and the step.
-            let step = allocated
-                .max(SEGMENT_PREALLOC_FIRST_BYTES)
-                .min(self.config.prealloc_step_bytes);
-            let target = round_up(needed, step).min(needed.max(self.config.segment_bytes));
-            let target = round_up(target, BLOCK_BYTES);
-            zero_fill(file, path, allocated, target - allocated).await?;
-            file.sync_data()
-                .await
-                .map_err(|e| StorageError::io("fdatasync", path, e))?;
-            new_allocated = target;
-        }
-        file.write_at(buf, pos)
-            .await
-            .map_err(|e| StorageError::io("write", path, e))?;
+        let new_allocated = self.write_batch(file, path, buf, pos, allocated).await?;
         file.sync_data()
             .await
             .map_err(|e| StorageError::io("fdatasync", path, e))?;
@@ -834,6 +1049,38 @@ impl<F: FileSystem> PartitionLog<F> {
                 detail: detail.to_string(),
             });
         }
+        Ok(new_allocated)
+    }
+
+    /// Writes a batch at `pos`, growing the segment's preallocation first
+    /// if it needs room; no sync of the batch. Returns the new allocation.
+    async fn write_batch(
+        &self,
+        file: &F::File,
+        path: &Path,
+        buf: &[u8],
+        pos: u64,
+        allocated: u64,
+    ) -> Result<u64> {
+        let needed = pos + buf.len() as u64;
+        let mut new_allocated = allocated;
+        if needed > allocated {
+            // Grow by as much as the segment holds (doubling it), within
+            // the first preallocation and the step.
+            let step = allocated
+                .max(SEGMENT_PREALLOC_FIRST_BYTES)
+                .min(self.config.prealloc_step_bytes);
+            let target = round_up(needed, step).min(needed.max(self.config.segment_bytes));
+            let target = round_up(target, BLOCK_BYTES);
+            zero_fill(file, path, allocated, target - allocated).await?;
+            file.sync_data()
+                .await
+                .map_err(|e| StorageError::io("fdatasync", path, e))?;
+            new_allocated = target;
+        }
+        file.write_at(buf, pos)
+            .await
+            .map_err(|e| StorageError::io("write", path, e))?;
         Ok(new_allocated)
     }
 
@@ -872,6 +1119,13 @@ impl<F: FileSystem> PartitionLog<F> {
         let matches =
             found.seq == seq && found.base_offset == base_offset && found.write_pos <= size;
         matches.then_some((found, size))
+    }
+
+    /// Rolls once the batches written behind are synced and verified: a
+    /// sealed segment's index says its batches are durable.
+    async fn sync_behind_and_roll(&self, now: u64) -> Result<()> {
+        self.sync_behind_inner().await?;
+        self.roll(now).await
     }
 
     /// Creates a new active segment starting at the high watermark.
@@ -1104,7 +1358,7 @@ impl<F: FileSystem> PartitionLog<F> {
             }
             if is_active {
                 // Keep an (empty) segment that remembers the next offset.
-                self.roll(now).await?;
+                self.sync_behind_and_roll(now).await?;
             }
             let oldest = self.state.borrow_mut().segments.remove(0);
             drop(oldest.file);
