@@ -30,6 +30,9 @@
 //!   nothing;
 //! - **late acks answered 204**: an ack sent after its lease ended that the
 //!   node accepted;
+//! - **offset reused**: one offset of a partition delivered as two
+//!   messages (an offset consumers saw given to another), unless the
+//!   partition changed hands or a volume of its owner was lost;
 //! - **never acked**: answered 202 but no delivery of it was ever acked
 //!   (an ack whose answer is unknown may have landed: it counts here).
 //!
@@ -405,6 +408,12 @@ pub struct Report {
     /// (each example says how long before the crash the ack was answered).
     pub acked_then_delivered_excused: Finding,
     pub late_ack_accepted: Finding,
+    /// One offset of a partition delivered with two different messages: an
+    /// offset consumers saw was given to another message (after a crash
+    /// lost what was there). Excused only when the partition changed hands
+    /// (a move or a promotion ends a copy where it ends) or a volume of
+    /// its owner was lost.
+    pub offset_reused: Finding,
     pub never_acked: Finding,
     /// Accepted messages that may have been on a volume when it was lost:
     /// in a partition its node owned, or in its WAL (accepted by it, not yet
@@ -456,6 +465,7 @@ impl Report {
             ("duplicates_unexplained", &self.duplicates_unexplained),
             ("acked_then_delivered", &self.acked_then_delivered),
             ("late_ack_accepted", &self.late_ack_accepted),
+            ("offset_reused", &self.offset_reused),
             ("child_missing", &self.child_missing),
             ("child_early", &self.child_early),
         ];
@@ -502,6 +512,7 @@ impl Report {
                 &self.acked_then_delivered_excused,
             ),
             ("late_ack_accepted", &self.late_ack_accepted),
+            ("offset_reused", &self.offset_reused),
             ("never_acked", &self.never_acked),
             ("lost_with_a_volume", &self.lost_with_a_volume),
             ("child_missing", &self.child_missing),
@@ -513,6 +524,53 @@ impl Report {
             }
         }
         out
+    }
+}
+
+/// Every offset delivered with more than one message, unless its partition
+/// changed hands or lost a volume of an owner ([`Report::offset_reused`]).
+fn check_offsets(
+    deliveries: &BTreeMap<&str, Vec<Seen<'_>>>,
+    owners: &HashMap<(&str, u32), Vec<&str>>,
+    handovers: &[(&str, u32, u64)],
+    faults: &[Fault<'_>],
+    report: &mut Report,
+) {
+    let mut at: BTreeMap<(&str, u32, u64), BTreeMap<&str, u64>> = BTreeMap::new();
+    for (id, seen) in deliveries {
+        for s in seen {
+            let d = s.delivery;
+            at.entry((d.topic.as_str(), d.partition, d.offset))
+                .or_default()
+                .entry(id)
+                .or_insert(s.end_ms);
+        }
+    }
+    for ((topic, partition, offset), ids) in at {
+        if ids.len() < 2 {
+            continue;
+        }
+        let moved = handovers
+            .iter()
+            .any(|(t, p, _)| *t == topic && *p == partition);
+        let wiped = owners.get(&(topic, partition)).is_some_and(|nodes| {
+            faults
+                .iter()
+                .any(|f| f.action == NemesisAction::Wipe && nodes.contains(&f.node))
+        });
+        if moved || wiped {
+            continue;
+        }
+        report.offset_reused.add(|| {
+            let seen: Vec<String> = ids
+                .iter()
+                .map(|(id, at_ms)| format!("{id} at {at_ms}"))
+                .collect();
+            format!(
+                "{topic} p{partition} o{offset} delivered as {}",
+                seen.join(" and as ")
+            )
+        });
     }
 }
 
@@ -896,6 +954,7 @@ pub fn check(events: &[Event]) -> Report {
     }
     report.accepted = accepted.len();
     report.delivered = deliveries.len();
+    check_offsets(&deliveries, &owners, &handovers, &faults, &mut report);
     // The node that owns the partition a delivery's entry is stored in; a
     // partition whose owner the history does not record excuses nothing.
     let owners_of = |d: &Delivery| owners_at(&owners, d);

@@ -1326,3 +1326,33 @@ fn a_handover_ends_the_partitions_leases_but_never_an_ack() {
     // Acked before the move: delivered again is a violation still.
     assert_eq!(run(Some(0), true).acked_then_delivered.count, 1);
 }
+
+/// Two messages delivered at one offset of one partition: the offset a
+/// consumer saw was given to another message. A lost volume of the owner
+/// excuses it; a power cut does not (what was visible was durable).
+#[test]
+fn one_offset_delivered_as_two_messages_is_a_violation_unless_a_volume_went() {
+    let history = |fault: NemesisAction| {
+        let first = delivery("a", "t", 7, 1, 2_000);
+        let other = delivery("b", "t", 7, 1, 9_000);
+        let mut h = Builder::default();
+        h.owners("t", &["n1"])
+            .produce(1, "a", "t")
+            .consume(10, vec![first.clone()])
+            .settle(12, SettleAction::Ack, &first, None)
+            .nemesis_on(100, fault, "n1")
+            .produce(200, "b", "t")
+            .consume(300, vec![other.clone()])
+            .settle(302, SettleAction::Ack, &other, None);
+        h.report()
+    };
+    let report = history(NemesisAction::PowerCut);
+    assert_eq!(report.offset_reused.count, 1, "{}", report.summary());
+    assert!(report.offset_reused.examples[0].contains("t p0 o7"));
+    assert!(report
+        .violations(Strictness::Faults)
+        .iter()
+        .any(|v| v.0 == "offset_reused"));
+    let report = history(NemesisAction::Wipe);
+    assert_eq!(report.offset_reused.count, 0, "{}", report.summary());
+}
