@@ -101,6 +101,7 @@ async fn shard(
                 value: request.body(),
                 accept_ms: 0,
                 topic_incarnation: Some(0),
+                offset: None,
             };
             let status = match wal.append(&record) {
                 Ok(appended) => {

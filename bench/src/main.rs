@@ -329,6 +329,7 @@ async fn wal_level(
                     value: &value,
                     accept_ms: 0,
                     topic_incarnation: Some(0),
+                    offset: None,
                 };
                 let sent = Instant::now();
                 let appended = wal.append(&record).expect("append");

@@ -99,6 +99,7 @@ pub fn from_owner(error: &OwnerError) -> ApiError {
             ErrorCode::PartitionMoving,
             "the partition is being handed over to another node; retry",
         ),
+        OwnerError::JournalBroken => ApiError::new(ErrorCode::Internal, error.to_string()),
     }
 }
 

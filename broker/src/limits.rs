@@ -105,7 +105,7 @@ pub const COLLECT_CALL_TIMEOUT: Duration = Duration::from_millis(1500);
 /// client's leases are running, so a node that does not answer soon (down but
 /// not yet known to be) is not waited for. Leases it granted after all come
 /// back when their visibility timeout ends.
-pub const COLLECT_TOP_UP_TIMEOUT: Duration = Duration::from_millis(200);
+pub const COLLECT_TOP_UP_TIMEOUT: Duration = Duration::from_millis(50);
 pub const SETTLE_CALL_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long an ack, nack or extend of a partition frozen for its handover
 /// waits for the freeze to end (a freeze usually lasts milliseconds) before
@@ -195,7 +195,7 @@ pub const CHILD_BEHIND_AFTER_MS: u64 = 10_000;
 /// A copy stores its cursor at most this often while it copies (and
 /// whenever it catches up, stops or fails): after a crash, at most this
 /// much is copied again.
-pub const CHILD_CURSOR_STORE_INTERVAL: Duration = Duration::from_millis(200);
+pub const CHILD_CURSOR_STORE_INTERVAL: Duration = Duration::from_millis(50);
 /// Sighting marks a delay copy keeps before it halves them (each pair as
 /// its later mark): a long delay on a busy partition stays within memory,
 /// its copies a little later, never earlier.
@@ -297,7 +297,7 @@ pub const MOVE_CALL_TIMEOUT: Duration = Duration::from_secs(5);
 /// late).
 pub const MOVE_PROMOTION_CHECK: Duration = Duration::from_millis(100);
 /// A move whose source does not answer tries again after this, doubling.
-pub const MOVE_RETRY_BACKOFF_MIN: Duration = Duration::from_millis(200);
+pub const MOVE_RETRY_BACKOFF_MIN: Duration = Duration::from_millis(50);
 pub const MOVE_RETRY_BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// Moves one plan may hold.
 pub const MOVES_PER_PLAN_MAX: usize = 10_000;
@@ -305,6 +305,21 @@ pub const MOVES_PER_PLAN_MAX: usize = 10_000;
 /// Connections the kernel queues for a shard's client listener before the
 /// shard accepts them.
 pub const CLIENT_LISTEN_BACKLOG: i32 = 1024;
+
+/// Journal records recovered from the WAL are appended again in batches of
+/// at most this many records ...
+pub const JOURNAL_REPLAY_BATCH_RECORDS: usize = 256;
+/// ... and about this many bytes of values.
+pub const JOURNAL_REPLAY_BATCH_BYTES: usize = 8 * 1024 * 1024;
+/// A journal batch takes the produces queued for its partition up to about
+/// this many bytes of values (a larger request goes alone).
+pub const JOURNAL_BATCH_BYTES: usize = 1024 * 1024;
+/// How often a shard syncs and reads back what its partitions' logs wrote
+/// behind for the owner journal, so the WAL can reclaim the journal copies.
+pub const JOURNAL_SYNC_INTERVAL: std::time::Duration = std::time::Duration::from_millis(50);
+/// How often a shard looks again for partitions whose recovered journal
+/// records wait for the metadata or an open.
+pub const JOURNAL_REPLAY_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
 
 #[cfg(test)]
 mod tests {

@@ -40,6 +40,11 @@ pub enum OwnerError {
     /// Frozen for a move's handover: nothing is appended.
     #[error("the partition is frozen for a move's handover")]
     Frozen,
+    /// A batch written behind for the journal could be neither synced nor
+    /// written again: the log lacks offsets the journal gave out, so the
+    /// partition takes no appends until the node restarts and replays them.
+    #[error("the partition's log lost batches its journal holds; it takes no appends until the node restarts")]
+    JournalBroken,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -205,6 +210,8 @@ pub struct PartitionOwner<F: FileSystem> {
     /// Frozen for a move's handover: commits are refused once they have
     /// their turn, so none lands after the freeze's last look.
     frozen: Cell<bool>,
+    /// Commits through the owner journal (`owner/journal.rs`).
+    journal: journal::Journal<F>,
 }
 
 fn record_commit_time(times: &mut VecDeque<(u64, u64)>, base: u64, now_ms: u64) {
@@ -271,6 +278,7 @@ impl<F: FileSystem> PartitionOwner<F> {
             recent: Recent::default(),
             dead_pending: RefCell::default(),
             frozen: Cell::new(false),
+            journal: journal::Journal::default(),
         }
     }
 
@@ -279,8 +287,10 @@ impl<F: FileSystem> PartitionOwner<F> {
         self.acks.failure()
     }
 
+    /// The end of what consumers may see: the log's end, or the first
+    /// batch written behind whose journal copy is not durable yet.
     pub fn high_watermark(&self) -> u64 {
-        self.log.high_watermark()
+        self.journal.visible_end(self.log.high_watermark())
     }
 
     pub fn frontier(&self) -> u64 {
@@ -301,6 +311,7 @@ impl<F: FileSystem> PartitionOwner<F> {
         max: usize,
         max_bytes: usize,
     ) -> Result<Vec<StoredMessage>, OwnerError> {
+        let visible = self.high_watermark();
         {
             let cache = self.cache.borrow();
             if cache.get(from).is_some() {
@@ -308,7 +319,10 @@ impl<F: FileSystem> PartitionOwner<F> {
                 let mut bytes = 0;
                 let mut offset = from;
                 while let Some(stored) = cache.get(offset) {
-                    if out.len() >= max || (bytes >= max_bytes && !out.is_empty()) {
+                    if out.len() >= max
+                        || (bytes >= max_bytes && !out.is_empty())
+                        || offset >= visible
+                    {
                         break;
                     }
                     bytes += stored.message.value.len();
@@ -318,7 +332,9 @@ impl<F: FileSystem> PartitionOwner<F> {
                 return Ok(out);
             }
         }
-        Ok(self.log.read(from, max, max_bytes).await?)
+        let mut read = self.log.read(from, max, max_bytes).await?;
+        read.retain(|stored| stored.offset < visible);
+        Ok(read)
     }
 
     /// Appends a batch and makes it visible; returns its first offset.
@@ -329,6 +345,12 @@ impl<F: FileSystem> PartitionOwner<F> {
         if self.frozen.get() {
             return Err(OwnerError::Frozen);
         }
+        if self.journal.broken() {
+            return Err(OwnerError::JournalBroken);
+        }
+        // Batches the journal wrote behind are synced first: a failure
+        // there must not let this append take their offsets.
+        self.sync_journal_in_turn().await?;
         // A dispatcher that did not hear the answer to a commit sends the
         // same records again: append only those not appended recently.
         let fresh: Vec<Message>;
@@ -353,22 +375,7 @@ impl<F: FileSystem> PartitionOwner<F> {
             return Ok(self.high_watermark());
         }
         let base = self.log.append(messages).await?;
-        {
-            let mut recent = self.recent.ids.borrow_mut();
-            for message in messages {
-                recent.insert(recent_key(message));
-            }
-        }
-        {
-            let mut cache = self.cache.borrow_mut();
-            for (offset, message) in (base..).zip(messages) {
-                cache.push(StoredMessage {
-                    offset,
-                    message: message.clone(),
-                });
-            }
-        }
-        record_commit_time(&mut self.recent.commit_times.borrow_mut(), base, now_ms);
+        self.remember_appended(base, messages, now_ms);
         self.signal.notify();
         Ok(base)
     }
@@ -404,7 +411,7 @@ impl<F: FileSystem> PartitionOwner<F> {
             let mut leases = self.leases.borrow_mut();
             let offsets = leases.available(
                 self.acks.frontier(),
-                self.log.high_watermark(),
+                self.high_watermark(),
                 max,
                 now_ms,
                 |o| self.acks.unacked_run(o),
@@ -646,6 +653,23 @@ impl<F: FileSystem> PartitionOwner<F> {
         Ok(self.acks.cut_at(end).await?)
     }
 
+    /// Forgets (durably) acks of offsets the log does not hold: after a
+    /// crash whose journal records could not all be put back at their
+    /// offsets, the log gives those offsets to new messages.
+    pub async fn cut_acks_past_log(&self) -> Result<(), OwnerError> {
+        let end = self.log.high_watermark();
+        let set = self.acks.ack_set();
+        let past = set.frontier() > end || set.ranges().any(|(_, to)| to > end);
+        if !past {
+            return Ok(());
+        }
+        tracing::warn!(
+            high_watermark = end,
+            "acks recorded past the end of the partition log; forgetting them"
+        );
+        self.cut_acks_at(end).await
+    }
+
     /// Applies retention. Returns how many unacked offsets it made the
     /// frontier skip.
     pub async fn apply_retention(&self) -> Result<u64, OwnerError> {
@@ -688,7 +712,12 @@ impl<F: FileSystem> PartitionOwner<F> {
     /// append is under way: no commit appends after this returns.
     pub async fn freeze(&self) {
         self.frozen.set(true);
-        drop(self.take_append_turn().await);
+        let _turn = self.take_append_turn().await;
+        // What the journal wrote behind is synced before the handover copies
+        // it, and its journal copies go.
+        if let Err(error) = self.sync_journal_in_turn().await {
+            tracing::warn!(%error, "syncing a frozen partition's journal batches failed");
+        }
     }
 
     /// Freezes without waiting (a restarted source taking a handover's
@@ -738,7 +767,7 @@ impl<F: FileSystem> PartitionOwner<F> {
     }
 
     pub fn stats(&self, now_ms: u64) -> PartitionStats {
-        let high_watermark = self.log.high_watermark();
+        let high_watermark = self.high_watermark();
         let frontier = self.acks.frontier();
         let leases = self.leases.borrow();
         let acked_above = self.acks.ack_set().acked_above_frontier();
@@ -766,6 +795,9 @@ impl<F: FileSystem> PartitionOwner<F> {
         }
     }
 }
+
+mod journal;
+pub use journal::{JournalAppend, JournalError};
 
 #[cfg(test)]
 mod tests;

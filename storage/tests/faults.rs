@@ -30,6 +30,7 @@ fn record(id: u128, value_len: usize) -> WalRecord {
         value: vec![b'x'; value_len],
         accept_ms: 42,
         topic_incarnation: Some(1),
+        offset: None,
     }
 }
 

@@ -38,6 +38,7 @@ fn record(id: u128) -> WalRecord {
         value: vec![7u8; 1024],
         accept_ms: 1,
         topic_incarnation: Some(3),
+        offset: None,
     }
 }
 

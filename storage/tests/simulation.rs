@@ -106,6 +106,7 @@ fn wal_workload(seed: u64) {
                             value: random_bytes(&mut rng, 600),
                             accept_ms: rng.below(1 << 40),
                             topic_incarnation: rng.chance(1, 2).then(|| rng.below(1 << 20)),
+                            offset: None,
                         };
                         next_id += 1;
                         if let Ok(appended) = wal.append(&record.as_ref()) {
@@ -160,6 +161,7 @@ fn wal_workload(seed: u64) {
                 value: vec![],
                 accept_ms: 0,
                 topic_incarnation: None,
+                offset: None,
             };
             assert!(
                 wal.append(&probe.as_ref()).is_err(),
@@ -277,6 +279,45 @@ fn log_workload(seed: u64) {
             fs.corrupt_next_writes(".seg", 1);
         }
         for _step in 0..(10 + rng.below(30)) {
+            if behind_mode && behind_rng.chance(1, 8) {
+                // The sync beside appends: a snapshot, maybe another batch
+                // written behind meanwhile, then the sync and read-back.
+                if let Some(snapshot) = log.behind_snapshot() {
+                    if behind_rng.chance(1, 2) {
+                        next_id += 1;
+                        let message = Message {
+                            id: next_id,
+                            produced_at_ms: clock.now_ms_for_test(),
+                            key: None,
+                            value: random_bytes(&mut behind_rng, 300).into(),
+                        };
+                        let hw_before = log.high_watermark();
+                        match block_on(log.append_behind(std::slice::from_ref(&message))) {
+                            Ok(base) => {
+                                assert_eq!(base, hw_before);
+                                maybe.split_off(&base);
+                                pending.insert(base, message);
+                            }
+                            Err(_) => {
+                                let hw = log.high_watermark();
+                                for (offset, message) in pending.split_off(&hw) {
+                                    maybe.entry(offset).or_default().push(message);
+                                }
+                                maybe.entry(hw).or_default().push(message);
+                            }
+                        }
+                    }
+                    match block_on(PartitionLog::<SimFs>::verify_behind(&snapshot)) {
+                        Ok(true) if log.behind_verified(&snapshot) => {
+                            let rest = pending.split_off(&snapshot.end_offset);
+                            model.append(&mut pending);
+                            pending = rest;
+                        }
+                        Ok(true) => {}
+                        _ => log.behind_failed(),
+                    }
+                }
+            }
             if behind_mode && behind_rng.chance(1, 4) {
                 let r = block_on(log.sync_behind());
                 match r {
@@ -610,6 +651,8 @@ fn seeds_that_found_bugs_stay_green() {
     log_workload(9_026_424);
     // Batches written behind, discarded by a failed sync, then counted.
     log_workload(9_000_654);
+    // A sync beside appends trusted after a failed write of its segment.
+    log_workload(9_000_577);
     // A torn WAL record's extent hiding newer durable records.
     wal_workload(782_911);
     wal_workload(1_592_590_360);

@@ -70,6 +70,7 @@ mod children;
 mod consume;
 mod dispatch;
 mod health;
+mod journal;
 mod moves;
 mod nodes;
 mod owners;
@@ -211,6 +212,14 @@ pub struct Shard<F: FileSystem = NodeFs> {
     copies: children::Copies,
     /// Partitions frozen for a handover here, and moves run here.
     moves: moves::Moves,
+    /// Journal records the WAL held at the start, by partition, until the
+    /// partition opens here and appends them at their offsets (or turns
+    /// out to be owned elsewhere, and they are committed the usual way).
+    journal_replay: RefCell<HashMap<OwnerKey, Vec<(WalPos, WalRecord)>>>,
+    /// Produces waiting for their partition's next journal batch.
+    journal_queues: RefCell<HashMap<OwnerKey, journal::JournalQueue>>,
+    /// This shard itself, for the tasks it spawns.
+    me: std::rc::Weak<Self>,
 }
 
 /// What the node gives each of its shards.
@@ -287,6 +296,8 @@ struct Flow {
     next_seq: Cell<u64>,
     /// Rotates starts (partitions, shards, nodes, reroutes) so none starves.
     round_robin: Cell<u32>,
+    /// Commits through the owner journal under way (a stop waits for them).
+    journal_commits: Cell<usize>,
 }
 
 impl<F: FileSystem> Shard<F> {
@@ -304,7 +315,7 @@ impl<F: FileSystem> Shard<F> {
             snapshot: env.meta.snapshot(),
             topics: HashMap::new(),
         };
-        Rc::new(Self {
+        Rc::new_cyclic(|me| Self {
             identity,
             settings,
             links,
@@ -338,12 +349,16 @@ impl<F: FileSystem> Shard<F> {
                 acks_closed: Cell::new(false),
                 next_seq: Cell::new(0),
                 round_robin: Cell::new(0),
+                journal_commits: Cell::new(0),
             },
             passwords: VerifiedPasswords::default(),
             hashing: Cell::new(0),
             schemas: CompiledSchemas::default(),
             copies: RefCell::default(),
             moves: moves::Moves::default(),
+            journal_replay: RefCell::default(),
+            journal_queues: RefCell::default(),
+            me: me.clone(),
         })
     }
 

@@ -118,7 +118,14 @@ impl<F: FileSystem> Shard<F> {
             max_deliveries: topic.config.max_deliveries,
             tail_cache_bytes: tail_cache_share(self.owners.slots.borrow().len()),
         };
-        Ok(PartitionOwner::new(log, acks, owner_config))
+        let owner = PartitionOwner::new(log, acks, owner_config);
+        owner.use_journal(self.wal.clone());
+        self.replay_journal_into(&key, &owner).await?;
+        owner
+            .cut_acks_past_log()
+            .await
+            .map_err(|e| from_owner(&e))?;
+        Ok(owner)
     }
 
     /// The open partitions, in key order ([`Self::owners_snapshot`]).

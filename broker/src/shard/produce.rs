@@ -103,6 +103,13 @@ impl<F: FileSystem> Shard<F> {
             .iter()
             .map(|(_, id, _, _)| format!("{id:032x}"))
             .collect();
+        if let Some(owner) = self.journal_owner(topic, &placed) {
+            match self.produce_through_journal(topic, owner, &placed).await {
+                Ok(()) => return Ok(ids),
+                Err(journal::JournalOutcome::Failed(error)) => return Err(error),
+                Err(journal::JournalOutcome::NotTaken) => {}
+            }
+        }
         self.write_through_wal(topic, placed).await?;
         Ok(ids)
     }
@@ -128,6 +135,7 @@ impl<F: FileSystem> Shard<F> {
                 value,
                 accept_ms,
                 topic_incarnation: Some(topic.incarnation),
+                offset: None,
             })
             .collect();
         let appended = self
@@ -184,6 +192,9 @@ impl<F: FileSystem> Shard<F> {
                     value: &r.record.value,
                     accept_ms: r.record.accept_ms,
                     topic_incarnation: r.record.topic_incarnation,
+                    // Committed the usual way from here: the partition may
+                    // belong to another shard now.
+                    offset: None,
                 })
                 .collect();
             let appended = loop {
@@ -269,7 +280,7 @@ impl<F: FileSystem> Shard<F> {
         } else {
             self.dispatch.awaiting.borrow().len()
         };
-        awaiting + self.dispatch.queue.borrow().pending_records()
+        awaiting + self.dispatch.queue.borrow().pending_records() + self.flow.journal_commits.get()
     }
 
     /// Moves every record the WAL made durable to the dispatcher. The WAL's

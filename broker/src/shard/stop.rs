@@ -51,10 +51,15 @@ impl<F: FileSystem> Shard<F> {
         }
     }
 
-    /// Graceful stop, second half: sync the WAL checkpoint, flush every ack
+    /// Graceful stop, second half: sync what the journal wrote behind and
+    /// the WAL checkpoint, flush every ack
     /// to disk, and mark each partition log closed cleanly.
     pub async fn finish(&self) {
         self.flow.acks_closed.set(true);
+        // What partitions wrote behind for the journal is synced first, so
+        // the checkpoint passes its journal copies and the next start has
+        // nothing to put back.
+        self.sync_journals().await;
         self.wal.close();
         if let Err(error) = self.wal.checkpoint().await {
             tracing::error!(%error, "final WAL checkpoint failed");

@@ -2,7 +2,10 @@
 //! starts them the same way a simulation does.
 
 use super::*;
-use crate::limits::{IDLE_PARTITION_FIRST_OPEN, IDLE_PARTITION_OPEN_INTERVAL, RETENTION_INTERVAL};
+use crate::limits::{
+    IDLE_PARTITION_FIRST_OPEN, IDLE_PARTITION_OPEN_INTERVAL, JOURNAL_SYNC_INTERVAL,
+    RETENTION_INTERVAL,
+};
 use crate::metric_names::{WAL_RECORDS_PER_SYNC, WAL_SYNC_SECONDS};
 
 impl<F: FileSystem> Shard<F> {
@@ -15,7 +18,12 @@ impl<F: FileSystem> Shard<F> {
     /// for it.
     pub fn start_tasks(self: &Rc<Self>, recovered: Vec<(WalPos, WalRecord)>) {
         let runtime = self.env.runtime.clone();
+        let recovered = self.set_journal_aside(recovered);
         self.redispatch(recovered);
+        runtime.spawn(Box::pin(self.clone().replay_journals()));
+        runtime.spawn(Box::pin(every(self.clone(), JOURNAL_SYNC_INTERVAL, |s| {
+            Box::pin(async move { s.sync_journals().await })
+        })));
 
         let committed = self.clone();
         let committer = self.wal.clone().run_committer(move |outcome, elapsed| {

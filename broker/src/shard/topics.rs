@@ -198,10 +198,15 @@ impl<F: FileSystem> Shard<F> {
         let view = self.view();
         let topics = &view.state.topics;
         let mut owners = self.owners.slots.borrow_mut();
-        owners.retain(|(name, incarnation, _), _| {
-            topics
+        owners.retain(|(name, incarnation, _), slot| {
+            let live = topics
                 .get(name)
-                .is_some_and(|t| t.incarnation == *incarnation)
+                .is_some_and(|t| t.incarnation == *incarnation);
+            if let (false, OwnerSlot::Ready(owner)) = (live, &*slot) {
+                // Nothing left to deliver to: the journal copies go.
+                owner.release_journal();
+            }
+            live
         });
         for ((name, _, _), slot) in owners.iter() {
             if let (OwnerSlot::Ready(owner), Some(topic)) = (slot, topics.get(name)) {

@@ -152,10 +152,26 @@ impl<Fl> Segment<Fl> {
 /// to write again elsewhere if its sync fails: a batch's bytes do not
 /// depend on where it lies).
 struct Behind {
+    /// The segment it lies in.
+    seq: u64,
     pos: u64,
     base_offset: u64,
     count: u32,
     bytes: Vec<u8>,
+}
+
+/// The batches written behind at one moment, to sync and read back without
+/// holding up appends ([`PartitionLog::behind_snapshot`]).
+pub struct BehindSnapshot<Fl> {
+    file: Rc<Fl>,
+    path: PathBuf,
+    seq: u64,
+    pos: u64,
+    bytes: Vec<u8>,
+    last_pos: u64,
+    failures: u64,
+    /// The offset after its last batch.
+    pub end_offset: u64,
 }
 
 struct LogState<Fl> {
@@ -183,6 +199,9 @@ pub struct PartitionLog<F: FileSystem> {
     /// having written them (fsyncgate), so they are written again, not
     /// trusted.
     behind_suspect: Cell<bool>,
+    /// Failures of writes or syncs since the log opened: a snapshot of
+    /// batches written behind is trusted only if none came after it.
+    failures: Cell<u64>,
     /// An append failed since the log was opened: its batch may sit in the
     /// page cache only, so the log is never marked clean.
     append_failed: Cell<bool>,
@@ -651,6 +670,7 @@ impl<F: FileSystem> PartitionLog<F> {
             appending: Cell::new(false),
             behind: RefCell::new(Vec::new()),
             behind_suspect: Cell::new(false),
+            failures: Cell::new(0),
             append_failed: Cell::new(false),
             corrupt_records: Cell::new(0),
         };
@@ -776,6 +796,79 @@ impl<F: FileSystem> PartitionLog<F> {
         !self.behind.borrow().is_empty()
     }
 
+    /// The batches written behind so far, when they lie one after the
+    /// other in the active segment (else `None`, and [`Self::sync_behind`]
+    /// is the way): [`Self::verify_behind`] syncs and reads them back while
+    /// appends go on, and [`Self::behind_verified`] takes them off the list.
+    pub fn behind_snapshot(&self) -> Option<BehindSnapshot<F::File>> {
+        if self.behind_suspect.get() {
+            return None;
+        }
+        let behind = self.behind.borrow();
+        let first = behind.first()?;
+        let last = behind.last()?;
+        let contiguous = behind
+            .windows(2)
+            .all(|w| w[0].seq == w[1].seq && w[0].pos + w[0].bytes.len() as u64 == w[1].pos);
+        let state = self.state.borrow();
+        let segment = state.segments.last()?;
+        if !contiguous || segment.seq != first.seq {
+            return None;
+        }
+        Some(BehindSnapshot {
+            file: segment.file.clone(),
+            path: segment.path.clone(),
+            seq: first.seq,
+            pos: first.pos,
+            bytes: behind
+                .iter()
+                .flat_map(|b| b.bytes.iter().copied())
+                .collect(),
+            last_pos: last.pos,
+            failures: self.failures.get(),
+            end_offset: last.base_offset + u64::from(last.count),
+        })
+    }
+
+    /// fdatasyncs the snapshot's segment and reads the snapshot back:
+    /// whether every byte is as written. Needs no turn: appends write past it.
+    pub async fn verify_behind(snapshot: &BehindSnapshot<F::File>) -> Result<bool> {
+        snapshot
+            .file
+            .sync_data()
+            .await
+            .map_err(|e| StorageError::io("fdatasync", &snapshot.path, e))?;
+        snapshot
+            .file
+            .read_equals(snapshot.pos, &snapshot.bytes)
+            .await
+            .map_err(|e| StorageError::io("read back", &snapshot.path, e))
+    }
+
+    /// The snapshot verified: its batches are durable (those a roll or a
+    /// sync took care of meanwhile are gone from the list already). False,
+    /// and nothing changes, if a write or sync failed since the snapshot
+    /// (a later fdatasync may then succeed without having written them, or
+    /// the log went back): [`Self::sync_behind`] settles them.
+    pub fn behind_verified(&self, snapshot: &BehindSnapshot<F::File>) -> bool {
+        if self.failures.get() != snapshot.failures {
+            return false;
+        }
+        self.behind
+            .borrow_mut()
+            .retain(|b| b.seq != snapshot.seq || b.pos > snapshot.last_pos);
+        true
+    }
+
+    /// The snapshot's sync or read-back failed: the next sync writes its
+    /// batches again rather than trust them (fsyncgate).
+    pub fn behind_failed(&self) {
+        self.failures.set(self.failures.get() + 1);
+        if !self.behind.borrow().is_empty() {
+            self.behind_suspect.set(true);
+        }
+    }
+
     async fn sync_behind_inner(&self) -> Result<()> {
         if self.behind.borrow().is_empty() {
             return Ok(());
@@ -803,12 +896,23 @@ impl<F: FileSystem> PartitionLog<F> {
                 .err()
         };
         if failure.is_none() {
-            let checks: Vec<(u64, Vec<u8>)> = self
-                .behind
-                .borrow()
-                .iter()
-                .map(|b| (b.pos, b.bytes.clone()))
-                .collect();
+            // The batches lie one after the other: one read checks them all.
+            let checks: Vec<(u64, Vec<u8>)> = {
+                let behind = self.behind.borrow();
+                let contiguous = behind
+                    .windows(2)
+                    .all(|w| w[0].pos + w[0].bytes.len() as u64 == w[1].pos);
+                match (contiguous, behind.first()) {
+                    (true, Some(first)) => vec![(
+                        first.pos,
+                        behind
+                            .iter()
+                            .flat_map(|b| b.bytes.iter().copied())
+                            .collect(),
+                    )],
+                    _ => behind.iter().map(|b| (b.pos, b.bytes.clone())).collect(),
+                }
+            };
             for (pos, bytes) in checks {
                 match file.read_equals(pos, &bytes).await {
                     Ok(true) => {}
@@ -832,6 +936,7 @@ impl<F: FileSystem> PartitionLog<F> {
             return Ok(());
         };
         tracing::error!(path = %path.display(), %error, "partition log sync of batches written behind failed; writing them again in a new segment");
+        self.failures.set(self.failures.get() + 1);
         self.append_failed.set(true);
         let behind = std::mem::take(&mut *self.behind.borrow_mut());
         let first = behind.first().map(|b| (b.pos, b.base_offset));
@@ -985,9 +1090,11 @@ impl<F: FileSystem> PartitionLog<F> {
                     appended_at_ms: now,
                 });
                 segment.write_pos = pos + len;
+                let seq = segment.seq;
                 state.next_offset = base_offset + u64::from(count);
                 if !sync {
                     self.behind.borrow_mut().push(Behind {
+                        seq,
                         pos,
                         base_offset,
                         count,
@@ -998,6 +1105,7 @@ impl<F: FileSystem> PartitionLog<F> {
             }
             Err(error) => {
                 tracing::error!(path = %path.display(), %error, "partition log append failed; segment sealed");
+                self.failures.set(self.failures.get() + 1);
                 self.append_failed.set(true);
                 segment.sealed = true;
                 if !self.behind.borrow().is_empty() {

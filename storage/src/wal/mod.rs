@@ -535,7 +535,28 @@ impl<F: FileSystem> Wal<F> {
         self.ring
             .sync_data()
             .await
-            .map_err(|e| StorageError::io("fdatasync", &self.ring_path, e))
+            .map_err(|e| StorageError::io("fdatasync", &self.ring_path, e))?;
+        // Read back: a journal copy makes its batch visible once durable,
+        // so the flush must hold the bytes written (their checksums with
+        // them) before anyone is told it is.
+        for (bytes, at) in [(first, BLOCK_BYTES + physical), (rest, BLOCK_BYTES)] {
+            if bytes.is_empty() {
+                continue;
+            }
+            let same = self
+                .ring
+                .read_equals(at, bytes)
+                .await
+                .map_err(|e| StorageError::io("read back", &self.ring_path, e))?;
+            if !same {
+                return Err(StorageError::VerifyFailed {
+                    path: self.ring_path.clone(),
+                    pos: at,
+                    detail: "a group commit read back differs from what was written".into(),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Marks a record committed to its partition owner. Returns false for a

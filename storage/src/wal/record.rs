@@ -9,11 +9,15 @@
 //! 32  key_len     u32 (u32::MAX: no key)
 //! 36  value_len   u32
 //! 40  topic_incarnation u64, when flags has FLAG_TOPIC_INCARNATION
+//! ..  offset      u64, when flags has FLAG_OFFSET
 //! ..  topic, key, value
 //! ```
 //!
 //! Records written before the flags existed have 0 there (the field was
-//! reserved) and no topic incarnation.
+//! reserved) and no topic incarnation. A record with an offset is the
+//! owner's journal copy of a commit: its partition is owned by the shard
+//! that wrote it, which gave it that offset, and recovery puts it back at
+//! that offset.
 
 use crate::codec::{
     get_u128, get_u16, get_u32, get_u64, key_len_field, put_u128, put_u16, put_u32, put_u64, NO_KEY,
@@ -26,6 +30,10 @@ const BODY_FIXED_BYTES: usize = 40;
 /// receives the old one's messages.
 const FLAG_TOPIC_INCARNATION: u16 = 1;
 const INCARNATION_BYTES: usize = 8;
+/// The body carries the partition offset its owner gave it.
+const FLAG_OFFSET: u16 = 2;
+const OFFSET_BYTES: usize = 8;
+const KNOWN_FLAGS: u16 = FLAG_TOPIC_INCARNATION | FLAG_OFFSET;
 
 /// A message as the ingress WAL holds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,6 +46,9 @@ pub struct WalRecord {
     pub accept_ms: u64,
     /// Which incarnation of `topic` accepted it (`None` in old records).
     pub topic_incarnation: Option<u64>,
+    /// Its offset in the partition, when the record is its owner's journal
+    /// copy of the commit (`None`: the dispatcher commits it).
+    pub offset: Option<u64>,
 }
 
 /// A borrowed message to append, so the hot path copies bytes only once.
@@ -50,6 +61,7 @@ pub struct WalRecordRef<'a> {
     pub value: &'a [u8],
     pub accept_ms: u64,
     pub topic_incarnation: Option<u64>,
+    pub offset: Option<u64>,
 }
 
 impl WalRecord {
@@ -62,6 +74,7 @@ impl WalRecord {
             value: &self.value,
             accept_ms: self.accept_ms,
             topic_incarnation: self.topic_incarnation,
+            offset: self.offset,
         }
     }
 }
@@ -70,6 +83,7 @@ impl WalRecordRef<'_> {
     pub fn body_len(&self) -> usize {
         BODY_FIXED_BYTES
             + self.topic_incarnation.map_or(0, |_| INCARNATION_BYTES)
+            + self.offset.map_or(0, |_| OFFSET_BYTES)
             + self.topic.len()
             + self.key.map_or(0, <[u8]>::len)
             + self.value.len()
@@ -85,12 +99,16 @@ impl WalRecordRef<'_> {
         put_u64(buf, self.accept_ms);
         put_u32(buf, self.partition);
         put_u16(buf, u16::try_from(self.topic.len()).unwrap_or(u16::MAX));
-        let flags = self.topic_incarnation.map_or(0, |_| FLAG_TOPIC_INCARNATION);
+        let flags = self.topic_incarnation.map_or(0, |_| FLAG_TOPIC_INCARNATION)
+            | self.offset.map_or(0, |_| FLAG_OFFSET);
         put_u16(buf, flags);
         put_u32(buf, key_len_field(self.key));
         put_u32(buf, u32::try_from(self.value.len()).unwrap_or(u32::MAX));
         if let Some(incarnation) = self.topic_incarnation {
             put_u64(buf, incarnation);
+        }
+        if let Some(offset) = self.offset {
+            put_u64(buf, offset);
         }
         buf.extend_from_slice(self.topic.as_bytes());
         if let Some(key) = self.key {
@@ -104,7 +122,7 @@ impl WalRecordRef<'_> {
 /// build does not know: a newer version wrote it, and reading it as
 /// damaged would drop an accepted message, so recovery refuses instead.
 pub fn unknown_flags(body: &[u8]) -> Option<u16> {
-    get_u16(body, 30).filter(|flags| flags & !FLAG_TOPIC_INCARNATION != 0)
+    get_u16(body, 30).filter(|flags| flags & !KNOWN_FLAGS != 0)
 }
 
 /// Decodes a body whose checksum already verified; `None` if it is malformed.
@@ -114,7 +132,7 @@ pub fn decode_body(body: &[u8]) -> Option<WalRecord> {
     let partition = get_u32(body, 24)?;
     let topic_len = usize::from(get_u16(body, 28)?);
     let flags = get_u16(body, 30)?;
-    if flags & !FLAG_TOPIC_INCARNATION != 0 {
+    if flags & !KNOWN_FLAGS != 0 {
         // Written by a newer version: not a record this one can read.
         return None;
     }
@@ -122,8 +140,16 @@ pub fn decode_body(body: &[u8]) -> Option<WalRecord> {
     let value_len = usize::try_from(get_u32(body, 36)?).ok()?;
     let mut at = BODY_FIXED_BYTES;
     let topic_incarnation = if flags & FLAG_TOPIC_INCARNATION != 0 {
+        let incarnation = get_u64(body, at)?;
         at += INCARNATION_BYTES;
-        Some(get_u64(body, BODY_FIXED_BYTES)?)
+        Some(incarnation)
+    } else {
+        None
+    };
+    let offset = if flags & FLAG_OFFSET != 0 {
+        let offset = get_u64(body, at)?;
+        at += OFFSET_BYTES;
+        Some(offset)
     } else {
         None
     };
@@ -151,6 +177,7 @@ pub fn decode_body(body: &[u8]) -> Option<WalRecord> {
         value,
         accept_ms,
         topic_incarnation,
+        offset,
     })
 }
 
@@ -168,6 +195,7 @@ mod tests {
             value: vec![0, 1, 2, 255],
             accept_ms: 1_700_000_000_000,
             topic_incarnation: Some(0x0102_0304_0506_0708),
+            offset: None,
         };
         let mut buf = Vec::new();
         record.as_ref().encode_body(&mut buf);
@@ -182,6 +210,14 @@ mod tests {
         keyless.as_ref().encode_body(&mut buf);
         assert_eq!(decode_body(&buf), Some(keyless.clone()));
         assert_eq!(decode_body(&buf[..buf.len() - 1]), None);
+        let journal = WalRecord {
+            offset: Some(41),
+            ..keyless
+        };
+        buf.clear();
+        journal.as_ref().encode_body(&mut buf);
+        assert_eq!(buf.len(), journal.as_ref().body_len());
+        assert_eq!(decode_body(&buf), Some(journal));
     }
 
     #[test]
@@ -194,6 +230,7 @@ mod tests {
             value: b"old".to_vec(),
             accept_ms: 5,
             topic_incarnation: None,
+            offset: None,
         };
         let mut buf = Vec::new();
         record.as_ref().encode_body(&mut buf);

@@ -111,6 +111,7 @@ fn record_of(id: u128, rng: &mut SimRng) -> WalRecord {
         value: vec![b'v'; usize::try_from(len).unwrap_or(0)],
         accept_ms: 1,
         topic_incarnation: Some(1),
+        offset: None,
     }
 }
 
