@@ -322,3 +322,68 @@ fn a_repeated_commit_is_dropped_but_the_same_id_written_again_later_is_kept() {
         "a message written again is appended"
     );
 }
+
+/// A batch through the journal stays invisible until its journal copy is
+/// durable, and its WAL records are released only once the log's own copy
+/// was synced and read back.
+#[test]
+fn a_journal_batch_shows_once_durable_and_its_records_go_once_the_log_verified_it() {
+    use narad_storage::wal::{Wal, WalConfig, WalRecordRef};
+
+    let fs = SimFs::new(5);
+    let clock = ManualClock::new(1_000);
+    let owner = open(&fs, &clock, CONFIG);
+    let config = WalConfig {
+        ring_bytes: 64 * 1024,
+    };
+    let (wal, _) = block_on(Wal::open(&fs, Path::new("/data/wal/shard-0"), config)).expect("wal");
+    owner.use_journal(wal.clone());
+    let batch = messages(3);
+    let taken = block_on(owner.journal_append(&batch, 1_000, |base| {
+        let records: Vec<WalRecordRef<'_>> = batch
+            .iter()
+            .zip(base..)
+            .map(|(m, offset)| WalRecordRef {
+                id: m.id,
+                topic: "orders",
+                partition: 0,
+                key: None,
+                value: &m.value,
+                accept_ms: 1,
+                topic_incarnation: Some(1),
+                offset: Some(offset),
+            })
+            .collect();
+        wal.append_batch(&records)
+    }));
+    let Ok(taken) = taken else {
+        panic!("the journal took the batch");
+    };
+    assert_eq!(taken.base, 0);
+    assert_eq!(
+        owner.high_watermark(),
+        0,
+        "invisible before its copy is durable"
+    );
+    assert!(block_on(owner.consume(10, 1_000, 1_000))
+        .expect("consume")
+        .is_empty());
+    block_on(wal.flush()).expect("flush");
+    owner.journal_durable(taken.base, taken.appended.iter().map(|a| a.pos).collect());
+    assert_eq!(owner.high_watermark(), 3, "visible once durable");
+    assert_eq!(
+        wal.stats().uncommitted_records,
+        3,
+        "held until the log verified its copy"
+    );
+    assert!(owner.journal_waiting());
+    block_on(owner.sync_journal()).expect("sync");
+    assert_eq!(wal.stats().uncommitted_records, 0, "released once verified");
+    assert!(!owner.journal_waiting());
+    assert_eq!(
+        block_on(owner.consume(10, 1_000, 1_000))
+            .expect("consume")
+            .len(),
+        3
+    );
+}
