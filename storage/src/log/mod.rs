@@ -873,14 +873,7 @@ impl<F: FileSystem> PartitionLog<F> {
         if self.behind.borrow().is_empty() {
             return Ok(());
         }
-        let (file, path) = {
-            let state = self.state.borrow();
-            let segment = state
-                .segments
-                .last()
-                .ok_or(StorageError::Closed("partition log segment"))?;
-            (segment.file.clone(), segment.path.clone())
-        };
+        let (file, path, ..) = self.active_tail()?;
         let mut failure = if self.behind_suspect.replace(false) {
             Some(StorageError::Io {
                 op: "an earlier write or sync",
@@ -964,22 +957,25 @@ impl<F: FileSystem> PartitionLog<F> {
         Ok(())
     }
 
+    /// The active segment's file, path, write position and allocation.
+    fn active_tail(&self) -> Result<(Rc<F::File>, PathBuf, u64, u64)> {
+        let state = self.state.borrow();
+        let segment = state
+            .segments
+            .last()
+            .ok_or(StorageError::Closed("partition log segment"))?;
+        Ok((
+            segment.file.clone(),
+            segment.path.clone(),
+            segment.write_pos,
+            segment.allocated,
+        ))
+    }
+
     /// Writes a batch that failed where it was written behind at the end of
     /// the active segment, synced and verified.
     async fn write_again(&self, batch: Behind) -> Result<()> {
-        let (file, path, pos, allocated) = {
-            let state = self.state.borrow();
-            let segment = state
-                .segments
-                .last()
-                .ok_or(StorageError::Closed("partition log segment"))?;
-            (
-                segment.file.clone(),
-                segment.path.clone(),
-                segment.write_pos,
-                segment.allocated,
-            )
-        };
+        let (file, path, pos, allocated) = self.active_tail()?;
         let len = batch.bytes.len() as u64;
         let result = self
             .write_verified(
@@ -1053,20 +1049,8 @@ impl<F: FileSystem> PartitionLog<F> {
                 self.roll(now).await?;
             }
         }
-        let (file, path, pos, allocated, base_offset) = {
-            let state = self.state.borrow();
-            let segment = state
-                .segments
-                .last()
-                .ok_or(StorageError::Closed("partition log segment"))?;
-            (
-                segment.file.clone(),
-                segment.path.clone(),
-                segment.write_pos,
-                segment.allocated,
-                state.next_offset,
-            )
-        };
+        let (file, path, pos, allocated) = self.active_tail()?;
+        let base_offset = self.high_watermark();
         let buf = batch::encode_batch(base_offset, now, messages);
         let result = if sync {
             self.write_verified(&file, &path, &buf, pos, allocated, base_offset, count)
