@@ -27,6 +27,9 @@ pub const SEGMENT_PREALLOC_FIRST_BYTES: u64 = 64 * 1024;
 pub const BATCH_RECORDS_MAX: u32 = 65_536;
 /// Largest encoded partition-log batch.
 pub const BATCH_BYTES_MAX: u64 = 64 * 1024 * 1024;
+/// Messages appended behind wait in memory, to be written as one batch,
+/// until they would make a batch larger than this (or a sync comes).
+pub const BEHIND_WRITE_BYTES_MAX: u64 = 1024 * 1024;
 
 /// Acks reach the OS within this interval (`storage.ack_flush_interval_ms`).
 pub const ACK_FLUSH_INTERVAL_MS_DEFAULT: u64 = 100;

@@ -48,6 +48,20 @@ fn for_each_seed(name: &str, run: impl Fn(u64) + std::panic::RefUnwindSafe) {
     }
 }
 
+/// Batches appended behind were synced and verified: what a crash may
+/// have left at their offsets before (a write that failed) is superseded,
+/// since they lie after it (in a later segment).
+fn verified(
+    model: &mut BTreeMap<u64, Message>,
+    maybe: &mut BTreeMap<u64, Vec<Message>>,
+    batches: BTreeMap<u64, Message>,
+) {
+    for (offset, message) in batches {
+        maybe.remove(&offset);
+        model.insert(offset, message);
+    }
+}
+
 fn random_bytes(rng: &mut SimRng, max: u64) -> Vec<u8> {
     let mut bytes = vec![0u8; usize::try_from(rng.below(max + 1)).unwrap_or(0)];
     rng.fill(&mut bytes);
@@ -280,8 +294,18 @@ fn log_workload(seed: u64) {
         }
         for _step in 0..(10 + rng.below(30)) {
             if behind_mode && behind_rng.chance(1, 8) {
-                // The sync beside appends: a snapshot, maybe another batch
-                // written behind meanwhile, then the sync and read-back.
+                // The sync beside appends: what is pending written (in
+                // turn), a snapshot, maybe another batch appended behind
+                // meanwhile, then the sync and read-back. A failed write
+                // leaves the pending messages readable and for the next
+                // sync to write.
+                if block_on(log.write_behind()).is_err() {
+                    // A rewrite it needed failed: the log went back.
+                    let hw = log.high_watermark();
+                    for (offset, message) in pending.split_off(&hw) {
+                        maybe.entry(offset).or_default().push(message);
+                    }
+                }
                 if let Some(snapshot) = log.behind_snapshot() {
                     if behind_rng.chance(1, 2) {
                         next_id += 1;
@@ -295,7 +319,6 @@ fn log_workload(seed: u64) {
                         match block_on(log.append_behind(std::slice::from_ref(&message))) {
                             Ok(base) => {
                                 assert_eq!(base, hw_before);
-                                maybe.split_off(&base);
                                 pending.insert(base, message);
                             }
                             Err(_) => {
@@ -310,8 +333,11 @@ fn log_workload(seed: u64) {
                     match block_on(PartitionLog::<SimFs>::verify_behind(&snapshot)) {
                         Ok(true) if log.behind_verified(&snapshot) => {
                             let rest = pending.split_off(&snapshot.end_offset);
-                            model.append(&mut pending);
-                            pending = rest;
+                            verified(
+                                &mut model,
+                                &mut maybe,
+                                std::mem::replace(&mut pending, rest),
+                            );
                         }
                         Ok(true) => {}
                         _ => log.behind_failed(),
@@ -323,7 +349,7 @@ fn log_workload(seed: u64) {
                 match r {
                     Ok(end) => {
                         assert_eq!(end, log.high_watermark());
-                        model.append(&mut pending);
+                        verified(&mut model, &mut maybe, std::mem::take(&mut pending));
                     }
                     Err(_) => {
                         let hw = log.high_watermark();
@@ -355,7 +381,6 @@ fn log_workload(seed: u64) {
                 match r {
                     Ok(base) => {
                         assert_eq!(base, hw_before, "a batch starts at the high watermark");
-                        maybe.split_off(&base);
                         assert_eq!(log.high_watermark(), base + messages.len() as u64);
                         for (offset, message) in (base..).zip(messages) {
                             pending.insert(offset, message);
@@ -467,7 +492,7 @@ fn log_workload(seed: u64) {
         }
         fs.clear_faults();
         if behind_mode && behind_rng.chance(1, 2) && block_on(log.sync_behind()).is_ok() {
-            model.append(&mut pending);
+            verified(&mut model, &mut maybe, std::mem::take(&mut pending));
         }
         // What was written behind may or may not survive.
         for (offset, message) in std::mem::take(&mut pending) {
@@ -502,7 +527,10 @@ fn log_workload(seed: u64) {
                     .is_some_and(|candidates| candidates.contains(message));
             assert!(
                 expected,
-                "recovered offset {offset} holds what was appended (seed {seed})"
+                "recovered offset {offset} holds what was appended (seed {seed}): got id {}, model {:?}, maybe {:?}",
+                message.id,
+                model.get(offset).map(|m| m.id),
+                maybe.get(offset).map(|c| c.iter().map(|m| m.id).collect::<Vec<_>>())
             );
         }
         for offset in model.keys() {

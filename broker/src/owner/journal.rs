@@ -214,8 +214,28 @@ impl<F: FileSystem> PartitionOwner<F> {
         if !self.journal_waiting() || self.journal.broken() {
             return Ok(());
         }
-        // The sync and the read-back run beside appends, without their
-        // turn: only a failure (a rewrite) takes it.
+        {
+            // What waits in memory is written in turn (one write for every
+            // batch since the last sync); the sync and the read-back then
+            // run beside appends, without their turn: only a failure (a
+            // rewrite) takes it.
+            let turn = self.take_append_turn().await;
+            let before = self.log.high_watermark();
+            let written = self.log.write_behind().await;
+            if self.log.high_watermark() < before {
+                self.break_journal(&format!(
+                    "the log went back from {before} to {}",
+                    self.log.high_watermark()
+                ));
+                return Err(OwnerError::JournalBroken);
+            }
+            if written.is_err() {
+                // The sync in turn writes them into a new segment.
+                let result = self.sync_journal_in_turn().await;
+                drop(turn);
+                return result;
+            }
+        }
         match self.log.behind_snapshot() {
             Some(snapshot) => match PartitionLog::<F>::verify_behind(&snapshot).await {
                 Ok(true) if self.log.behind_verified(&snapshot) => {

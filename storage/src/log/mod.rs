@@ -37,8 +37,9 @@ use crate::codec::{crc_of, get_u32, get_u64, put_u32, put_u64, round_up, set_u32
 use crate::error::{Result, StorageError};
 use crate::io::{FileSystem, OpenMode, StorageFile};
 use crate::limits::{
-    BATCH_BYTES_MAX, BATCH_RECORDS_MAX, BLOCK_BYTES, RECOVERY_READ_CHUNK_BYTES,
-    SEGMENT_BYTES_DEFAULT, SEGMENT_PREALLOC_FIRST_BYTES, SEGMENT_PREALLOC_STEP_BYTES_DEFAULT,
+    BATCH_BYTES_MAX, BATCH_RECORDS_MAX, BEHIND_WRITE_BYTES_MAX, BLOCK_BYTES,
+    RECOVERY_READ_CHUNK_BYTES, SEGMENT_BYTES_DEFAULT, SEGMENT_PREALLOC_FIRST_BYTES,
+    SEGMENT_PREALLOC_STEP_BYTES_DEFAULT,
 };
 use crate::metric_names::STORAGE_CORRUPT_RECORDS_TOTAL;
 use crate::util_fs::{
@@ -174,6 +175,15 @@ pub struct BehindSnapshot<Fl> {
     pub end_offset: u64,
 }
 
+/// Messages appended behind, not yet written: they follow the segments'
+/// last offset.
+#[derive(Default)]
+struct Pending {
+    messages: Vec<Message>,
+    /// Their encoded length as one batch.
+    len: u64,
+}
+
 struct LogState<Fl> {
     segments: Vec<Segment<Fl>>,
     next_offset: u64,
@@ -194,6 +204,11 @@ pub struct PartitionLog<F: FileSystem> {
     /// and verified, oldest first; all in the active segment (a roll syncs
     /// them first).
     behind: RefCell<Vec<Behind>>,
+    /// Messages appended behind and not written yet, from the end of the
+    /// segments on: read from memory until [`Self::write_behind`] (or a
+    /// sync) writes them as one batch. Small batches appended one by one
+    /// would each take a block of their own and a write.
+    pending: RefCell<Pending>,
     /// A write or sync of the active segment failed after batches were
     /// written behind into it: a later fdatasync may succeed without
     /// having written them (fsyncgate), so they are written again, not
@@ -669,6 +684,7 @@ impl<F: FileSystem> PartitionLog<F> {
             state: RefCell::new(state),
             appending: Cell::new(false),
             behind: RefCell::new(Vec::new()),
+            pending: RefCell::default(),
             behind_suspect: Cell::new(false),
             failures: Cell::new(0),
             append_failed: Cell::new(false),
@@ -707,9 +723,10 @@ impl<F: FileSystem> PartitionLog<F> {
         }
     }
 
-    /// The next offset to be written: every offset below it is committed.
+    /// The next offset to be written: every offset below it is committed
+    /// (or appended behind).
     pub fn high_watermark(&self) -> u64 {
-        self.state.borrow().next_offset
+        self.state.borrow().next_offset + self.pending.borrow().messages.len() as u64
     }
 
     /// The oldest offset still stored (the high watermark when the log is empty).
@@ -770,9 +787,68 @@ impl<F: FileSystem> PartitionLog<F> {
             !self.appending.replace(true),
             "partition log appends must not overlap"
         );
-        let result = self.append_inner(messages, count, len, false).await;
+        let result = self.append_pending(messages, count, len).await;
         self.appending.set(false);
         result
+    }
+
+    /// Adds a batch to the messages waiting to be written, writing those
+    /// first if the batch would make them more than one write holds.
+    async fn append_pending(&self, messages: &[Message], count: u32, len: u64) -> Result<u64> {
+        let full = {
+            let pending = self.pending.borrow();
+            !pending.messages.is_empty()
+                && (pending.messages.len() + count as usize > BATCH_RECORDS_MAX as usize
+                    || pending.len + len > BEHIND_WRITE_BYTES_MAX)
+        };
+        if full {
+            self.write_pending().await?;
+        }
+        let base = self.high_watermark();
+        let mut pending = self.pending.borrow_mut();
+        pending.messages.extend_from_slice(messages);
+        pending.len = batch::encoded_len(&pending.messages);
+        Ok(base)
+    }
+
+    /// Writes the messages appended behind (one batch, no sync), so that
+    /// [`Self::behind_snapshot`] covers them. Call it where appends take
+    /// turns: it writes to the active segment.
+    pub async fn write_behind(&self) -> Result<()> {
+        assert!(
+            !self.appending.replace(true),
+            "partition log appends must not overlap"
+        );
+        let result = self.write_pending().await;
+        self.appending.set(false);
+        result
+    }
+
+    /// Writes the pending messages as one batch behind. They stay pending
+    /// (and readable) until the write succeeds; a failed write seals the
+    /// segment, and the next sync writes them into a new one.
+    async fn write_pending(&self) -> Result<()> {
+        let messages = {
+            let pending = self.pending.borrow();
+            if pending.messages.is_empty() {
+                return Ok(());
+            }
+            pending.messages.clone()
+        };
+        let (count, len) = Self::batch_size(&messages)?;
+        let now = self.clock.now_ms();
+        if self.needs_roll(len, now) {
+            self.sync_written_behind().await?;
+            // A failed sync wrote its batches again into a new segment.
+            if self.needs_roll(len, now) {
+                self.roll(now).await?;
+            }
+        }
+        self.write_at_tail(&messages, count, len, false).await?;
+        let mut pending = self.pending.borrow_mut();
+        pending.messages.drain(..messages.len());
+        pending.len = batch::encoded_len(&pending.messages);
+        Ok(())
     }
 
     /// Syncs every batch written behind and reads it back: returns the
@@ -793,13 +869,14 @@ impl<F: FileSystem> PartitionLog<F> {
 
     /// Whether batches written behind wait for [`Self::sync_behind`].
     pub fn has_behind(&self) -> bool {
-        !self.behind.borrow().is_empty()
+        !self.behind.borrow().is_empty() || !self.pending.borrow().messages.is_empty()
     }
 
-    /// The batches written behind so far, when they lie one after the
-    /// other in the active segment (else `None`, and [`Self::sync_behind`]
-    /// is the way): [`Self::verify_behind`] syncs and reads them back while
-    /// appends go on, and [`Self::behind_verified`] takes them off the list.
+    /// The batches written behind so far (not those still pending: see
+    /// [`Self::write_behind`]), when they lie one after the other in the
+    /// active segment (else `None`, and [`Self::sync_behind`] is the way):
+    /// [`Self::verify_behind`] syncs and reads them back while appends go
+    /// on, and [`Self::behind_verified`] takes them off the list.
     pub fn behind_snapshot(&self) -> Option<BehindSnapshot<F::File>> {
         if self.behind_suspect.get() {
             return None;
@@ -869,7 +946,41 @@ impl<F: FileSystem> PartitionLog<F> {
         }
     }
 
+    /// Writes what is pending, then syncs and verifies every batch written
+    /// behind. Ok: every offset below the high watermark is verified. An
+    /// error: the log stands at its last verified batch.
     async fn sync_behind_inner(&self) -> Result<()> {
+        let end = self.high_watermark();
+        let result = match self.write_pending().await {
+            Ok(()) => self.sync_written_behind().await,
+            Err(error) => {
+                // The failed write sealed the segment: what was written
+                // before is settled (written again in a new segment if need
+                // be), then the pending messages are written after it.
+                tracing::warn!(%error, "writing batches appended behind failed; writing them into a new segment");
+                let retried = async {
+                    self.sync_written_behind().await?;
+                    self.write_pending().await?;
+                    self.sync_written_behind().await
+                }
+                .await;
+                match retried {
+                    Ok(()) if self.high_watermark() == end => Ok(()),
+                    Ok(()) => Err(error),
+                    Err(again) => Err(again),
+                }
+            }
+        };
+        if result.is_err() {
+            // Nothing pending has a place after the last verified batch.
+            *self.pending.borrow_mut() = Pending::default();
+        }
+        result
+    }
+
+    /// Syncs and verifies every batch written behind; a batch that fails is
+    /// written again, synced, in a new segment.
+    async fn sync_written_behind(&self) -> Result<()> {
         if self.behind.borrow().is_empty() {
             return Ok(());
         }
@@ -931,6 +1042,18 @@ impl<F: FileSystem> PartitionLog<F> {
         tracing::error!(path = %path.display(), %error, "partition log sync of batches written behind failed; writing them again in a new segment");
         self.failures.set(self.failures.get() + 1);
         self.append_failed.set(true);
+        let result = self.write_behind_again().await;
+        if result.is_err() {
+            // The log stands at the last batch written again: the pending
+            // messages, which followed them all, have no offsets left.
+            *self.pending.borrow_mut() = Pending::default();
+        }
+        result
+    }
+
+    /// Forgets the batches written behind where they lie and writes them
+    /// again, synced, at the start of a new segment.
+    async fn write_behind_again(&self) -> Result<()> {
         let behind = std::mem::take(&mut *self.behind.borrow_mut());
         let first = behind.first().map(|b| (b.pos, b.base_offset));
         {
@@ -1049,8 +1172,22 @@ impl<F: FileSystem> PartitionLog<F> {
                 self.roll(now).await?;
             }
         }
+        self.write_at_tail(messages, count, len, sync).await
+    }
+
+    /// Writes a batch at the end of the active segment (synced and verified,
+    /// or behind), after the segments' last offset. Nothing may be pending
+    /// but the batch itself.
+    async fn write_at_tail(
+        &self,
+        messages: &[Message],
+        count: u32,
+        len: u64,
+        sync: bool,
+    ) -> Result<u64> {
+        let now = self.clock.now_ms();
         let (file, path, pos, allocated) = self.active_tail()?;
-        let base_offset = self.high_watermark();
+        let base_offset = self.state.borrow().next_offset;
         let buf = batch::encode_batch(base_offset, now, messages);
         let result = if sync {
             self.write_verified(&file, &path, &buf, pos, allocated, base_offset, count)
@@ -1302,8 +1439,20 @@ impl<F: FileSystem> PartitionLog<F> {
         max_bytes: usize,
         values: Values,
     ) -> Result<Vec<StoredMessage>> {
-        let plan: Vec<(Rc<F::File>, PathBuf, BatchEntry)> = {
+        // What the segments hold, and (taken at the same moment) what
+        // follows them in memory, not written yet.
+        let (plan, unwritten): (Vec<(Rc<F::File>, PathBuf, BatchEntry)>, Vec<StoredMessage>) = {
             let state = self.state.borrow();
+            let pending = self.pending.borrow();
+            let unwritten = (state.next_offset..)
+                .zip(&pending.messages)
+                .skip_while(|(offset, _)| *offset < from)
+                .take(max_messages)
+                .map(|(offset, message)| StoredMessage {
+                    offset,
+                    message: message.clone(),
+                })
+                .collect();
             let mut plan = Vec::new();
             let mut planned = 0u64;
             let mut planned_bytes = 0u64;
@@ -1321,7 +1470,7 @@ impl<F: FileSystem> PartitionLog<F> {
                     }
                 }
             }
-            plan
+            (plan, unwritten)
         };
         let mut out = Vec::new();
         let mut bytes = 0usize;
@@ -1354,6 +1503,13 @@ impl<F: FileSystem> PartitionLog<F> {
                 bytes += message.value.len();
                 out.push(StoredMessage { offset, message });
             }
+        }
+        for stored in unwritten {
+            if out.len() >= max_messages || (bytes >= max_bytes && !out.is_empty()) {
+                break;
+            }
+            bytes += stored.message.value.len();
+            out.push(stored);
         }
         Ok(out)
     }
@@ -1440,8 +1596,10 @@ impl<F: FileSystem> PartitionLog<F> {
                         .newest_append_ms()
                         .is_none_or(|newest| now.saturating_sub(newest) >= retention);
                 let is_active = state.segments.len() == 1;
+                // Messages pending behind the active segment are the newest.
+                let pending = is_active && !self.pending.borrow().messages.is_empty();
                 (
-                    expired && (!oldest.batches.is_empty() || !is_active),
+                    expired && !pending && (!oldest.batches.is_empty() || !is_active),
                     is_active,
                 )
             };
@@ -1506,6 +1664,80 @@ enum Values {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Small batches appended behind wait in memory, readable at once, and
+    /// go to the segment as one batch in one write when the sync comes: a
+    /// crash before it leaves the segment without them, one after it
+    /// recovers them all at their offsets.
+    #[test]
+    fn batches_appended_behind_are_written_as_one_when_synced() {
+        use crate::clock::ManualClock;
+        use crate::io::sim::SimFs;
+        use futures_lite::future::block_on;
+        let fs = SimFs::new(11);
+        let clock: SharedClock = Rc::new(ManualClock::new(1_000));
+        let dir = PathBuf::from("/data/partitions/t-0/0");
+        let open = |fs: &SimFs| {
+            block_on(PartitionLog::open(
+                fs,
+                &dir,
+                LogConfig::default(),
+                clock.clone(),
+            ))
+            .expect("open")
+            .0
+        };
+        let message = |id: u128| Message {
+            id,
+            produced_at_ms: 1,
+            key: None,
+            value: vec![7u8; 1000].into(),
+        };
+        let log = open(&fs);
+        block_on(log.append(&[message(0)])).expect("append");
+        for id in 1..=5 {
+            let base = block_on(log.append_behind(&[message(id)])).expect("append behind");
+            assert_eq!(base, u64::try_from(id).expect("small"));
+        }
+        assert_eq!(log.high_watermark(), 6);
+        let read = block_on(log.read(0, 100, usize::MAX)).expect("read");
+        let ids: Vec<u128> = read.iter().map(|s| s.message.id).collect();
+        assert_eq!(ids, vec![0, 1, 2, 3, 4, 5], "readable before any write");
+        assert_eq!(
+            log.batch_extents().len(),
+            1,
+            "nothing written yet but the first"
+        );
+        drop(log);
+        fs.power_loss();
+        let log = open(&fs);
+        assert_eq!(
+            log.high_watermark(),
+            1,
+            "unwritten batches are gone at a cut"
+        );
+
+        for id in 1..=5 {
+            block_on(log.append_behind(&[message(id)])).expect("append behind");
+        }
+        assert_eq!(block_on(log.sync_behind()).expect("sync"), 6);
+        let extents = log.batch_extents();
+        assert_eq!(
+            extents.len(),
+            2,
+            "the five batches went as one: {extents:?}"
+        );
+        assert_eq!((extents[1].3, extents[1].4), (1, 5));
+        drop(log);
+        fs.power_loss();
+        let log = open(&fs);
+        let read = block_on(log.read(0, 100, usize::MAX)).expect("read");
+        let at: Vec<(u64, u128)> = read.iter().map(|s| (s.offset, s.message.id)).collect();
+        assert_eq!(
+            at,
+            (0..6).map(|i| (i, u128::from(i as u8))).collect::<Vec<_>>()
+        );
+    }
 
     /// A partition that holds little takes little disk: a segment grows
     /// by what it holds (doubling) from the first preallocation up to the
