@@ -270,3 +270,67 @@ fn a_node_restarted_with_fewer_shards_delivers_what_the_removed_shard_accepted()
     );
     assert!(node.stderr().contains("adopted the WAL of a removed shard"));
 }
+
+/// A keyed message for a partition of the other shard takes one hop to
+/// that shard before anything is written, and is committed through its
+/// journal there: a consume sent right after the 202, without waiting,
+/// gets it, whichever shard took the produce.
+#[test]
+fn a_keyed_message_for_the_other_shards_partition_is_consumable_when_its_202_returns() {
+    use narad_broker::mesh::shard_for;
+    use narad_broker::partitioner::partition_for_key;
+    let tmp = tempfile::tempdir().expect("tmp");
+    let node = Node::start(&tmp.path().join("n"), TWO_SHARDS);
+    node.create_topic(
+        "hop",
+        json!({"partitions": 2, "visibility_timeout_ms": 60000}),
+    );
+    // A key for each partition; the partitions lie on different shards.
+    let key_of = |partition: u32| {
+        (0..)
+            .map(|i| format!("key-{i}"))
+            .find(|k| partition_for_key(k.as_bytes(), 2) == partition)
+            .expect("a key")
+    };
+    let keys = [key_of(0), key_of(1)];
+    assert_ne!(shard_for("hop", 0, 2), shard_for("hop", 1, 2));
+    let produce = |i: usize| {
+        let key = &keys[i % 2];
+        let (status, answer) = support::request(
+            &node.addr,
+            "POST",
+            "/v1/topics/hop/messages",
+            &[("Narad-Key", key)],
+            format!("m{i}").as_bytes(),
+        );
+        assert_eq!(status, 202, "{answer}");
+        answer["id"].as_str().expect("id").to_string()
+    };
+    // The first commits open the partitions (the journal needs them open).
+    let warm: BTreeSet<String> = (0..6).map(produce).collect();
+    let mut seen = BTreeSet::new();
+    let drained = eventually(WAIT, || {
+        let got = node.consume("hop", json!({"max_messages": 100, "wait_ms": 100}));
+        support::ack_batch(&node, "hop", &got);
+        seen.extend(ids_of(&got));
+        warm.is_subset(&seen)
+    });
+    assert!(drained, "the warm-up drained");
+    let mut hops = 0;
+    for i in 0..30 {
+        let id = produce(i);
+        let partition = (i % 2) as u32;
+        if usize::from(accepting_shard(&id)) != shard_for("hop", partition, 2) {
+            hops += 1;
+        }
+        let got = node.consume("hop", json!({"max_messages": 10, "wait_ms": 0}));
+        assert_eq!(
+            ids_of(&got),
+            vec![id.clone()],
+            "message {i} (partition {partition}, taken by shard {}) consumable as its 202 returned",
+            accepting_shard(&id)
+        );
+        support::ack_batch(&node, "hop", &got);
+    }
+    assert!(hops > 0, "some produces were taken by the other shard");
+}

@@ -15,8 +15,8 @@ use narad_storage::log::Message;
 use rkyv::{Archive, Deserialize, Serialize};
 
 use super::wire::{
-    Wire, KIND_AVAILABLE, KIND_COLLECT, KIND_COMMIT, KIND_GAUGES, KIND_MOVE_SOURCE, KIND_SETTLE,
-    KIND_STATS, KIND_WAKE,
+    Wire, KIND_AVAILABLE, KIND_COLLECT, KIND_COMMIT, KIND_GAUGES, KIND_MOVE_SOURCE, KIND_PRODUCE,
+    KIND_SETTLE, KIND_STATS, KIND_WAKE,
 };
 use crate::owner::PartitionStats;
 
@@ -58,6 +58,21 @@ pub struct Commit {
     pub messages: Vec<Record>,
 }
 pub type Committed = Result<(), ApiError>;
+
+/// A produce another shard of this node took, whose messages all go to one
+/// partition of the receiver: committed through the receiver's journal
+/// (`shard/journal.rs`) before any WAL holds them, so that the one
+/// fdatasync before the 202 is the receiver's. Only between shards of one
+/// node: records for another node's partitions take the WAL first.
+#[derive(Debug, Clone, PartialEq, Eq, Archive, Serialize, Deserialize)]
+pub struct Produce {
+    pub topic: TopicRef,
+    pub partition: u32,
+    pub messages: Vec<Record>,
+}
+/// Whether the receiver committed them (durable and visible); `false`:
+/// nothing was written, and the sender takes the WAL path.
+pub type Produced = Result<bool, ApiError>;
 
 /// One message of a commit. Its value is shared, not copied, between shards.
 #[derive(Debug, Clone, PartialEq, Eq, Archive, Serialize, Deserialize)]
@@ -265,6 +280,7 @@ pub struct Wake {
 /// carries.
 pub enum Envelope {
     Commit(Commit, Reply<Committed>),
+    Produce(Produce, Reply<Produced>),
     Collect(Collect, Reply<Collected>),
     Settle(Settle, Reply<Settled>),
     Stats(Stats, Reply<Figures>),
@@ -284,6 +300,7 @@ impl Envelope {
     pub fn kind(&self) -> u8 {
         match self {
             Self::Commit(..) => Commit::KIND,
+            Self::Produce(..) => Produce::KIND,
             Self::Collect(..) => Collect::KIND,
             Self::Settle(..) => Settle::KIND,
             Self::Stats(..) => Stats::KIND,
@@ -298,6 +315,7 @@ impl Envelope {
     pub fn visit<V: Visit>(self, visitor: V) -> V::Output {
         match self {
             Self::Commit(op, reply) => visitor.visit(op, reply),
+            Self::Produce(op, reply) => visitor.visit(op, reply),
             Self::Collect(op, reply) => visitor.visit(op, reply),
             Self::Settle(op, reply) => visitor.visit(op, reply),
             Self::Stats(op, reply) => visitor.visit(op, reply),
@@ -313,6 +331,7 @@ impl Envelope {
     pub fn home(&self) -> Option<(&str, u32)> {
         match self {
             Self::Commit(op, _) => Some((&op.topic.name, op.partition)),
+            Self::Produce(op, _) => Some((&op.topic.name, op.partition)),
             Self::Collect(op, _) => Some((&op.topic.name, first(&op.partitions))),
             Self::Stats(op, _) => Some((&op.topic.name, first(&op.partitions))),
             Self::Settle(op, _) => Some((&op.topic.name, 0)),
@@ -339,6 +358,7 @@ macro_rules! operation {
 }
 
 operation!(Commit, Committed, KIND_COMMIT);
+operation!(Produce, Produced, KIND_PRODUCE);
 operation!(Collect, Collected, KIND_COLLECT);
 operation!(Settle, Settled, KIND_SETTLE);
 operation!(Stats, Figures, KIND_STATS);

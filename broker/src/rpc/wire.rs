@@ -14,7 +14,8 @@ use rkyv::ser::allocator::ArenaHandle;
 use rkyv::util::AlignedVec;
 
 use super::ops::{
-    Available, Collect, Commit, Envelope, Gauges, MoveSource, Operation, Settle, Stats, Wake,
+    Available, Collect, Commit, Envelope, Gauges, MoveSource, Operation, Produce, Settle, Stats,
+    Wake,
 };
 
 /// The version of this form. A node refuses a request of another version
@@ -32,10 +33,12 @@ pub const KIND_AVAILABLE: u8 = 36;
 pub const KIND_GAUGES: u8 = 37;
 pub const KIND_MOVE_SOURCE: u8 = 38;
 pub const KIND_WAKE: u8 = 39;
+/// Sent between shards of one node only; another node's is refused.
+pub const KIND_PRODUCE: u8 = 40;
 
 /// Whether `kind` is an operation of the data plane.
 pub fn is_operation_kind(kind: u8) -> bool {
-    (KIND_COMMIT..=KIND_WAKE).contains(&kind)
+    (KIND_COMMIT..=KIND_PRODUCE).contains(&kind)
 }
 
 const ANSWERED: u8 = 0;
@@ -125,6 +128,7 @@ pub fn open(kind: u8, payload: &[u8]) -> Result<(Envelope, EncodedReply), String
         KIND_GAUGES => open_as::<Gauges>(payload),
         KIND_MOVE_SOURCE => open_as::<MoveSource>(payload),
         KIND_WAKE => open_as::<Wake>(payload),
+        KIND_PRODUCE => open_as::<Produce>(payload),
         other => Err(format!("no operation of kind {other}")),
     }
 }

@@ -31,6 +31,81 @@ pub(super) enum JournalOutcome {
 }
 
 impl<F: FileSystem> Shard<F> {
+    /// Commits a produce whose messages all go to one partition of this
+    /// node through its owning shard's journal: here, or one hop away on
+    /// another shard. `false`: nothing was written (the partition is not
+    /// this node's, not open, moving, or the messages go to several
+    /// partitions), and the produce takes the WAL path.
+    pub(super) async fn produce_at_owning_shard(
+        &self,
+        topic: &Topic,
+        placed: &[(u32, u128, Option<Vec<u8>>, bytes::Bytes)],
+    ) -> Result<bool, ApiError> {
+        let Some(partition) = placed.first().map(|(p, ..)| *p) else {
+            return Ok(false);
+        };
+        if placed.iter().any(|(p, ..)| *p != partition) {
+            return Ok(false);
+        }
+        match self.placement(topic).locate(partition) {
+            Location::Here => {
+                let Some(owner) = self.journal_owner(topic, placed) else {
+                    return Ok(false);
+                };
+                match self.produce_through_journal(topic, owner, placed).await {
+                    Ok(()) => Ok(true),
+                    Err(JournalOutcome::Failed(error)) => Err(error),
+                    Err(JournalOutcome::NotTaken) => Ok(false),
+                }
+            }
+            Location::Shard(shard) => {
+                let accept_ms = self.now();
+                let op = Produce {
+                    topic: TopicRef::of(topic),
+                    partition,
+                    messages: placed
+                        .iter()
+                        .map(|(_, id, key, value)| Record {
+                            id: *id,
+                            produced_at_ms: accept_ms,
+                            key: key.clone(),
+                            value: value.clone(),
+                        })
+                        .collect(),
+                };
+                // No answer (the node is stopping) may follow a commit:
+                // an error then, never a second copy through the WAL.
+                let to = Address::Shard(shard);
+                self.call(to, op, None).await.map_err(|e| e.to_api(to))?
+            }
+            Location::Node(_) => Ok(false),
+        }
+    }
+
+    /// Another shard of this node sends a produce for a partition of this
+    /// shard: it goes through the journal if it can.
+    pub(super) async fn produce_for_shard(&self, op: Produce, from: Reach) -> Produced {
+        if from != Reach::Shard {
+            // Another node's records take the WAL path there.
+            return Ok(false);
+        }
+        self.refuse_if_stopping()?;
+        let topic = self.topic_at(&op.topic)?;
+        let placed: Vec<(u32, u128, Option<Vec<u8>>, bytes::Bytes)> = op
+            .messages
+            .into_iter()
+            .map(|r| (op.partition, r.id, r.key, r.value))
+            .collect();
+        let Some(owner) = self.journal_owner(&topic, &placed) else {
+            return Ok(false);
+        };
+        match self.produce_through_journal(&topic, owner, &placed).await {
+            Ok(()) => Ok(true),
+            Err(JournalOutcome::Failed(error)) => Err(error),
+            Err(JournalOutcome::NotTaken) => Ok(false),
+        }
+    }
+
     /// The owner a produce can go through the journal of: every message
     /// goes to one partition, that partition is this shard's, open, and
     /// not frozen for a move.

@@ -57,8 +57,8 @@ use crate::route::{
 };
 use crate::rpc::{
     Address, Available, CallError, Collect, Collected, Commit, Committed, CopyFigures, Delivery,
-    Envelope, Figures, Gauges, Links, Operation, Reach, Record, Settle, SettleOutcome, Settled,
-    ShardGauges, Stats, TopicFigures, TopicRef, Transport, Wake,
+    Envelope, Figures, Gauges, Links, Operation, Produce, Produced, Reach, Record, Settle,
+    SettleOutcome, Settled, ShardGauges, Stats, TopicFigures, TopicRef, Transport, Wake,
 };
 use crate::runtime::SharedRuntime;
 use crate::schemas::CompiledSchemas;

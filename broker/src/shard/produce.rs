@@ -103,12 +103,8 @@ impl<F: FileSystem> Shard<F> {
             .iter()
             .map(|(_, id, _, _)| format!("{id:032x}"))
             .collect();
-        if let Some(owner) = self.journal_owner(topic, &placed) {
-            match self.produce_through_journal(topic, owner, &placed).await {
-                Ok(()) => return Ok(ids),
-                Err(journal::JournalOutcome::Failed(error)) => return Err(error),
-                Err(journal::JournalOutcome::NotTaken) => {}
-            }
+        if self.produce_at_owning_shard(topic, &placed).await? {
+            return Ok(ids);
         }
         self.write_through_wal(topic, placed).await?;
         Ok(ids)

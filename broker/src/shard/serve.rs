@@ -53,6 +53,9 @@ impl<F: FileSystem> Shard<F> {
                 };
                 let _ = reply.send(answer);
             }
+            Envelope::Produce(op, reply) => {
+                let _ = reply.send(self.produce_for_shard(op, from).await);
+            }
             Envelope::Collect(op, reply) => {
                 if from == Reach::Shard {
                     // Its next gain goes to the other shards, which may
