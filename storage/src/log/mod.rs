@@ -175,6 +175,9 @@ pub struct BehindSnapshot<Fl> {
     pub end_offset: u64,
 }
 
+/// The batches a read takes from segment files, in order.
+type ReadPlan<Fl> = Vec<(Rc<Fl>, PathBuf, BatchEntry)>;
+
 /// Messages appended behind, not yet written: they follow the segments'
 /// last offset.
 #[derive(Default)]
@@ -1441,7 +1444,7 @@ impl<F: FileSystem> PartitionLog<F> {
     ) -> Result<Vec<StoredMessage>> {
         // What the segments hold, and (taken at the same moment) what
         // follows them in memory, not written yet.
-        let (plan, unwritten): (Vec<(Rc<F::File>, PathBuf, BatchEntry)>, Vec<StoredMessage>) = {
+        let (plan, unwritten): (ReadPlan<F::File>, Vec<StoredMessage>) = {
             let state = self.state.borrow();
             let pending = self.pending.borrow();
             let unwritten = (state.next_offset..)
