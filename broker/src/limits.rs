@@ -124,6 +124,9 @@ pub const AVAILABLE_CALL_TIMEOUT: Duration = Duration::from_millis(500);
 /// A shard tells other nodes "messages are available here" at most this
 /// often; everything that became available in between rides along.
 pub const AVAILABLE_COALESCE: Duration = Duration::from_millis(2);
+/// A notice to another node names at most this many topics that gained
+/// messages; past it, the notice wakes every long poll of that node.
+pub const GAINED_TOPICS_MAX: usize = 256;
 /// A node that answered "nothing available" is asked again after this
 /// long even without hearing that it has messages (a lost notice costs at
 /// most this much).

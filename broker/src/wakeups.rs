@@ -164,6 +164,21 @@ impl PollWaiters {
         })
     }
 
+    /// Another node gained `count` messages of `topic`: wakes polls here
+    /// that cover them and returns what is left. Unlike [`Self::gained`],
+    /// what other shards know of this one stays as it is (it gained
+    /// nothing).
+    pub fn gained_elsewhere(&self, topic: &str, count: u32) -> u32 {
+        let stamp = self.next_stamp();
+        self.with_entry(topic, |entry| {
+            let left = self.wake(entry, count);
+            if left > 0 {
+                entry.version = stamp;
+            }
+            left
+        })
+    }
+
     /// Shard `from` gained `count` messages of `topic` that its own polls
     /// did not cover (or was asked about it): wakes polls here that cover
     /// them, and ends this shard's mark of `from`.

@@ -1,8 +1,9 @@
 //! Cross-node consume on an otherwise idle machine (its own test binary, so
 //! that no other cluster's load runs beside it): one consume on a node that
 //! owns none of the messages returns up to 100 of them, receipts settle at
-//! the owner from any node, and a long poll parked on a third node wakes
-//! within milliseconds of a produce on the owner.
+//! the owner from any node, a long poll parked on a third node wakes
+//! within milliseconds of a produce on the owner, and another node's
+//! commits wake only polls of their topic.
 
 mod support;
 
@@ -97,5 +98,72 @@ fn consumes_lease_from_other_nodes_and_long_polls_wake_within_milliseconds() {
     assert!(
         median <= CROSS_NODE_WAKE_BOUND,
         "median wake {median:?} (all: {wakes:?})"
+    );
+
+    commits_on_other_nodes_wake_only_polls_of_their_topic(&cluster);
+}
+
+/// Another node's commits wake only the long polls of their topic here,
+/// one per message: commits of another topic wake nobody, and one message
+/// wakes one of two polls that each take one. A wake-up that finds nothing
+/// is counted in `narad_consume_empty_wakes_total` (seen failing when
+/// another node's notice named no topic and woke every poll).
+fn commits_on_other_nodes_wake_only_polls_of_their_topic(cluster: &Cluster) {
+    cluster.nodes[0].create_topic("quiet", json!({"partitions": 1}));
+    let owner = cluster.owners("quiet")[0];
+    let far = (owner + 1) % 3;
+    cluster.nodes[0].create_topic("busy", json!({"partitions": 3}));
+    // Produced where a partition of it is owned by a node other than
+    // `far`, so commits there are another node's notices to `far`.
+    let producer = *cluster
+        .owners("busy")
+        .iter()
+        .find(|node| **node != far)
+        .expect("three partitions over three nodes: one is elsewhere");
+    let counted = || metric(&cluster.nodes[far], "narad_consume_empty_wakes_total");
+    let waiting = || metric(&cluster.nodes[far], "narad_consume_long_polls_waiting");
+    let before = counted();
+    let (answers, answered) = std::sync::mpsc::channel();
+    let polls: Vec<_> = (0..2)
+        .map(|_| {
+            let (addr, answers) = (cluster.nodes[far].addr.clone(), answers.clone());
+            std::thread::spawn(move || {
+                let answer = try_request(
+                    &addr,
+                    "POST",
+                    "/v1/topics/quiet/consume",
+                    br#"{"wait_ms": 20000, "max_messages": 1}"#,
+                    Duration::from_secs(30),
+                );
+                let _ = answers.send(answer);
+            })
+        })
+        .collect();
+    assert!(eventually(WAIT, || waiting() >= 2.0), "both polls park");
+    for i in 0..20 {
+        cluster.nodes[producer].produce("busy", &format!("not for the quiet topic {i}"));
+    }
+    cluster.nodes[owner].produce("quiet", "one");
+    let (status, body) = answered
+        .recv_timeout(WAIT)
+        .expect("one poll answers")
+        .expect("an answer");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["messages"][0]["value"], "one", "{body}");
+    assert_eq!(waiting(), 1.0, "the other poll still waits");
+    cluster.nodes[owner].produce("quiet", "two");
+    let (status, body) = answered
+        .recv_timeout(WAIT)
+        .expect("the other poll answers")
+        .expect("an answer");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["messages"][0]["value"], "two", "{body}");
+    for poll in polls {
+        poll.join().expect("the poll");
+    }
+    assert_eq!(
+        counted() - before,
+        0.0,
+        "no poll was woken for the other topic's commits or for the message the other took"
     );
 }

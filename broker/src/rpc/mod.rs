@@ -14,7 +14,7 @@ mod wire;
 
 pub use ops::{
     Available, Collect, Collected, Commit, Committed, CopyFigures, Delivery, Envelope, Figures,
-    Gauges, MoveAction, MoveSource, Operation, Produce, Produced, Record, Reply, Settle,
+    Gained, Gauges, MoveAction, MoveSource, Operation, Produce, Produced, Record, Reply, Settle,
     SettleOutcome, Settled, ShardGauges, SourceAnswer, SourceState, Stats, TopicFigures, TopicRef,
     Visit, Wake,
 };

@@ -15,8 +15,8 @@ use narad_storage::log::Message;
 use rkyv::{Archive, Deserialize, Serialize};
 
 use super::wire::{
-    Wire, KIND_AVAILABLE, KIND_COLLECT, KIND_COMMIT, KIND_GAUGES, KIND_MOVE_SOURCE, KIND_PRODUCE,
-    KIND_SETTLE, KIND_STATS, KIND_WAKE,
+    Wire, KIND_AVAILABLE, KIND_COLLECT, KIND_COMMIT, KIND_GAINED, KIND_GAUGES, KIND_MOVE_SOURCE,
+    KIND_PRODUCE, KIND_SETTLE, KIND_STATS, KIND_WAKE,
 };
 use crate::owner::PartitionStats;
 
@@ -264,6 +264,17 @@ pub struct Available {
     pub from: NodeId,
 }
 
+/// Messages of these topics became available at the sender since its last
+/// notice to this node, with how many of each (added up, saturating): wake
+/// the long polls of those topics that cover them. Nodes of this release
+/// send it in place of [`Available`], which wakes every poll.
+#[derive(Debug, Clone, PartialEq, Eq, Archive, Serialize, Deserialize)]
+pub struct Gained {
+    /// The node they became available on.
+    pub from: NodeId,
+    pub topics: Vec<(String, u32)>,
+}
+
 /// Messages of one topic became available on another shard of this node
 /// (`count` of them that the sender's own long polls did not cover, or 0
 /// when it only ends what the receiver knew of it): wake long polls of that
@@ -286,6 +297,7 @@ pub enum Envelope {
     Stats(Stats, Reply<Figures>),
     Gauges(Gauges, Reply<ShardGauges>),
     Available(Available, Reply<()>),
+    Gained(Gained, Reply<()>),
     MoveSource(MoveSource, Reply<SourceAnswer>),
     Wake(Wake, Reply<()>),
 }
@@ -306,6 +318,7 @@ impl Envelope {
             Self::Stats(..) => Stats::KIND,
             Self::Gauges(..) => Gauges::KIND,
             Self::Available(..) => Available::KIND,
+            Self::Gained(..) => Gained::KIND,
             Self::MoveSource(..) => MoveSource::KIND,
             Self::Wake(..) => Wake::KIND,
         }
@@ -321,6 +334,7 @@ impl Envelope {
             Self::Stats(op, reply) => visitor.visit(op, reply),
             Self::Gauges(op, reply) => visitor.visit(op, reply),
             Self::Available(op, reply) => visitor.visit(op, reply),
+            Self::Gained(op, reply) => visitor.visit(op, reply),
             Self::MoveSource(op, reply) => visitor.visit(op, reply),
             Self::Wake(op, reply) => visitor.visit(op, reply),
         }
@@ -336,7 +350,7 @@ impl Envelope {
             Self::Stats(op, _) => Some((&op.topic.name, first(&op.partitions))),
             Self::Settle(op, _) => Some((&op.topic.name, 0)),
             Self::MoveSource(op, _) => Some((&op.topic.name, op.partition)),
-            Self::Gauges(..) | Self::Available(..) | Self::Wake(..) => None,
+            Self::Gauges(..) | Self::Available(..) | Self::Gained(..) | Self::Wake(..) => None,
         }
     }
 }
@@ -364,5 +378,6 @@ operation!(Settle, Settled, KIND_SETTLE);
 operation!(Stats, Figures, KIND_STATS);
 operation!(Gauges, ShardGauges, KIND_GAUGES);
 operation!(Available, (), KIND_AVAILABLE);
+operation!(Gained, (), KIND_GAINED);
 operation!(MoveSource, SourceAnswer, KIND_MOVE_SOURCE);
 operation!(Wake, (), KIND_WAKE);

@@ -14,8 +14,8 @@ use rkyv::ser::allocator::ArenaHandle;
 use rkyv::util::AlignedVec;
 
 use super::ops::{
-    Available, Collect, Commit, Envelope, Gauges, MoveSource, Operation, Produce, Settle, Stats,
-    Wake,
+    Available, Collect, Commit, Envelope, Gained, Gauges, MoveSource, Operation, Produce, Settle,
+    Stats, Wake,
 };
 
 /// The version of this form. A node refuses a request of another version
@@ -35,10 +35,13 @@ pub const KIND_MOVE_SOURCE: u8 = 38;
 pub const KIND_WAKE: u8 = 39;
 /// Sent between shards of one node only; another node's is refused.
 pub const KIND_PRODUCE: u8 = 40;
+/// Named topics gained messages at another node (a node of an earlier
+/// release refuses it; the sender then falls back to `KIND_AVAILABLE`).
+pub const KIND_GAINED: u8 = 41;
 
 /// Whether `kind` is an operation of the data plane.
 pub fn is_operation_kind(kind: u8) -> bool {
-    (KIND_COMMIT..=KIND_PRODUCE).contains(&kind)
+    (KIND_COMMIT..=KIND_GAINED).contains(&kind)
 }
 
 const ANSWERED: u8 = 0;
@@ -129,6 +132,7 @@ pub fn open(kind: u8, payload: &[u8]) -> Result<(Envelope, EncodedReply), String
         KIND_MOVE_SOURCE => open_as::<MoveSource>(payload),
         KIND_WAKE => open_as::<Wake>(payload),
         KIND_PRODUCE => open_as::<Produce>(payload),
+        KIND_GAINED => open_as::<Gained>(payload),
         other => Err(format!("no operation of kind {other}")),
     }
 }

@@ -270,7 +270,10 @@ impl<F: FileSystem> Shard<F> {
         if left > 0 || asked {
             self.wake_other_shards(topic, left);
         }
-        self.remote.notice.notify();
+        if self.remote.peers.is_some() {
+            add_gain(&mut self.remote.gained.borrow_mut(), topic, count);
+            self.remote.notice.notify();
+        }
     }
 
     /// Something changed for every long poll of this shard (a stop, the
@@ -335,38 +338,123 @@ impl<F: FileSystem> Shard<F> {
         }
     }
 
-    /// Tells the other nodes when messages became available on this shard,
-    /// at most every `AVAILABLE_COALESCE`, so their long polls wake. At most
-    /// one notice is in flight to each node, so a node that does not answer
-    /// costs nothing but its own notices.
+    /// Tells the other nodes which topics gained messages on this shard
+    /// (and how many), at most every `AVAILABLE_COALESCE`, so their long
+    /// polls of those topics wake. At most one notice is in flight to each
+    /// node; what is gained meanwhile waits for its answer and goes in the
+    /// next, so a node that does not answer costs nothing but its own
+    /// notices, and none is skipped.
     pub async fn notify_peers(self: Rc<Self>) {
         let Some(peers) = self.remote.peers.clone() else {
             return;
         };
-        let in_flight: Rc<RefCell<HashSet<NodeId>>> = Rc::default();
+        let owed: Rc<RefCell<HashMap<NodeId, Owed>>> = Rc::default();
         let mut seen = self.remote.notice.version();
         loop {
             self.remote.notice.changed(seen).await;
             seen = self.remote.notice.version();
+            let gained = std::mem::take(&mut *self.remote.gained.borrow_mut());
             for node in peers.others() {
-                if self.is_dead(node) || !in_flight.borrow_mut().insert(node) {
+                if self.is_dead(node) {
                     continue;
                 }
-                let (shard, in_flight) = (self.clone(), in_flight.clone());
-                let op = Available { from: peers.me() };
-                self.env.runtime.spawn(Box::pin(async move {
-                    let to = Address::Node(node);
-                    if let Err(error) = shard.call(to, op, Some(AVAILABLE_CALL_TIMEOUT)).await {
-                        tracing::debug!(node, ?error, "an availability notice was not delivered");
-                    }
-                    in_flight.borrow_mut().remove(&node);
-                }));
+                let start = {
+                    let mut owed = owed.borrow_mut();
+                    let entry = owed.entry(node).or_default();
+                    entry.add(&gained);
+                    !std::mem::replace(&mut entry.sending, true)
+                };
+                if start {
+                    let shard = self.clone();
+                    let owed = owed.clone();
+                    let from = peers.me();
+                    self.env.runtime.spawn(Box::pin(async move {
+                        shard.send_notices(node, from, &owed).await;
+                    }));
+                }
             }
             self.env.runtime.sleep(AVAILABLE_COALESCE).await;
         }
     }
 
+    /// Sends node `node` what it is owed until nothing is left: the topics
+    /// by name, or (past [`GAINED_TOPICS_MAX`], or to a node of an earlier
+    /// release, which refuses [`Gained`]) a notice that wakes every poll.
+    async fn send_notices(
+        &self,
+        node: NodeId,
+        from: NodeId,
+        owed: &RefCell<HashMap<NodeId, Owed>>,
+    ) {
+        let to = Address::Node(node);
+        loop {
+            let (topics, every_poll) = {
+                let mut owed = owed.borrow_mut();
+                let entry = owed.entry(node).or_default();
+                if entry.topics.is_empty() && !entry.every_poll {
+                    entry.sending = false;
+                    return;
+                }
+                (
+                    std::mem::take(&mut entry.topics),
+                    std::mem::take(&mut entry.every_poll),
+                )
+            };
+            let every = Available { from };
+            let result = if every_poll {
+                self.call(to, every, Some(AVAILABLE_CALL_TIMEOUT)).await
+            } else {
+                let op = Gained {
+                    from,
+                    topics: topics.into_iter().collect(),
+                };
+                match self.call(to, op, Some(AVAILABLE_CALL_TIMEOUT)).await {
+                    Err(CallError::Refused(_)) => {
+                        self.call(to, every, Some(AVAILABLE_CALL_TIMEOUT)).await
+                    }
+                    result => result,
+                }
+            };
+            if let Err(error) = result {
+                tracing::debug!(node, ?error, "an availability notice was not delivered");
+            }
+        }
+    }
+
     pub fn dispatcher_pending(&self) -> usize {
         self.dispatch.queue.borrow().pending_records()
+    }
+}
+
+/// What one other node is owed of this shard's gains, and whether a notice
+/// to it is under way.
+#[derive(Default)]
+struct Owed {
+    topics: BTreeMap<String, u32>,
+    every_poll: bool,
+    sending: bool,
+}
+
+impl Owed {
+    fn add(&mut self, gained: &BTreeMap<String, u32>) {
+        if self.every_poll {
+            return;
+        }
+        for (topic, count) in gained {
+            add_gain(&mut self.topics, topic, *count);
+        }
+        if self.topics.len() > GAINED_TOPICS_MAX {
+            self.topics.clear();
+            self.every_poll = true;
+        }
+    }
+}
+
+fn add_gain(gains: &mut BTreeMap<String, u32>, topic: &str, count: u32) {
+    match gains.get_mut(topic) {
+        Some(sum) => *sum = sum.saturating_add(count),
+        None => {
+            gains.insert(topic.to_string(), count);
+        }
     }
 }

@@ -43,9 +43,9 @@ use crate::errors::{from_meta, from_owner, from_storage};
 use crate::limits::tail_cache_share;
 use crate::limits::{
     ADOPT_CHUNK_RECORDS, ADOPT_FULL_RETRY, AVAILABLE_CALL_TIMEOUT, AVAILABLE_COALESCE,
-    COLLECT_CALL_TIMEOUT, COLLECT_TOP_UP_TIMEOUT, COMMIT_CALL_TIMEOUT, GAUGES_TIMEOUT,
-    ID_INCARNATION_BITS, ID_SEQUENCE_BITS, ID_SHARD_BITS, LEASE_IDS_PER_OPEN, LOCAL_APPLY_WAIT,
-    SETTLE_CALL_TIMEOUT, STATS_CALL_TIMEOUT, STOP_DRAIN_POLL, STOP_DRAIN_TIMEOUT,
+    COLLECT_CALL_TIMEOUT, COLLECT_TOP_UP_TIMEOUT, COMMIT_CALL_TIMEOUT, GAINED_TOPICS_MAX,
+    GAUGES_TIMEOUT, ID_INCARNATION_BITS, ID_SEQUENCE_BITS, ID_SHARD_BITS, LEASE_IDS_PER_OPEN,
+    LOCAL_APPLY_WAIT, SETTLE_CALL_TIMEOUT, STATS_CALL_TIMEOUT, STOP_DRAIN_POLL, STOP_DRAIN_TIMEOUT,
 };
 use crate::metastore::Metastore;
 use crate::owner::{OwnerConfig, OwnerError, PartitionOwner, PartitionStats};
@@ -57,7 +57,7 @@ use crate::route::{
 };
 use crate::rpc::{
     Address, Available, CallError, Collect, Collected, Commit, Committed, CopyFigures, Delivery,
-    Envelope, Figures, Gauges, Links, Operation, Produce, Produced, Reach, Record, Settle,
+    Envelope, Figures, Gained, Gauges, Links, Operation, Produce, Produced, Reach, Record, Settle,
     SettleOutcome, Settled, ShardGauges, Stats, TopicFigures, TopicRef, Transport, Wake,
 };
 use crate::runtime::SharedRuntime;
@@ -274,8 +274,10 @@ struct Remote {
     /// The other nodes of the cluster and what is known of their messages;
     /// `None` for a single node.
     peers: Option<Arc<Peers>>,
-    /// Raised when messages became available here, for other nodes.
+    /// Raised when messages became available here, for other nodes, with
+    /// how many of each topic since the notices last took them.
     notice: Signal,
+    gained: RefCell<BTreeMap<String, u32>>,
     /// Requests of other nodes being answered, and a signal when one ends.
     in_flight: Cell<usize>,
     done: Signal,
@@ -336,6 +338,7 @@ impl<F: FileSystem> Shard<F> {
             remote: Remote {
                 peers,
                 notice: Signal::default(),
+                gained: RefCell::default(),
                 in_flight: Cell::new(0),
                 done: Signal::default(),
             },

@@ -31,6 +31,11 @@ impl<F: FileSystem> Shard<F> {
                 let _ = reply.send(());
                 return;
             }
+            Envelope::Gained(op, reply) => {
+                self.heard_gained(&op);
+                let _ = reply.send(());
+                return;
+            }
             envelope => envelope,
         };
         let in_flight = (from == Reach::Node).then(|| InFlight::enter(self));
@@ -93,16 +98,19 @@ impl<F: FileSystem> Shard<F> {
                 self.heard_wake(&op);
                 let _ = reply.send(());
             }
+            Envelope::Gained(op, reply) => {
+                self.heard_gained(&op);
+                let _ = reply.send(());
+            }
             Envelope::MoveSource(op, reply) => {
                 let _ = reply.send(self.serve_move_source(op).await);
             }
         }
     }
 
-    /// Messages became available on another node (or, from a node of an
-    /// earlier release, another shard): wake every long poll here, and (for
-    /// another node's) on every shard of this node. Other nodes' notices
-    /// name no topic.
+    /// Messages became available on another node of an earlier release (or,
+    /// from a node of an earlier release, another shard): wake every long
+    /// poll here, and (for another node's) on every shard of this node.
     fn heard_available(&self, op: &Available, from: Reach) {
         self.wake_every_poll();
         if from == Reach::Node {
@@ -110,6 +118,20 @@ impl<F: FileSystem> Shard<F> {
                 peers.heard_available(op.from, self.now());
             }
             self.wake_other_shards_every_poll();
+        }
+    }
+
+    /// Another node gained messages of these topics: wake the polls of each
+    /// here that cover them, then on the node's other shards what is left.
+    fn heard_gained(&self, op: &Gained) {
+        if let Some(peers) = &self.remote.peers {
+            peers.heard_available(op.from, self.now());
+        }
+        for (topic, count) in &op.topics {
+            let left = self.flow.polls.gained_elsewhere(topic, *count);
+            if left > 0 {
+                self.wake_other_shards(topic, left);
+            }
         }
     }
 
