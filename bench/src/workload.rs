@@ -204,6 +204,9 @@ warmupDurationMinutes: 0.5
         let mut compare_run = Duration::ZERO;
         for entry in std::fs::read_dir(&dir).expect("workloads dir") {
             let path = entry.expect("entry").path();
+            if path.is_dir() {
+                continue;
+            }
             let text = std::fs::read_to_string(&path).expect("read");
             let w = Workload::parse(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             assert!(
@@ -222,6 +225,26 @@ warmupDurationMinutes: 0.5
             compare_run <= Duration::from_secs(45 * 60),
             "a compare run of every workload fits in 45 minutes: {compare_run:?}"
         );
+    }
+
+    /// The workloads kept for taking builds of Narad in turns
+    /// (`bench/run-ab.sh`), outside the set a compare run takes.
+    #[test]
+    fn every_workload_for_builds_in_turns_parses() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads/ab");
+        let mut count = 0;
+        for entry in std::fs::read_dir(&dir).expect("workloads/ab dir") {
+            let path = entry.expect("entry").path();
+            let text = std::fs::read_to_string(&path).expect("read");
+            let w = Workload::parse(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            assert!(
+                w.test_duration() <= Duration::from_secs(120),
+                "{}",
+                path.display()
+            );
+            count += 1;
+        }
+        assert!(count >= 2, "the keyed workloads are there");
     }
 
     #[test]
