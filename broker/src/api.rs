@@ -562,6 +562,7 @@ async fn dispatch(
         },
         ("produce", Some(name)) => {
             let topic = shard.topic(name)?;
+            refuse_idempotency_key(request.headers())?;
             let key = produce_key(request.headers())?;
             // One exact-size copy: the request's buffer is hyper's read
             // buffer, which the tail cache must not keep alive.
@@ -732,6 +733,21 @@ async fn dispatch(
         )),
     }
 }
+
+/// Idempotent produce is specified but not served by this release: a
+/// request that carries its header is refused, not stored without it.
+fn refuse_idempotency_key(headers: &hyper::HeaderMap) -> Result<(), ApiError> {
+    if headers.contains_key(IDEMPOTENCY_KEY_HEADER) {
+        return Err(ApiError::new(
+            ErrorCode::InvalidRequest,
+            "this release does not take the Narad-Idempotency-Key header (idempotent produce); nothing was written",
+        ));
+    }
+    Ok(())
+}
+
+/// The header of idempotent produce (lower case, as hyper names headers).
+const IDEMPOTENCY_KEY_HEADER: &str = "narad-idempotency-key";
 
 /// The key of a single produce, from its `Narad-Key` header: UTF-8 (a key
 /// comes back as a JSON string) and at most [`KEY_BYTES_MAX`] bytes.
