@@ -77,15 +77,17 @@ async fn shard(
         &wal_dir,
         WalConfig {
             ring_bytes: RING_BYTES,
+            ..WalConfig::default()
         },
     )
     .await
     .map_err(|e| e.to_string())?;
     glommio::spawn_local(wal.clone().run_committer(|_, _| {})).detach();
-    glommio::spawn_local(
-        wal.clone()
-            .run_checkpointer(CHECKPOINT_INTERVAL, glommio::timer::sleep),
-    )
+    glommio::spawn_local(wal.clone().run_checkpointer(
+        CHECKPOINT_INTERVAL,
+        glommio::timer::sleep,
+        || 0,
+    ))
     .detach();
     let seq = Rc::new(Cell::new(0u128));
     let handler: Handler = Rc::new(move |request: HttpRequest| {
@@ -102,6 +104,8 @@ async fn shard(
                 accept_ms: 0,
                 topic_incarnation: Some(0),
                 offset: None,
+                idempotency: None,
+                key_only: false,
             };
             let status = match wal.append(&record) {
                 Ok(appended) => {

@@ -330,6 +330,8 @@ async fn wal_level(
                     accept_ms: 0,
                     topic_incarnation: Some(0),
                     offset: None,
+                    idempotency: None,
+                    key_only: false,
                 };
                 let sent = Instant::now();
                 let appended = wal.append(&record).expect("append");
@@ -543,6 +545,7 @@ fn wal_main(args: WalArgs) {
             &wal_dir,
             WalConfig {
                 ring_bytes: RING_BYTES,
+                ..WalConfig::default()
             },
         )
         .await
@@ -559,7 +562,7 @@ fn wal_main(args: WalArgs) {
         glommio::spawn_local(async move {
             loop {
                 glommio::timer::sleep(Duration::from_millis(250)).await;
-                if checkpointer.checkpoint().await.is_err() {
+                if checkpointer.checkpoint(0).await.is_err() {
                     return;
                 }
             }

@@ -10,6 +10,9 @@ pub const SECTOR_BYTES: u64 = 512;
 pub const WAL_RING_BYTES_DEFAULT: u64 = 256 * 1024 * 1024;
 /// Smallest ring we accept: a few records plus a checkpoint's worth of slack.
 pub const WAL_RING_BYTES_MIN: u64 = 64 * 1024;
+/// Idempotency keys one ring holds at most; past it the oldest is let go
+/// before its window ends (the node then forgets it early).
+pub const IDEMPOTENCY_KEYS_PER_SHARD_MAX: usize = 500_000;
 /// Interval of the dispatcher checkpoint (`dispatcher.checkpoint_interval_ms`).
 pub const WAL_CHECKPOINT_INTERVAL_MS_DEFAULT: u64 = 250;
 

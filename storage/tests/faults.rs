@@ -15,6 +15,7 @@ use narad_storage::StorageError;
 
 const RING: WalConfig = WalConfig {
     ring_bytes: 64 * 1024,
+    keys_max: narad_storage::limits::IDEMPOTENCY_KEYS_PER_SHARD_MAX,
 };
 
 fn wal_dir() -> PathBuf {
@@ -31,6 +32,8 @@ fn record(id: u128, value_len: usize) -> WalRecord {
         accept_ms: 42,
         topic_incarnation: Some(1),
         offset: None,
+        idempotency: None,
+        key_only: false,
     }
 }
 
@@ -171,7 +174,7 @@ fn a_full_ring_refuses_appends_until_committed_space_is_checkpointed() {
         wal.append(&record(999, 3000).as_ref()).is_err(),
         "space returns only after a checkpoint"
     );
-    assert!(block_on(wal.checkpoint()).expect("checkpoint"));
+    assert!(block_on(wal.checkpoint(0)).expect("checkpoint"));
     wal.append(&record(999, 3000).as_ref())
         .expect("room after the checkpoint");
     block_on(wal.flush()).expect("flush");

@@ -17,6 +17,7 @@ use narad_storage::wal::{Wal, WalConfig, WalRecord};
 const IO_MEMORY_BYTES: usize = 2 * 1024 * 1024;
 const RING: WalConfig = WalConfig {
     ring_bytes: 4 * 1024 * 1024,
+    keys_max: narad_storage::limits::IDEMPOTENCY_KEYS_PER_SHARD_MAX,
 };
 const CHILD_ENV: &str = "NARAD_STORAGE_CRASH_CHILD_DIR";
 const CHILD_DEADLINE: Duration = Duration::from_secs(60);
@@ -39,6 +40,8 @@ fn record(id: u128) -> WalRecord {
         accept_ms: 1,
         topic_incarnation: Some(3),
         offset: None,
+        idempotency: None,
+        key_only: false,
     }
 }
 
@@ -107,10 +110,11 @@ fn real_files_work_on_a_fresh_empty_data_folder_with_read_back() {
         consumer.ack(0);
         consumer.flush_now().await.expect("flush acks");
         // The checkpointer moves the durable tail once records are committed.
-        let checkpointer = glommio::spawn_local(
-            wal.clone()
-                .run_checkpointer(Duration::from_millis(5), glommio::timer::sleep),
-        );
+        let checkpointer = glommio::spawn_local(wal.clone().run_checkpointer(
+            Duration::from_millis(5),
+            glommio::timer::sleep,
+            || 0,
+        ));
         let tail_before = wal.stats().checkpoint_tail;
         for pos in &positions {
             wal.mark_committed(*pos);

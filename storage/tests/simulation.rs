@@ -19,7 +19,7 @@ use narad_storage::io::sim::SimFs;
 use narad_storage::limits::BLOCK_BYTES;
 use narad_storage::log::{LogConfig, Message, PartitionLog};
 use narad_storage::rng::SimRng;
-use narad_storage::wal::{Durable, Wal, WalConfig, WalRecord};
+use narad_storage::wal::{Durable, Idempotency, Wal, WalConfig, WalRecord};
 
 const ITERATIONS_DEFAULT: u64 = 2000;
 
@@ -77,6 +77,9 @@ struct WalModel {
     must_recover: BTreeMap<u128, u64>,
     /// Durable and committed: recovery may return these.
     committed: BTreeSet<u128>,
+    /// Idempotency keys of durable records, by id, with when they expire:
+    /// recovery must find each until a checkpoint at or past that time.
+    keys_owed: HashMap<u128, (Vec<u8>, u64)>,
 }
 
 fn wal_physical_range(pos: u64, record: &WalRecord, capacity: u64) -> (u64, u64) {
@@ -91,12 +94,18 @@ fn wal_workload(seed: u64) {
     let capacity = (16 + rng.below(48)) * BLOCK_BYTES;
     let config = WalConfig {
         ring_bytes: capacity,
+        ..WalConfig::default()
     };
     let mut model = WalModel {
         appended: HashMap::new(),
         must_recover: BTreeMap::new(),
         committed: BTreeSet::new(),
+        keys_owed: HashMap::new(),
     };
+    // The accepting node's clock, which keys expire by.
+    let mut now_ms: u64 = 1_000;
+    // Keys are owed only while no bit rot or want of room excused one.
+    let mut keys_excused = false;
     let mut positions: HashMap<u128, u64> = HashMap::new();
     let mut next_id: u128 = 1;
     let (mut wal, recovery) = block_on(Wal::open(&fs, &dir, config)).expect("fresh WAL opens");
@@ -121,6 +130,11 @@ fn wal_workload(seed: u64) {
                             accept_ms: rng.below(1 << 40),
                             topic_incarnation: rng.chance(1, 2).then(|| rng.below(1 << 20)),
                             offset: None,
+                            idempotency: rng.chance(1, 3).then(|| Idempotency {
+                                key: random_bytes(&mut rng, 20),
+                                expires_ms: now_ms + rng.below(5_000),
+                            }),
+                            key_only: false,
                         };
                         next_id += 1;
                         if let Ok(appended) = wal.append(&record.as_ref()) {
@@ -139,6 +153,11 @@ fn wal_workload(seed: u64) {
                     in_flight.retain(|(id, durable)| {
                         if durable.is_durable() {
                             model.must_recover.insert(*id, positions[id]);
+                            if let Some(key) = &model.appended[id].idempotency {
+                                model
+                                    .keys_owed
+                                    .insert(*id, (key.key.clone(), key.expires_ms));
+                            }
                             false
                         } else {
                             true
@@ -161,7 +180,8 @@ fn wal_workload(seed: u64) {
                     }
                 }
                 _ => {
-                    let _ = block_on(wal.checkpoint());
+                    now_ms += rng.below(500);
+                    let _ = block_on(wal.checkpoint(now_ms));
                 }
             }
         }
@@ -176,6 +196,8 @@ fn wal_workload(seed: u64) {
                 accept_ms: 0,
                 topic_incarnation: None,
                 offset: None,
+                idempotency: None,
+                key_only: false,
             };
             assert!(
                 wal.append(&probe.as_ref()).is_err(),
@@ -185,6 +207,8 @@ fn wal_workload(seed: u64) {
         fs.clear_faults();
         // Crash: a process crash or a power loss, sometimes with bit rot.
         in_flight.clear();
+        // Keys let go for want of room are not owed (small rings fill up).
+        let keys_forgotten = wal.stats().keys_forgotten > 0;
         drop(wal);
         if rng.chance(1, 2) {
             fs.power_loss();
@@ -227,6 +251,34 @@ fn wal_workload(seed: u64) {
                 "durable uncommitted record {id} recovered (seed {seed})"
             );
         }
+        // Every key recovered is one a record was appended with, with its
+        // id; every key of a durable record is recovered until it expired.
+        let recovered_keys: HashMap<u128, &Idempotency> = recovery
+            .keys
+            .iter()
+            .map(|(_, held)| (held.id, &held.idempotency))
+            .collect();
+        for (id, key) in &recovered_keys {
+            let original = model.appended.get(id).expect("a key's record was appended");
+            assert_eq!(
+                original.idempotency.as_ref(),
+                Some(*key),
+                "recovered key of record {id} is intact (seed {seed})"
+            );
+        }
+        model
+            .keys_owed
+            .retain(|_, (_, expires_ms)| *expires_ms > now_ms);
+        keys_excused |= !flips.is_empty() || keys_forgotten;
+        if !keys_excused {
+            for (id, (key, _)) in &model.keys_owed {
+                assert_eq!(
+                    recovered_keys.get(id).map(|k| &k.key),
+                    Some(key),
+                    "the key of durable record {id} is recovered before it expires (seed {seed})"
+                );
+            }
+        }
         // Recovering twice gives the same state.
         drop(reopened);
         fs.crash_process();
@@ -236,6 +288,7 @@ fn wal_workload(seed: u64) {
             recovery_again.records, recovery.records,
             "recovery is idempotent"
         );
+        assert_eq!(recovery_again.keys, recovery.keys, "so is its keys");
         wal = again;
         // Records first seen by this recovery were never acknowledged durable
         // (after a failed fsync the page cache may show writes the disk lost),

@@ -43,6 +43,7 @@ pub(super) async fn run_shard(start: ShardStart) -> Result<(), String> {
     let clock: SharedClock = Rc::new(SystemClock);
     let wal_config = WalConfig {
         ring_bytes: settings.storage.wal_ring_bytes,
+        ..WalConfig::default()
     };
     let wal_dir = data_dir.join("wal");
     let (wal, recovery) = Wal::open(&fs, &wal_dir.join(format!("shard-{index}")), wal_config)

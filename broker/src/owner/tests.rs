@@ -335,6 +335,7 @@ fn a_journal_batch_shows_once_durable_and_its_records_go_once_the_log_verified_i
     let owner = open(&fs, &clock, CONFIG);
     let config = WalConfig {
         ring_bytes: 64 * 1024,
+        ..WalConfig::default()
     };
     let (wal, _) = block_on(Wal::open(&fs, Path::new("/data/wal/shard-0"), config)).expect("wal");
     owner.use_journal(wal.clone());
@@ -352,6 +353,8 @@ fn a_journal_batch_shows_once_durable_and_its_records_go_once_the_log_verified_i
                 accept_ms: 1,
                 topic_incarnation: Some(1),
                 offset: Some(offset),
+                idempotency: None,
+                key_only: false,
             })
             .collect();
         wal.append_batch(&records)

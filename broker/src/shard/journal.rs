@@ -269,6 +269,8 @@ impl<F: FileSystem> Shard<F> {
                         accept_ms: message.produced_at_ms,
                         topic_incarnation: Some(incarnation),
                         offset: Some(offset),
+                        idempotency: None,
+                        key_only: false,
                     })
                     .collect();
                 wal.append_batch(&records)

@@ -132,6 +132,8 @@ impl<F: FileSystem> Shard<F> {
                 accept_ms,
                 topic_incarnation: Some(topic.incarnation),
                 offset: None,
+                idempotency: None,
+                key_only: false,
             })
             .collect();
         let appended = self
@@ -191,6 +193,8 @@ impl<F: FileSystem> Shard<F> {
                     // Committed the usual way from here: the partition may
                     // belong to another shard now.
                     offset: None,
+                    idempotency: None,
+                    key_only: false,
                 })
                 .collect();
             let appended = loop {

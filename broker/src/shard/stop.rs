@@ -61,7 +61,7 @@ impl<F: FileSystem> Shard<F> {
         // nothing to put back.
         self.sync_journals().await;
         self.wal.close();
-        if let Err(error) = self.wal.checkpoint().await {
+        if let Err(error) = self.wal.checkpoint(self.now()).await {
             tracing::error!(%error, "final WAL checkpoint failed");
         }
         for owner in self.open_owners() {

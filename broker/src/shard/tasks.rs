@@ -45,11 +45,12 @@ impl<F: FileSystem> Shard<F> {
 
         let checkpoint = Duration::from_millis(self.settings.dispatcher.checkpoint_interval_ms);
         let sleeper = runtime.clone();
-        runtime.spawn(Box::pin(
-            self.wal
-                .clone()
-                .run_checkpointer(checkpoint, move |interval| sleeper.sleep(interval)),
-        ));
+        let clock = self.env.clock.clone();
+        runtime.spawn(Box::pin(self.wal.clone().run_checkpointer(
+            checkpoint,
+            move |interval| sleeper.sleep(interval),
+            move || clock.now_ms(),
+        )));
 
         runtime.spawn(Box::pin(self.clone().watch_topics()));
         runtime.spawn(Box::pin(self.clone().run_moves()));

@@ -507,6 +507,7 @@ impl SimCluster {
             let wal_dir = std::path::PathBuf::from(format!("/data/wal/shard-{index}"));
             let config = WalConfig {
                 ring_bytes: self.settings.storage.wal_ring_bytes,
+                ..WalConfig::default()
             };
             let (wal, recovery) = futures_lite::future::block_on(Wal::open(&fs, &wal_dir, config))
                 .expect("the simulated WAL opens");

@@ -9,6 +9,10 @@
 //! - `checkpoint.wal`: two one-block slots written alternately, each with a
 //!   sequence number and a checksum; recovery takes the valid slot with the
 //!   highest sequence. A torn checkpoint write damages only the slot it wrote.
+//!   A slot names the tail (recovery dispatches every record from there) and,
+//!   with a checksum of its own, the keys position at or before it (the
+//!   oldest frame holding an idempotency key in its window, [`keys`]); a slot
+//!   without a valid keys position reads as keys from the tail.
 //!
 //! Positions are logical (they grow forever); the physical place of `pos` is
 //! `pos % capacity`. Each record is a [`crate::frame`] that names its own
@@ -17,12 +21,14 @@
 //! Invariants:
 //! - Every flush starts at a block boundary and pads to one, so bytes that an
 //!   earlier fdatasync made durable are never rewritten.
-//! - Space is reclaimed only behind the *durable checkpoint's* tail: every
-//!   record at or above that tail stays intact until a later checkpoint moves
-//!   the tail past it, so recovery from any checkpoint finds every record
-//!   that was not committed.
+//! - Space is reclaimed only behind the *durable checkpoint's* keys position
+//!   (at or before its tail): every record at or above it stays intact until
+//!   a later checkpoint moves past it, so recovery from any checkpoint finds
+//!   every record that was not committed and every idempotency key in its
+//!   window.
 //! - A failed write or fdatasync fails the WAL for good.
 
+pub mod keys;
 pub mod record;
 mod recovery;
 
@@ -39,11 +45,14 @@ use crate::error::{Result, StorageError};
 use crate::frame::encode_frame;
 use crate::io::{FileSystem, OpenMode, StorageFile};
 use crate::limits::{
-    BLOCK_BYTES, RECOVERY_READ_CHUNK_BYTES, WAL_RING_BYTES_DEFAULT, WAL_RING_BYTES_MIN,
+    BLOCK_BYTES, IDEMPOTENCY_KEYS_PER_SHARD_MAX, RECOVERY_READ_CHUNK_BYTES, WAL_RING_BYTES_DEFAULT,
+    WAL_RING_BYTES_MIN,
 };
 use crate::metric_names::STORAGE_CORRUPT_RECORDS_TOTAL;
 use crate::util_fs::create_file_through;
-pub use record::{WalRecord, WalRecordRef};
+pub use keys::HeldKey;
+use keys::{HeldKeys, CARRY_FILL_PERCENT};
+pub use record::{Idempotency, IdempotencyRef, WalRecord, WalRecordRef};
 
 const RING_MAGIC: u32 = 0x4E52_4E47;
 const RECORD_MAGIC: u32 = 0x4E57_414C;
@@ -60,12 +69,15 @@ pub type WalPos = u64;
 pub struct WalConfig {
     /// Bytes of ring (`storage.wal_ring_bytes`); a multiple of 4096.
     pub ring_bytes: u64,
+    /// Idempotency keys the ring holds at most.
+    pub keys_max: usize,
 }
 
 impl Default for WalConfig {
     fn default() -> Self {
         Self {
             ring_bytes: WAL_RING_BYTES_DEFAULT,
+            keys_max: IDEMPOTENCY_KEYS_PER_SHARD_MAX,
         }
     }
 }
@@ -88,6 +100,9 @@ pub struct WalRecovery {
     pub torn_tail: bool,
     /// The checkpoint tail recovery started from.
     pub checkpoint_tail: WalPos,
+    /// Idempotency keys found from the checkpoint's keys position on (one
+    /// frame per key, the newest), expired or not.
+    pub keys: Vec<(WalPos, HeldKey)>,
 }
 
 /// Size and fill of the ring.
@@ -100,6 +115,9 @@ pub struct WalStats {
     pub tail: WalPos,
     pub checkpoint_tail: WalPos,
     pub uncommitted_records: usize,
+    /// Idempotency keys held, and those let go before their window ended.
+    pub keys: usize,
+    pub keys_forgotten: u64,
 }
 
 /// What one group commit wrote.
@@ -125,9 +143,17 @@ struct WalState {
     pending_start: WalPos,
     pending_records: usize,
     durable_end: WalPos,
-    /// Records from the tail on, in position order.
+    /// Records from the tail on, in position order (key-only records are
+    /// never live: they need no commit).
     live: VecDeque<LiveRecord>,
     checkpoint_tail: WalPos,
+    /// The durable checkpoint's keys position: space is reclaimed behind it.
+    checkpoint_keys_from: WalPos,
+    keys: HeldKeys,
+    /// Keys carried forward whose copies are not durable yet: (where their
+    /// old frames begin, where the copies end). The old frames stay until
+    /// the copies are durable.
+    carry_hold: Option<(WalPos, WalPos)>,
     checkpoint_seq: u64,
     failed: Option<String>,
     flushing: bool,
@@ -144,7 +170,7 @@ impl WalState {
         self.live.front().map_or_else(|| self.next_pos(), |r| r.pos)
     }
     fn used_bytes(&self) -> u64 {
-        round_up(self.next_pos(), BLOCK_BYTES) - self.checkpoint_tail
+        round_up(self.next_pos(), BLOCK_BYTES) - self.checkpoint_keys_from
     }
     fn wake_all(&mut self) {
         for waker in self.durable_waiters.drain(..) {
@@ -179,7 +205,7 @@ impl WalState {
         };
         let pos = next + skip;
         let end = pos + len;
-        if round_up(end, BLOCK_BYTES) - self.checkpoint_tail > self.capacity {
+        if round_up(end, BLOCK_BYTES) - self.checkpoint_keys_from > self.capacity {
             return Err(StorageError::WalFull {
                 needed_bytes: end - self.next_pos(),
                 free_bytes: self.capacity.saturating_sub(self.used_bytes()),
@@ -269,7 +295,11 @@ fn decode_ring_header(block: &[u8]) -> Option<u64> {
     get_u64(block, 16)
 }
 
-fn encode_checkpoint(seq: u64, tail: WalPos) -> Vec<u8> {
+/// Bytes of a checkpoint slot's keys position and its checksum, after the
+/// fields an earlier version reads (which ignores them).
+const KEYS_FROM_BYTES: usize = 12;
+
+fn encode_checkpoint(seq: u64, tail: WalPos, keys_from: WalPos) -> Vec<u8> {
     let mut buf = Vec::with_capacity(usize::try_from(BLOCK_BYTES).unwrap_or(4096));
     put_u32(&mut buf, CHECKPOINT_MAGIC);
     put_u32(&mut buf, 0);
@@ -279,16 +309,39 @@ fn encode_checkpoint(seq: u64, tail: WalPos) -> Vec<u8> {
     put_u64(&mut buf, tail);
     let crc = crc_of(&buf, 8, HEADER_FIELDS_BYTES).unwrap_or(0);
     set_u32(&mut buf, 4, crc);
+    put_u64(&mut buf, keys_from.min(tail));
+    let keys_crc = crc_of(&buf, HEADER_FIELDS_BYTES, HEADER_FIELDS_BYTES + 8).unwrap_or(0);
+    put_u32(&mut buf, keys_crc);
     buf.resize(usize::try_from(BLOCK_BYTES).unwrap_or(4096), 0);
     buf
 }
 
-/// (seq, tail) of a valid checkpoint slot.
-fn decode_checkpoint(slot: &[u8]) -> Option<(u64, WalPos)> {
+/// A valid checkpoint slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct CheckpointSlot {
+    seq: u64,
+    tail: WalPos,
+    /// At or before `tail`: where frames holding keys begin.
+    keys_from: WalPos,
+}
+
+fn decode_checkpoint(slot: &[u8]) -> Option<CheckpointSlot> {
     (get_u32(slot, 0)? == CHECKPOINT_MAGIC).then_some(())?;
     (crc_of(slot, 8, HEADER_FIELDS_BYTES)? == get_u32(slot, 4)?).then_some(())?;
     (get_u32(slot, 8)? == FORMAT_VERSION).then_some(())?;
-    Some((get_u64(slot, 16)?, get_u64(slot, 24)?))
+    let (seq, tail) = (get_u64(slot, 16)?, get_u64(slot, 24)?);
+    let keys_end = HEADER_FIELDS_BYTES + KEYS_FROM_BYTES;
+    let keys_from = (crc_of(slot, HEADER_FIELDS_BYTES, HEADER_FIELDS_BYTES + 8)
+        == get_u32(slot, keys_end - 4))
+    .then(|| get_u64(slot, HEADER_FIELDS_BYTES))
+    .flatten()
+    .filter(|from| *from <= tail)
+    .unwrap_or(tail);
+    Some(CheckpointSlot {
+        seq,
+        tail,
+        keys_from,
+    })
 }
 
 impl<F: FileSystem> Wal<F> {
@@ -312,7 +365,7 @@ impl<F: FileSystem> Wal<F> {
             .map_err(|e| StorageError::io("stat", &checkpoint_path, e))?
         {
             let mut slots = vec![0u8; usize::try_from(BLOCK_BYTES).unwrap_or(4096)];
-            slots.extend_from_slice(&encode_checkpoint(1, 0));
+            slots.extend_from_slice(&encode_checkpoint(1, 0, 0));
             create_file_through(fs, dir, CHECKPOINT_FILE_NAME, &slots, 0).await?;
         }
         if !fs
@@ -368,7 +421,7 @@ impl<F: FileSystem> Wal<F> {
             .into_iter()
             .flatten()
             .filter_map(decode_checkpoint)
-            .max_by_key(|(seq, _)| *seq);
+            .max_by_key(|slot| slot.seq);
         if best.is_none() {
             tracing::error!(path = %checkpoint_path.display(), "both WAL checkpoint slots are damaged; replaying the whole ring");
         }
@@ -377,7 +430,7 @@ impl<F: FileSystem> Wal<F> {
             &ring,
             &ring_path,
             capacity,
-            best.map(|(_, tail)| tail),
+            best.map(|slot| (slot.tail, slot.keys_from)),
             RECOVERY_READ_CHUNK_BYTES as u64,
         )
         .await?;
@@ -406,7 +459,15 @@ impl<F: FileSystem> Wal<F> {
             durable_end: pending_start,
             live,
             checkpoint_tail: recovery.checkpoint_tail,
-            checkpoint_seq: best.map_or(1, |(seq, _)| seq),
+            checkpoint_keys_from: recovery
+                .keys
+                .first()
+                .map_or(recovery.checkpoint_tail, |(pos, _)| {
+                    (*pos).min(recovery.checkpoint_tail)
+                }),
+            keys: HeldKeys::recovered(config.keys_max, recovery.keys.iter().cloned()),
+            carry_hold: None,
+            checkpoint_seq: best.map_or(1, |slot| slot.seq),
             failed: None,
             flushing: false,
             closed: false,
@@ -437,10 +498,28 @@ impl<F: FileSystem> Wal<F> {
             record.encode_body(buf)
         });
         debug_assert_eq!(state.next_pos(), end);
-        state.live.push_back(LiveRecord {
-            pos,
-            committed: false,
-        });
+        if !record.key_only {
+            state.live.push_back(LiveRecord {
+                pos,
+                committed: false,
+            });
+        }
+        if let Some(idempotency) = record.idempotency {
+            state.keys.insert(
+                pos,
+                HeldKey {
+                    id: record.id,
+                    topic: record.topic.to_string(),
+                    topic_incarnation: record.topic_incarnation,
+                    partition: record.partition,
+                    accept_ms: record.accept_ms,
+                    idempotency: Idempotency {
+                        key: idempotency.key.to_vec(),
+                        expires_ms: idempotency.expires_ms,
+                    },
+                },
+            );
+        }
         state.pending_records += 1;
         if let Some(waker) = state.committer_waker.take() {
             waker.wake();
@@ -577,11 +656,17 @@ impl<F: FileSystem> Wal<F> {
         newly
     }
 
-    /// Syncs a checkpoint of the current tail (when it moved), which lets the
-    /// ring reuse the space behind it. Returns whether a checkpoint was written.
-    pub async fn checkpoint(&self) -> Result<bool> {
-        let (tail, seq) = {
-            let state = self.state.borrow();
+    /// Syncs a checkpoint of the current tail and keys position (when
+    /// either moved), which lets the ring reuse the space behind the keys
+    /// position. Keys that expired by `now_ms` are let go first; keys held
+    /// behind the tail in frames more than [`CARRY_FILL_PERCENT`] of the
+    /// ring old are appended again as key-only records, and a checkpoint
+    /// lets their old frames go only once those are durable. Returns
+    /// whether a checkpoint was written.
+    pub async fn checkpoint(&self, now_ms: u64) -> Result<bool> {
+        let (tail, carried) = {
+            let mut guard = self.state.borrow_mut();
+            let state = &mut *guard;
             if let Some(reason) = &state.failed {
                 return Err(StorageError::WalFailed {
                     reason: reason.clone(),
@@ -590,12 +675,46 @@ impl<F: FileSystem> Wal<F> {
             let tail = state
                 .tail()
                 .min(state.durable_end.max(state.checkpoint_tail));
-            if tail <= state.checkpoint_tail {
+            state.keys.expire(now_ms);
+            if state
+                .carry_hold
+                .is_some_and(|(_, end)| end <= state.durable_end)
+            {
+                state.carry_hold = None;
+            }
+            // Keys behind the tail in frames older than that share of the
+            // ring: carried once, they stay until as much traffic again.
+            let old = state
+                .next_pos()
+                .saturating_sub(state.capacity * CARRY_FILL_PERCENT / 100)
+                .min(tail);
+            let carried = if state.carry_hold.is_none() {
+                state.keys.take_before(old)
+            } else {
+                Vec::new()
+            };
+            (tail, carried)
+        };
+        if !carried.is_empty() {
+            self.carry(carried)?;
+        }
+        let (keys_from, seq) = {
+            let state = self.state.borrow();
+            let keys_from = [
+                Some(tail),
+                state.keys.first_pos(),
+                state.carry_hold.map(|(from, _)| from),
+            ]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(tail);
+            if tail <= state.checkpoint_tail && keys_from <= state.checkpoint_keys_from {
                 return Ok(false);
             }
-            (tail, state.checkpoint_seq + 1)
+            (keys_from, state.checkpoint_seq + 1)
         };
-        let slot = encode_checkpoint(seq, tail);
+        let slot = encode_checkpoint(seq, tail, keys_from);
         let result = async {
             self.checkpoint
                 .write_at(&slot, (seq % 2) * BLOCK_BYTES)
@@ -611,6 +730,7 @@ impl<F: FileSystem> Wal<F> {
         match result {
             Ok(()) => {
                 state.checkpoint_tail = tail;
+                state.checkpoint_keys_from = keys_from;
                 state.checkpoint_seq = seq;
                 Ok(true)
             }
@@ -618,6 +738,33 @@ impl<F: FileSystem> Wal<F> {
                 state.fail(error.to_string());
                 Err(error)
             }
+        }
+    }
+
+    /// Appends `keys` again as key-only records, holding their old frames
+    /// until those are durable. A ring too full to take them lets them go
+    /// (counted in [`WalStats::keys_forgotten`]): space for messages comes
+    /// first.
+    fn carry(&self, keys: Vec<HeldKey>) -> Result<()> {
+        let records: Vec<WalRecord> = keys.iter().map(HeldKey::carried).collect();
+        let refs: Vec<WalRecordRef<'_>> = records.iter().map(WalRecord::as_ref).collect();
+        match self.append_batch(&refs) {
+            Ok(appended) => {
+                let mut state = self.state.borrow_mut();
+                if let Some(last) = appended.last() {
+                    state.carry_hold = Some((state.checkpoint_keys_from, last.end));
+                }
+                Ok(())
+            }
+            Err(StorageError::WalFull { .. }) => {
+                tracing::warn!(
+                    path = %self.ring_path.display(), keys = keys.len(),
+                    "the ingress WAL is too full to carry idempotency keys forward; they are forgotten before their window ends"
+                );
+                self.state.borrow_mut().keys.forgotten += keys.len() as u64;
+                Ok(())
+            }
+            Err(error) => Err(error),
         }
     }
 
@@ -644,6 +791,8 @@ impl<F: FileSystem> Wal<F> {
             tail: state.tail(),
             checkpoint_tail: state.checkpoint_tail,
             uncommitted_records: state.live.iter().filter(|r| !r.committed).count(),
+            keys: state.keys.len(),
+            keys_forgotten: state.keys.forgotten,
         }
     }
 
@@ -683,16 +832,17 @@ impl<F: FileSystem> Wal<F> {
     /// Syncs a checkpoint every `interval` (`dispatcher.checkpoint_interval_ms`)
     /// until the WAL is closed (one last checkpoint then) or fails. `sleep`
     /// is the executor's timer (glommio's in a node, a manual clock's in a
-    /// simulation).
+    /// simulation); `now_ms` the clock idempotency keys expire by.
     pub async fn run_checkpointer<S: Future<Output = ()>>(
         self: Rc<Self>,
         interval: std::time::Duration,
         sleep: impl Fn(std::time::Duration) -> S,
+        now_ms: impl Fn() -> u64,
     ) {
         loop {
             sleep(interval).await;
             let closed = self.state.borrow().closed;
-            if self.checkpoint().await.is_err() || closed {
+            if self.checkpoint(now_ms()).await.is_err() || closed {
                 return;
             }
         }
@@ -730,10 +880,35 @@ mod tests {
 
     #[test]
     fn checkpoint_slot_round_trips_and_rejects_damage() {
-        let mut slot = encode_checkpoint(9, 123_456);
-        assert_eq!(decode_checkpoint(&slot), Some((9, 123_456)));
+        let mut slot = encode_checkpoint(9, 123_456, 100_000);
+        let decoded = |seq, tail, keys_from| {
+            Some(CheckpointSlot {
+                seq,
+                tail,
+                keys_from,
+            })
+        };
+        assert_eq!(decode_checkpoint(&slot), decoded(9, 123_456, 100_000));
+        // A damaged keys position reads as keys from the tail.
+        slot[HEADER_FIELDS_BYTES + 2] ^= 4;
+        assert_eq!(decode_checkpoint(&slot), decoded(9, 123_456, 123_456));
         slot[20] ^= 4;
         assert_eq!(decode_checkpoint(&slot), None);
+    }
+
+    #[test]
+    fn a_slot_of_an_earlier_version_reads_as_keys_from_its_tail() {
+        let mut slot = encode_checkpoint(3, 4_096, 0);
+        // The bytes after the fields an earlier version wrote were zero.
+        slot[HEADER_FIELDS_BYTES..].fill(0);
+        assert_eq!(
+            decode_checkpoint(&slot),
+            Some(CheckpointSlot {
+                seq: 3,
+                tail: 4_096,
+                keys_from: 4_096
+            })
+        );
     }
 
     #[test]

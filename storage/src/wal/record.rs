@@ -10,7 +10,8 @@
 //! 36  value_len   u32
 //! 40  topic_incarnation u64, when flags has FLAG_TOPIC_INCARNATION
 //! ..  offset      u64, when flags has FLAG_OFFSET
-//! ..  topic, key, value
+//! ..  expires_ms  u64, idempotency_len u16, when flags has FLAG_IDEMPOTENCY
+//! ..  topic, key, value, idempotency key
 //! ```
 //!
 //! Records written before the flags existed have 0 there (the field was
@@ -18,6 +19,13 @@
 //! owner's journal copy of a commit: its partition is owned by the shard
 //! that wrote it, which gave it that offset, and recovery puts it back at
 //! that offset.
+//!
+//! A record with an idempotency key holds it until `expires_ms` (the
+//! accepting node's clock): the ring keeps it that long, carrying it
+//! forward as a key-only record (`FLAG_KEY_ONLY`: no message, nothing to
+//! dispatch) when its frame's space is needed ([`super::keys`]). A version
+//! of Narad from before these flags refuses to start on a ring that holds
+//! them, naming the flags, rather than misreading them.
 
 use crate::codec::{
     get_u128, get_u16, get_u32, get_u64, key_len_field, put_u128, put_u16, put_u32, put_u64, NO_KEY,
@@ -33,7 +41,31 @@ const INCARNATION_BYTES: usize = 8;
 /// The body carries the partition offset its owner gave it.
 const FLAG_OFFSET: u16 = 2;
 const OFFSET_BYTES: usize = 8;
-const KNOWN_FLAGS: u16 = FLAG_TOPIC_INCARNATION | FLAG_OFFSET;
+/// The body carries an idempotency key and when it expires.
+const FLAG_IDEMPOTENCY: u16 = 4;
+const IDEMPOTENCY_FIXED_BYTES: usize = 10;
+/// The record holds only an idempotency key carried forward from an earlier
+/// record (its value is empty); recovery takes the key and dispatches
+/// nothing.
+const FLAG_KEY_ONLY: u16 = 8;
+const KNOWN_FLAGS: u16 = FLAG_TOPIC_INCARNATION | FLAG_OFFSET | FLAG_IDEMPOTENCY | FLAG_KEY_ONLY;
+
+/// The longest idempotency key a record holds.
+pub const IDEMPOTENCY_KEY_BYTES_MAX: usize = u16::MAX as usize;
+
+/// An idempotency key and when the accepting node forgets it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Idempotency {
+    pub key: Vec<u8>,
+    pub expires_ms: u64,
+}
+
+/// A borrowed [`Idempotency`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IdempotencyRef<'a> {
+    pub key: &'a [u8],
+    pub expires_ms: u64,
+}
 
 /// A message as the ingress WAL holds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,6 +81,11 @@ pub struct WalRecord {
     /// Its offset in the partition, when the record is its owner's journal
     /// copy of the commit (`None`: the dispatcher commits it).
     pub offset: Option<u64>,
+    /// The producer's idempotency key, if it gave one.
+    pub idempotency: Option<Idempotency>,
+    /// Only the idempotency key of an earlier record, carried forward: not
+    /// a message.
+    pub key_only: bool,
 }
 
 /// A borrowed message to append, so the hot path copies bytes only once.
@@ -62,6 +99,8 @@ pub struct WalRecordRef<'a> {
     pub accept_ms: u64,
     pub topic_incarnation: Option<u64>,
     pub offset: Option<u64>,
+    pub idempotency: Option<IdempotencyRef<'a>>,
+    pub key_only: bool,
 }
 
 impl WalRecord {
@@ -75,6 +114,11 @@ impl WalRecord {
             accept_ms: self.accept_ms,
             topic_incarnation: self.topic_incarnation,
             offset: self.offset,
+            idempotency: self.idempotency.as_ref().map(|i| IdempotencyRef {
+                key: &i.key,
+                expires_ms: i.expires_ms,
+            }),
+            key_only: self.key_only,
         }
     }
 }
@@ -84,6 +128,9 @@ impl WalRecordRef<'_> {
         BODY_FIXED_BYTES
             + self.topic_incarnation.map_or(0, |_| INCARNATION_BYTES)
             + self.offset.map_or(0, |_| OFFSET_BYTES)
+            + self
+                .idempotency
+                .map_or(0, |i| IDEMPOTENCY_FIXED_BYTES + i.key.len())
             + self.topic.len()
             + self.key.map_or(0, <[u8]>::len)
             + self.value.len()
@@ -100,7 +147,9 @@ impl WalRecordRef<'_> {
         put_u32(buf, self.partition);
         put_u16(buf, u16::try_from(self.topic.len()).unwrap_or(u16::MAX));
         let flags = self.topic_incarnation.map_or(0, |_| FLAG_TOPIC_INCARNATION)
-            | self.offset.map_or(0, |_| FLAG_OFFSET);
+            | self.offset.map_or(0, |_| FLAG_OFFSET)
+            | self.idempotency.map_or(0, |_| FLAG_IDEMPOTENCY)
+            | if self.key_only { FLAG_KEY_ONLY } else { 0 };
         put_u16(buf, flags);
         put_u32(buf, key_len_field(self.key));
         put_u32(buf, u32::try_from(self.value.len()).unwrap_or(u32::MAX));
@@ -110,11 +159,21 @@ impl WalRecordRef<'_> {
         if let Some(offset) = self.offset {
             put_u64(buf, offset);
         }
+        if let Some(idempotency) = self.idempotency {
+            put_u64(buf, idempotency.expires_ms);
+            put_u16(
+                buf,
+                u16::try_from(idempotency.key.len()).unwrap_or(u16::MAX),
+            );
+        }
         buf.extend_from_slice(self.topic.as_bytes());
         if let Some(key) = self.key {
             buf.extend_from_slice(key);
         }
         buf.extend_from_slice(self.value);
+        if let Some(idempotency) = self.idempotency {
+            buf.extend_from_slice(idempotency.key);
+        }
     }
 }
 
@@ -153,6 +212,18 @@ pub fn decode_body(body: &[u8]) -> Option<WalRecord> {
     } else {
         None
     };
+    let idempotency = if flags & FLAG_IDEMPOTENCY != 0 {
+        let expires_ms = get_u64(body, at)?;
+        let len = usize::from(get_u16(body, at + 8)?);
+        at += IDEMPOTENCY_FIXED_BYTES;
+        Some((expires_ms, len))
+    } else {
+        None
+    };
+    let key_only = flags & FLAG_KEY_ONLY != 0;
+    if key_only && idempotency.is_none() {
+        return None;
+    }
     let topic = std::str::from_utf8(body.get(at..at + topic_len)?)
         .ok()?
         .to_string();
@@ -166,7 +237,16 @@ pub fn decode_body(body: &[u8]) -> Option<WalRecord> {
         Some(key)
     };
     let value = body.get(at..at + value_len)?.to_vec();
-    if at + value_len != body.len() {
+    at += value_len;
+    let idempotency = match idempotency {
+        Some((expires_ms, len)) => {
+            let key = body.get(at..at + len)?.to_vec();
+            at += len;
+            Some(Idempotency { key, expires_ms })
+        }
+        None => None,
+    };
+    if at != body.len() {
         return None;
     }
     Some(WalRecord {
@@ -178,6 +258,8 @@ pub fn decode_body(body: &[u8]) -> Option<WalRecord> {
         accept_ms,
         topic_incarnation,
         offset,
+        idempotency,
+        key_only,
     })
 }
 
@@ -196,6 +278,8 @@ mod tests {
             accept_ms: 1_700_000_000_000,
             topic_incarnation: Some(0x0102_0304_0506_0708),
             offset: None,
+            idempotency: None,
+            key_only: false,
         };
         let mut buf = Vec::new();
         record.as_ref().encode_body(&mut buf);
@@ -217,7 +301,48 @@ mod tests {
         buf.clear();
         journal.as_ref().encode_body(&mut buf);
         assert_eq!(buf.len(), journal.as_ref().body_len());
-        assert_eq!(decode_body(&buf), Some(journal));
+        assert_eq!(decode_body(&buf), Some(journal.clone()));
+        let idempotent = WalRecord {
+            idempotency: Some(Idempotency {
+                key: b"order-17".to_vec(),
+                expires_ms: 1_700_000_300_000,
+            }),
+            key: Some(b"k".to_vec()),
+            value: b"v".to_vec(),
+            ..journal
+        };
+        buf.clear();
+        idempotent.as_ref().encode_body(&mut buf);
+        assert_eq!(buf.len(), idempotent.as_ref().body_len());
+        assert_eq!(decode_body(&buf), Some(idempotent.clone()));
+        assert_eq!(decode_body(&buf[..buf.len() - 1]), None);
+        let carried = WalRecord {
+            value: Vec::new(),
+            key_only: true,
+            ..idempotent
+        };
+        buf.clear();
+        carried.as_ref().encode_body(&mut buf);
+        assert_eq!(decode_body(&buf), Some(carried));
+    }
+
+    #[test]
+    fn a_key_only_record_without_a_key_is_malformed() {
+        let record = WalRecord {
+            id: 1,
+            topic: "t".into(),
+            partition: 0,
+            key: None,
+            value: Vec::new(),
+            accept_ms: 0,
+            topic_incarnation: None,
+            offset: None,
+            idempotency: None,
+            key_only: true,
+        };
+        let mut buf = Vec::new();
+        record.as_ref().encode_body(&mut buf);
+        assert_eq!(decode_body(&buf), None);
     }
 
     #[test]
@@ -231,6 +356,8 @@ mod tests {
             accept_ms: 5,
             topic_incarnation: None,
             offset: None,
+            idempotency: None,
+            key_only: false,
         };
         let mut buf = Vec::new();
         record.as_ref().encode_body(&mut buf);

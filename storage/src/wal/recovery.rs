@@ -11,6 +11,7 @@
 use std::collections::VecDeque;
 use std::path::Path;
 
+use super::keys::HeldKey;
 use super::record;
 use super::{LiveRecord, RecoveredRecord, WalPos, WalRecovery, RECORD_MAGIC};
 use crate::codec::round_up;
@@ -112,17 +113,21 @@ struct Found {
     record: Option<record::WalRecord>,
 }
 
-/// Recovers every record of the ring above `checkpoint_tail` (every record
-/// of the newest lap without one): the records, the live list and the head.
+/// Recovers every record of the ring above the checkpoint's tail (every
+/// record of the newest lap without one): the records, the live list and
+/// the head; and the idempotency keys of every frame from the checkpoint's
+/// keys position on (`checkpoint`: tail, keys position).
 pub(super) async fn recover<Fl: StorageFile>(
     file: &Fl,
     path: &Path,
     capacity: u64,
-    checkpoint_tail: Option<WalPos>,
+    checkpoint: Option<(WalPos, WalPos)>,
     chunk: u64,
 ) -> Result<(WalRecovery, VecDeque<LiveRecord>, WalPos)> {
+    let checkpoint_tail = checkpoint.map(|(tail, _)| tail);
+    let scan_from = checkpoint.map(|(tail, keys_from)| keys_from.min(tail));
     let accept =
-        |at: u64, pos: u64| pos % capacity == at && checkpoint_tail.is_none_or(|tail| pos >= tail);
+        |at: u64, pos: u64| pos % capacity == at && scan_from.is_none_or(|from| pos >= from);
     let mut window = Window::new(file, path, capacity, chunk);
     let mut frames: Vec<Found> = Vec::new();
     let mut bad_bodies: Vec<u64> = Vec::new();
@@ -192,18 +197,25 @@ pub(super) async fn recover<Fl: StorageFile>(
         previous_end = Some(frame.pos + frame.len);
         match frame.record {
             Some(record) => {
-                live.push_back(LiveRecord {
-                    pos: frame.pos,
-                    committed: false,
-                });
-                recovery.records.push(RecoveredRecord {
-                    pos: frame.pos,
-                    record,
-                });
+                if let Some(key) = HeldKey::of(&record) {
+                    recovery.keys.push((frame.pos, key));
+                }
+                // Frames behind the tail were committed: only their keys
+                // are wanted. Key-only frames are never dispatched.
+                if frame.pos >= tail && !record.key_only {
+                    live.push_back(LiveRecord {
+                        pos: frame.pos,
+                        committed: false,
+                    });
+                    recovery.records.push(RecoveredRecord {
+                        pos: frame.pos,
+                        record,
+                    });
+                }
             }
             None => recovery.corrupt_records += 1,
         }
-        head = frame.pos + frame.len;
+        head = frame.pos.saturating_add(frame.len).max(head);
     }
     recovery.corrupt_records += nonzero_gaps(&mut window, &gaps).await?;
     Ok((recovery, live, head))
