@@ -1,4 +1,4 @@
-//! `cargo bench -p narad-bench --bench lease_scan`: what one consume's search
+//! `cargo bench -p narad-broker --bench lease_scan`: what one consume's search
 //! for available offsets (`LeaseTable::available`, `max` = 100) costs on a
 //! partition with a 10,000,000-message backlog (high watermark − frontier):
 //! - `fresh`: nothing leased or acked above the frontier;
