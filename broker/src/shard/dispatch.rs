@@ -377,8 +377,9 @@ impl<F: FileSystem> Shard<F> {
         }
     }
 
-    /// Sends node `node` what it is owed until nothing is left: the topics
-    /// by name, or (past [`GAINED_TOPICS_MAX`], or to a node of an earlier
+    /// Sends node `node` what it is owed until nothing is left, one notice
+    /// at a time and at most one every `AVAILABLE_COALESCE`: the topics by
+    /// name, or (past [`GAINED_TOPICS_MAX`], or to a node of an earlier
     /// release, which refuses [`Gained`]) a notice that wakes every poll.
     async fn send_notices(
         &self,
@@ -418,6 +419,8 @@ impl<F: FileSystem> Shard<F> {
             if let Err(error) = result {
                 tracing::debug!(node, ?error, "an availability notice was not delivered");
             }
+            // What is gained meanwhile goes together in the next notice.
+            self.env.runtime.sleep(AVAILABLE_COALESCE).await;
         }
     }
 
