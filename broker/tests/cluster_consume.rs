@@ -123,22 +123,7 @@ fn commits_on_other_nodes_wake_only_polls_of_their_topic(cluster: &Cluster) {
     let counted = || metric(&cluster.nodes[far], "narad_consume_empty_wakes_total");
     let waiting = || metric(&cluster.nodes[far], "narad_consume_long_polls_waiting");
     let before = counted();
-    let (answers, answered) = std::sync::mpsc::channel();
-    let polls: Vec<_> = (0..2)
-        .map(|_| {
-            let (addr, answers) = (cluster.nodes[far].addr.clone(), answers.clone());
-            std::thread::spawn(move || {
-                let answer = try_request(
-                    &addr,
-                    "POST",
-                    "/v1/topics/quiet/consume",
-                    br#"{"wait_ms": 20000, "max_messages": 1}"#,
-                    Duration::from_secs(30),
-                );
-                let _ = answers.send(answer);
-            })
-        })
-        .collect();
+    let (polls, answered) = support::single_message_polls(&cluster.nodes[far].addr, "quiet", 2);
     assert!(eventually(WAIT, || waiting() >= 2.0), "both polls park");
     for i in 0..20 {
         cluster.nodes[producer].produce("busy", &format!("not for the quiet topic {i}"));

@@ -2460,22 +2460,7 @@ fn a_commit_wakes_only_polls_of_its_topic_one_per_message() {
     let counted = || support::metric(&node, "narad_consume_empty_wakes_total");
     let waiting = || support::metric(&node, "narad_consume_long_polls_waiting");
     assert_eq!(counted(), 0.0, "the counter is there from the start");
-    let (answers, answered) = std::sync::mpsc::channel();
-    let polls: Vec<_> = (0..2)
-        .map(|_| {
-            let (addr, answers) = (node.addr.clone(), answers.clone());
-            std::thread::spawn(move || {
-                let answer = support::try_request(
-                    &addr,
-                    "POST",
-                    "/v1/topics/quiet/consume",
-                    br#"{"wait_ms": 20000, "max_messages": 1}"#,
-                    Duration::from_secs(30),
-                );
-                let _ = answers.send(answer);
-            })
-        })
-        .collect();
+    let (polls, answered) = support::single_message_polls(&node.addr, "quiet", 2);
     assert!(
         eventually(Duration::from_secs(10), || waiting() >= 2.0),
         "both polls park"

@@ -459,6 +459,38 @@ pub fn send_and_vanish(
 }
 
 /// [`try_raw_request`] with the JSON body parsed (`null` if none).
+/// What long polls started by [`single_message_polls`] answered, in the
+/// order they answered.
+pub type PollAnswers = std::sync::mpsc::Receiver<Result<(u16, Value), String>>;
+
+/// Starts `count` long polls of `topic` at `addr`, each waiting up to 20 s
+/// for one message, on threads of their own; their answers come through
+/// the returned receiver as they arrive.
+pub fn single_message_polls(
+    addr: &str,
+    topic: &str,
+    count: usize,
+) -> (Vec<std::thread::JoinHandle<()>>, PollAnswers) {
+    let (answers, answered) = std::sync::mpsc::channel();
+    let polls = (0..count)
+        .map(|_| {
+            let (addr, answers) = (addr.to_string(), answers.clone());
+            let path = format!("/v1/topics/{topic}/consume");
+            std::thread::spawn(move || {
+                let answer = try_request(
+                    &addr,
+                    "POST",
+                    &path,
+                    br#"{"wait_ms": 20000, "max_messages": 1}"#,
+                    Duration::from_secs(30),
+                );
+                let _ = answers.send(answer);
+            })
+        })
+        .collect();
+    (polls, answered)
+}
+
 pub fn try_request(
     addr: &str,
     method: &str,
