@@ -11,6 +11,9 @@
 #   BIN_A, BIN_B: paths to two `narad` binaries (copy one aside before
 #   rebuilding, e.g. cp target/release/narad /tmp/narad-before).
 #   WORKLOAD: files under bench/workloads (default the 1 KiB 5k and 20k ones).
+#   DRIVER_A, DRIVER_B (environment): the `--driver` of each side (default
+#   narad); one binary twice with DRIVER_B=narad-idempotent measures what
+#   idempotency keys cost.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin_a="$1"
@@ -47,7 +50,11 @@ for workload in "${workloads[@]}"; do
   for round in $(seq 1 "$rounds"); do
     for build in A B; do
       bin=$bin_a
-      [[ $build == B ]] && bin=$bin_b
+      driver=${DRIVER_A:-narad}
+      if [[ $build == B ]]; then
+        bin=$bin_b
+        driver=${DRIVER_B:-narad}
+      fi
       run=$((run + 1))
       name="run$run"
       "$bin" serve --data-dir "$work/$name" --listen 127.0.0.1:0 --shards "$shards" \
@@ -57,7 +64,7 @@ for workload in "${workloads[@]}"; do
       address=$(address_of "$name")
       before=$(ticks "$pid")
       wakes_before=$(empty_wakes "$address")
-      target/release/narad-bench workload "$workload" --server "http://$address" \
+      target/release/narad-bench workload "$workload" --driver "$driver" --server "http://$address" \
         --duration-seconds "$seconds" --warmup-seconds 0 --out "$work/$name-out" \
         >"$work/$name.txt" 2>&1
       after=$(ticks "$pid")

@@ -25,8 +25,9 @@ const REDIS_URL: &str = "redis://127.0.0.1:16379/";
 const PEERS: &str = "nats,rabbitmq,redis";
 
 /// The systems `workload --driver` can run on.
-const DRIVERS: [&str; 7] = [
+const DRIVERS: [&str; 8] = [
     "narad",
+    "narad-idempotent",
     "narad-reqwest",
     "narad-coalescing",
     "nats",
@@ -155,6 +156,9 @@ fn load_workload(file: &Path, system: &SystemArgs) -> Result<Workload, String> {
 fn driver(name: &str, system: &SystemArgs) -> Result<Arc<dyn Driver>, String> {
     match name {
         "narad" => Ok(Arc::new(NaradDriver::new(&system.server)?)),
+        "narad-idempotent" => Ok(Arc::new(NaradDriver::with_idempotency_keys(
+            &system.server,
+        )?)),
         "narad-reqwest" => Ok(Arc::new(ReqwestDriver::new(&system.server)?)),
         "narad-coalescing" => Ok(Arc::new(CoalescingDriver::new(&system.server)?)),
         #[cfg(feature = "peers")]

@@ -70,10 +70,15 @@ fn text(error: ClientError) -> String {
 /// Narad over its HTTP API through `narad-client`: one kept-alive
 /// [`Connection`] per producer and consumer, each with a client (and so a
 /// runtime) of its own on its thread; single-message produce, long-poll
-/// consume carrying the last turn's acks.
+/// consume carrying the last turn's acks. `narad-idempotent` is the same
+/// with a fresh `Narad-Idempotency-Key` on every message (what a retrying
+/// producer sends), to measure what keys cost.
 pub struct NaradDriver {
     server: String,
     client: Client,
+    idempotency_keys: bool,
+    /// Producers made so far: each producer's keys start with its number.
+    producers: std::sync::atomic::AtomicU64,
 }
 
 impl NaradDriver {
@@ -81,6 +86,16 @@ impl NaradDriver {
         Ok(Self {
             server: server.to_string(),
             client: Client::builder(server).build().map_err(text)?,
+            idempotency_keys: false,
+            producers: std::sync::atomic::AtomicU64::new(0),
+        })
+    }
+
+    /// The driver whose producers give every message an idempotency key.
+    pub fn with_idempotency_keys(server: &str) -> Result<Self, String> {
+        Ok(Self {
+            idempotency_keys: true,
+            ..Self::new(server)?
         })
     }
 
@@ -99,7 +114,11 @@ impl NaradDriver {
 
 impl Driver for NaradDriver {
     fn name(&self) -> &'static str {
-        "narad"
+        if self.idempotency_keys {
+            "narad-idempotent"
+        } else {
+            "narad"
+        }
     }
 
     fn durability(&self) -> Result<String, String> {
@@ -124,9 +143,13 @@ impl Driver for NaradDriver {
     }
 
     fn producer(&self, topic: &str) -> Result<Box<dyn Producer>, String> {
+        let number = self
+            .producers
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(Box::new(NaradProducer {
             link: Link::open(&self.server)?,
             path: format!("/v1/topics/{}/messages", encode_segment(topic)),
+            keys: self.idempotency_keys.then(|| (format!("p{number}-"), 0)),
         }))
     }
 
@@ -176,16 +199,25 @@ impl Link {
 struct NaradProducer {
     link: Link,
     path: String,
+    /// With idempotency keys: this producer's prefix and the next number.
+    keys: Option<(String, u64)>,
 }
 
 impl Producer for NaradProducer {
     fn send(&mut self, key: Option<&str>, payload: &[u8]) -> Result<(), String> {
-        let headers: &[(&str, &str)] = match key {
-            Some(key) => &[("Narad-Key", key)],
-            None => &[],
-        };
+        let idempotency_key = self.keys.as_mut().map(|(prefix, next)| {
+            *next += 1;
+            format!("{prefix}{next}")
+        });
+        let mut headers: Vec<(&str, &str)> = Vec::with_capacity(2);
+        if let Some(key) = key {
+            headers.push(("Narad-Key", key));
+        }
+        if let Some(idempotency_key) = &idempotency_key {
+            headers.push(("Narad-Idempotency-Key", idempotency_key));
+        }
         self.link
-            .call(&self.path, headers, payload, Duration::ZERO)
+            .call(&self.path, &headers, payload, Duration::ZERO)
             .map(|_| ())
     }
 }

@@ -13,7 +13,7 @@ pub mod openapi;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::{Method, StatusCode};
-use narad_net::batch::{key_too_long, parse_batch, KEY_BYTES_MAX};
+use narad_net::batch::{check_idempotency_key, key_too_long, parse_batch, KEY_BYTES_MAX};
 use narad_net::http_server::{error_response, HttpRequest, HttpResponse};
 use narad_net::names::validate_topic_name;
 use narad_net::types::{
@@ -31,14 +31,17 @@ use crate::auth::{
 use crate::metric_names::{
     CONNECTIONS_OPEN, CONSUMER_STATE_FAILED, DEAD_LETTERED_TOTAL, DISPATCHER_PENDING_RECORDS,
     FANOUT_CHILD_DROPPED_MESSAGES, FANOUT_CHILD_LAG_MESSAGES, FANOUT_CHILD_LAG_SECONDS,
-    HTTP_BUFFERED_BODY_BYTES, HTTP_REQUESTS_TOTAL, HTTP_REQUEST_SECONDS, INGRESS_WAL_FAILED,
-    NODE_ALIVE, PARTITION_AVAILABLE_MESSAGES, PARTITION_FRONTIER, PARTITION_HIGH_WATERMARK,
-    PARTITION_IN_FLIGHT, PARTITION_OLDEST_UNACKED_AGE_SECONDS, RAFT_IS_LEADER, RAFT_TERM,
-    REMOTE_CHILD_HEADROOM_SECONDS, WAL_USED_BYTES,
+    HTTP_BUFFERED_BODY_BYTES, HTTP_REQUESTS_TOTAL, HTTP_REQUEST_SECONDS, IDEMPOTENCY_KEYS,
+    IDEMPOTENCY_KEYS_FORGOTTEN_TOTAL, INGRESS_WAL_FAILED, NODE_ALIVE, PARTITION_AVAILABLE_MESSAGES,
+    PARTITION_FRONTIER, PARTITION_HIGH_WATERMARK, PARTITION_IN_FLIGHT,
+    PARTITION_OLDEST_UNACKED_AGE_SECONDS, RAFT_IS_LEADER, RAFT_TERM, REMOTE_CHILD_HEADROOM_SECONDS,
+    WAL_USED_BYTES,
 };
 use crate::rpc::ShardGauges;
 use crate::schemas::check_document;
-use crate::shard::{child_statuses, ChildStatus, RedriveStatus, Shard, MAX_MESSAGE_BYTES_DEFAULT};
+use crate::shard::{
+    child_statuses, ChildStatus, Incoming, RedriveStatus, Shard, MAX_MESSAGE_BYTES_DEFAULT,
+};
 
 /// What a route needs of its caller when `auth.enabled` is on
 /// (docs/security.md).
@@ -562,14 +565,33 @@ async fn dispatch(
         },
         ("produce", Some(name)) => {
             let topic = shard.topic(name)?;
-            refuse_idempotency_key(request.headers())?;
             let key = produce_key(request.headers())?;
+            let idempotency_key = idempotency_key(request.headers())?;
             // One exact-size copy: the request's buffer is hyper's read
             // buffer, which the tail cache must not keep alive.
             let value = Bytes::copy_from_slice(&body);
-            let ids = shard.produce(&topic, vec![(key, value)]).await?;
-            let id = ids.into_iter().next().unwrap_or_default();
-            Ok(json_response(StatusCode::ACCEPTED, &json!({ "id": id })))
+            let outcome = shard
+                .produce(
+                    &topic,
+                    vec![Incoming {
+                        key,
+                        value,
+                        idempotency_key,
+                    }],
+                )
+                .await?;
+            let Some(id) = outcome.ids.into_iter().next() else {
+                return Err(ApiError::new(
+                    ErrorCode::Internal,
+                    "a produce of one message answered no id",
+                ));
+            };
+            let answer = if outcome.duplicates.is_empty() {
+                json!({ "id": id })
+            } else {
+                json!({ "id": id, "duplicate": true })
+            };
+            Ok(json_response(StatusCode::ACCEPTED, &answer))
         }
         ("produce_batch", Some(name)) => {
             let topic = shard.topic(name)?;
@@ -584,10 +606,19 @@ async fn dispatch(
             }
             let messages = items
                 .into_iter()
-                .map(|i| (i.key.map(String::into_bytes), Bytes::from(i.value)))
+                .map(|i| Incoming {
+                    key: i.key.map(String::into_bytes),
+                    value: Bytes::from(i.value),
+                    idempotency_key: i.idempotency_key.map(String::into_bytes),
+                })
                 .collect();
-            let ids = shard.produce(&topic, messages).await?;
-            Ok(json_response(StatusCode::ACCEPTED, &json!({ "ids": ids })))
+            let outcome = shard.produce(&topic, messages).await?;
+            let answer = if outcome.duplicates.is_empty() {
+                json!({ "ids": outcome.ids })
+            } else {
+                json!({ "ids": outcome.ids, "duplicates": outcome.duplicates })
+            };
+            Ok(json_response(StatusCode::ACCEPTED, &answer))
         }
         ("consume", Some(name)) => {
             let topic = shard.topic(name)?;
@@ -734,16 +765,14 @@ async fn dispatch(
     }
 }
 
-/// Idempotent produce is specified but not served by this release: a
-/// request that carries its header is refused, not stored without it.
-fn refuse_idempotency_key(headers: &hyper::HeaderMap) -> Result<(), ApiError> {
-    if headers.contains_key(IDEMPOTENCY_KEY_HEADER) {
-        return Err(ApiError::new(
-            ErrorCode::InvalidRequest,
-            "this release does not take the Narad-Idempotency-Key header (idempotent produce); nothing was written",
-        ));
-    }
-    Ok(())
+/// The idempotency key of a single produce, from its
+/// `Narad-Idempotency-Key` header (checked: 1 to 256 printable ASCII bytes).
+fn idempotency_key(headers: &hyper::HeaderMap) -> Result<Option<Vec<u8>>, ApiError> {
+    let Some(value) = headers.get(IDEMPOTENCY_KEY_HEADER) else {
+        return Ok(None);
+    };
+    check_idempotency_key("the Narad-Idempotency-Key header", value.as_bytes())?;
+    Ok(Some(value.as_bytes().to_vec()))
 }
 
 /// The header of idempotent produce (lower case, as hyper names headers).
@@ -1094,6 +1123,7 @@ fn topic_json(topic: &Topic) -> Value {
         "dead_letter_topic": topic.config.dead_letter_topic,
         "schema": topic.config.schema,
         "max_message_bytes": topic.config.max_message_bytes,
+        "idempotency_window_ms": topic.config.idempotency_window_ms,
     });
     if let Some(parent) = &topic.parent {
         value["parent"] = json!(parent);
@@ -1271,6 +1301,8 @@ async fn metrics(shard: &Shard) -> HttpResponse {
             metrics::counter!(DEAD_LETTERED_TOTAL, "topic" => topic.name).increment(0);
         }
     }
+    let (keys_held, keys_forgotten) = shard.idempotency_keys();
+    metrics::counter!(IDEMPOTENCY_KEYS_FORGOTTEN_TOTAL).absolute(keys_forgotten);
     let mut out = shard.render_metrics();
     let mut gauge = |name: &str, help: &str, samples: Vec<(String, f64)>| {
         out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} gauge\n"));
@@ -1306,6 +1338,11 @@ async fn metrics(shard: &Shard) -> HttpResponse {
         WAL_USED_BYTES,
         "bytes of the ingress WAL ring in use",
         per_shard(&|g| g.wal_used_bytes as f64),
+    );
+    gauge(
+        IDEMPOTENCY_KEYS,
+        "idempotency keys this node holds (at most 500000 per shard)",
+        vec![(String::new(), keys_held as f64)],
     );
     gauge(
         DISPATCHER_PENDING_RECORDS,

@@ -91,6 +91,13 @@ pub struct ProduceArgs {
     /// One message per line (empty lines are skipped), sent with the batch API.
     #[arg(long)]
     pub lines: bool,
+    /// Names the message for retries: sent again with the same key within
+    /// the topic's idempotency window, it is stored once (1-256 printable
+    /// ASCII characters). With `--lines`, line N (from 0) gets `KEY-N`.
+    /// Without it, each message gets a fresh key, which covers the CLI's
+    /// own retries.
+    #[arg(long, value_name = "KEY")]
+    pub idempotency_key: Option<String>,
     /// Messages per batch request with `--lines` (1-1000).
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=i64::from(BATCH_MESSAGES_MAX)))]
     pub batch: u32,
@@ -638,12 +645,19 @@ pub fn produce(args: &ClientArgs, produce: &ProduceArgs) -> Result<(), String> {
         Some(text) => text.as_bytes().to_vec(),
         None => read_input()?,
     };
-    let id = client
-        .produce(&produce.topic, produce.key.as_deref(), bytes)
+    let message = Outgoing {
+        key: produce.key.clone(),
+        value: bytes.into(),
+        idempotency_key: produce.idempotency_key.clone(),
+    };
+    let produced = client
+        .produce_message(&produce.topic, &message)
         .map_err(failed)?;
-    match args.output {
-        Output::Json => print_json(&json!({ "id": id })),
-        Output::Human => println!("{id}"),
+    match (args.output, produced.duplicate) {
+        (Output::Json, false) => print_json(&json!({ "id": produced.id })),
+        (Output::Json, true) => print_json(&json!({ "id": produced.id, "duplicate": true })),
+        (Output::Human, false) => println!("{}", produced.id),
+        (Output::Human, true) => println!("{} (a duplicate: stored before)", produced.id),
     }
     Ok(())
 }
@@ -662,12 +676,18 @@ fn produce_lines(
         .filter(|line| !line.is_empty())
         .collect();
     let mut all = Vec::new();
-    for chunk in lines.chunks(produce.batch as usize) {
+    let batch = produce.batch as usize;
+    for (index, chunk) in lines.chunks(batch).enumerate() {
         let messages: Vec<Outgoing> = chunk
             .iter()
-            .map(|line| Outgoing {
+            .enumerate()
+            .map(|(i, line)| Outgoing {
                 key: produce.key.clone(),
                 value: line.to_vec().into(),
+                idempotency_key: produce
+                    .idempotency_key
+                    .as_ref()
+                    .map(|key| format!("{key}-{}", index * batch + i)),
             })
             .collect();
         let ids = client

@@ -208,6 +208,14 @@ const KEYS: &[(&str, Kind, Option<&str>)] = &[
         },
         Some("30000"),
     ),
+    (
+        "topics.default_idempotency_window_ms",
+        Kind::U64 {
+            min: 0,
+            max: 86_400_000,
+        },
+        Some("300000"),
+    ),
     // The smallest non-zero retention a topic may have: at least the
     // contract's hour, unless `testing.short_retention` lets a test lower it.
     (

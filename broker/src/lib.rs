@@ -23,6 +23,7 @@ pub mod config;
 pub mod controller;
 pub mod dispatcher;
 pub mod errors;
+pub mod idempotency;
 pub mod leases;
 pub mod limits;
 pub mod mesh;

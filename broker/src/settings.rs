@@ -125,6 +125,8 @@ pub struct ClusterTls {
 pub struct Topics {
     pub default_retention_ms: u64,
     pub default_visibility_timeout_ms: u64,
+    /// The `idempotency_window_ms` a topic created without one gets.
+    pub default_idempotency_window_ms: u64,
     pub retention_floor_ms: u64,
 }
 

@@ -168,6 +168,7 @@ impl Ship for Shipper {
                 .map(|(key, value)| Outgoing {
                     key: key.map(|k| String::from_utf8_lossy(&k).into_owned()),
                     value,
+                    idempotency_key: None,
                 })
                 .collect();
             client
@@ -191,7 +192,10 @@ impl Lane {
                 return Ok(client.clone());
             }
         }
+        // The remote cluster may run a release that refuses idempotency
+        // keys; a shipment sent again may store copies twice there.
         let mut builder = Client::builder(&target.url)
+            .idempotency_keys(false)
             .timeout(REMOTE_SHIP_TIMEOUT)
             .retry(RetryPolicy {
                 attempts: 1,

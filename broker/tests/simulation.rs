@@ -27,6 +27,7 @@ use bytes::Bytes;
 use futures_channel::oneshot;
 use narad_broker::partitioner::partition_for_key;
 use narad_broker::rpc::{Available, CallError, SettleOutcome};
+use narad_broker::shard::Incoming;
 use narad_check::{
     check, Delivery, Event, NemesisAction, Op, Outcome, SettleAction as CheckAction, Strictness,
 };
@@ -98,9 +99,18 @@ struct Scenario {
     /// consumable before its copy was durable is seen, lost, and its
     /// offset given to another.
     mid_flush: bool,
+    /// Producers give every message an idempotency key, and send it again
+    /// to the same node with the same key (and value) when its answer was
+    /// lost, refused as retryable or abandoned: the node must store it
+    /// once, so a value delivered under two ids is a finding.
+    retries: bool,
 }
 
+/// Attempts at most per message when producers retry.
+const PRODUCE_ATTEMPTS_MAX: u32 = 4;
+
 const CHURN: Scenario = Scenario {
+    retries: true,
     keyed: false,
     wipes: false,
     full_disks: false,
@@ -132,6 +142,8 @@ const CHILDREN_SCENARIO: Scenario = Scenario {
 const LOST_VOLUMES: Scenario = Scenario {
     keyed: true,
     wipes: true,
+    // A lost volume loses the keys it held with its messages.
+    retries: false,
     ..CHURN
 };
 
@@ -161,6 +173,7 @@ struct Clients {
     /// Set once the faults end: consumers then ack everything.
     calm: Cell<bool>,
     keyed: bool,
+    retries: bool,
     dead_letters: bool,
     children: bool,
     /// Producers send every few ms and consumers poll without waiting.
@@ -302,59 +315,114 @@ async fn producer(clients: Rc<Clients>, name: String) {
         let Some(node) = clients.pick_node() else {
             continue;
         };
-        let value = format!("m{}", clients.next_value.get());
-        clients.next_value.set(clients.next_value.get() + 1);
-        let abandon = clients
-            .chance(1, 40)
-            .then(|| Duration::from_millis(clients.below(20)));
-        let start = clients.now();
-        let body = Bytes::from(value.clone());
+        let number = clients.next_value.get();
+        let value = format!("m{number}");
+        clients.next_value.set(number + 1);
         let key = clients
             .keyed
             .then(|| format!("k{}", clients.below(64)).into_bytes());
-        let partition = key.as_deref().map(|key| partition_for_key(key, PARTITIONS));
-        let answer = clients
-            .request(
+        let idempotency_key = clients.retries.then(|| format!("i{number}").into_bytes());
+        for attempt in 1..=PRODUCE_ATTEMPTS_MAX {
+            let settled = produce_once(
+                &clients,
+                &name,
                 node,
-                move |shard| {
-                    Box::pin(async move {
-                        let topic = shard.topic(TOPIC)?;
-                        shard.produce(&topic, vec![(key, body)]).await
-                    })
-                },
-                abandon,
+                &value,
+                key.clone(),
+                idempotency_key.clone(),
             )
             .await;
-        let op = match answer {
-            Answer::Done(Ok(ids)) => {
-                let id = ids.into_iter().next().unwrap_or_default();
-                clients.accepted.borrow_mut().insert(id.clone());
-                Op::Produce {
-                    topic: TOPIC.into(),
-                    value,
-                    partition,
-                    outcome: Outcome::Ok { value: id },
-                }
+            if settled
+                || idempotency_key.is_none()
+                || attempt == PRODUCE_ATTEMPTS_MAX
+                || clients.stop.get()
+                || clients.calm.get()
+            {
+                break;
             }
-            Answer::Done(Err(error)) => Op::Produce {
+            clients
+                .executor
+                .sleep(Duration::from_millis(clients.below(400)))
+                .await;
+        }
+    }
+}
+
+/// One attempt at producing `value` at `node`, recorded in the history;
+/// whether it is settled (answered, or refused for good).
+async fn produce_once(
+    clients: &Rc<Clients>,
+    name: &str,
+    node: NodeId,
+    value: &str,
+    key: Option<Vec<u8>>,
+    idempotency_key: Option<Vec<u8>>,
+) -> bool {
+    let abandon = clients
+        .chance(1, 40)
+        .then(|| Duration::from_millis(clients.below(20)));
+    let start = clients.now();
+    let body = Bytes::from(value.to_string());
+    let partition = key.as_deref().map(|key| partition_for_key(key, PARTITIONS));
+    let answer = clients
+        .request(
+            node,
+            move |shard| {
+                Box::pin(async move {
+                    let topic = shard.topic(TOPIC)?;
+                    let message = Incoming {
+                        key,
+                        value: body,
+                        idempotency_key,
+                    };
+                    shard.produce(&topic, vec![message]).await
+                })
+            },
+            abandon,
+        )
+        .await;
+    let value = value.to_string();
+    let (op, settled) = match answer {
+        Answer::Done(Ok(outcome)) => {
+            let id = outcome.ids.into_iter().next().unwrap_or_default();
+            clients.accepted.borrow_mut().insert(id.clone());
+            let op = Op::Produce {
+                topic: TOPIC.into(),
+                value,
+                partition,
+                outcome: Outcome::Ok { value: id },
+            };
+            (op, true)
+        }
+        Answer::Done(Err(error)) => {
+            let settled = !error.code.retry();
+            let op = Op::Produce {
                 topic: TOPIC.into(),
                 value,
                 partition,
                 outcome: refused(&error),
-            },
-            Answer::Broken(_) if abandon.is_some() => Op::ProduceAbandoned {
+            };
+            (op, settled)
+        }
+        Answer::Broken(_) if abandon.is_some() => {
+            let op = Op::ProduceAbandoned {
                 topic: TOPIC.into(),
                 value,
-            },
-            Answer::Broken(reason) => Op::Produce {
+            };
+            (op, false)
+        }
+        Answer::Broken(reason) => {
+            let op = Op::Produce {
                 topic: TOPIC.into(),
                 value,
                 partition,
                 outcome: Outcome::Unknown { reason },
-            },
-        };
-        clients.record(&name, start, op);
-    }
+            };
+            (op, false)
+        }
+    };
+    clients.record(name, start, op);
+    settled
 }
 
 async fn consumer(clients: Rc<Clients>, name: String) {
@@ -807,6 +875,7 @@ fn run(seed: u64, scenario: &Scenario) -> Vec<Event> {
         maybe_acked: RefCell::default(),
         calm: Cell::new(false),
         keyed: scenario.keyed,
+        retries: scenario.retries,
         dead_letters: scenario.dead_letters,
         children: scenario.children,
         eager: scenario.mid_flush,
@@ -1551,7 +1620,9 @@ fn a_cut_off_owners_records_go_to_a_sibling_on_the_contracts_clock() {
                                 group,
                                 Box::pin(async move {
                                     if let Ok(topic) = shard.topic(TOPIC) {
-                                        let _ = shard.produce(&topic, vec![(None, body)]).await;
+                                        let _ = shard
+                                            .produce(&topic, vec![Incoming::value(body)])
+                                            .await;
                                     }
                                 }),
                             );

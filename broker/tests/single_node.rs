@@ -2010,43 +2010,6 @@ fn request_with_raw_header(addr: &str, path: &str, header: &[u8], body: &[u8]) -
 /// nothing is written (a retry that relied on the header would otherwise
 /// be stored twice without a word).
 #[test]
-fn idempotency_keys_and_windows_are_refused_by_name_and_nothing_is_written() {
-    let tmp = tempfile::tempdir().expect("tmp");
-    let node = Node::start(&tmp.path().join("n"), &[]);
-    node.create_topic("once", json!({"partitions": 1}));
-    let (status, answer) = request_with_raw_header(
-        &node.addr,
-        "/v1/topics/once/messages",
-        b"Narad-Idempotency-Key: order-1",
-        b"a",
-    );
-    assert_eq!(status, 400, "{answer}");
-    assert_eq!(answer["error"]["code"], "invalid_request", "{answer}");
-    let message = answer["error"]["message"].as_str().unwrap_or_default();
-    assert!(message.contains("Narad-Idempotency-Key"), "{answer}");
-    let (status, answer) = node.json(
-        "POST",
-        "/v1/topics/once/messages/batch",
-        json!({"messages": [{"value": "b", "idempotency_key": "order-2"}]}),
-    );
-    assert_eq!(status, 400, "{answer}");
-    let message = answer["error"]["message"].as_str().unwrap_or_default();
-    assert!(message.contains("idempotency_key"), "{answer}");
-    let (status, answer) = node.json(
-        "PUT",
-        "/v1/topics/once",
-        json!({"idempotency_window_ms": 60000}),
-    );
-    assert_eq!(status, 400, "{answer}");
-    let message = answer["error"]["message"].as_str().unwrap_or_default();
-    assert!(message.contains("idempotency_window_ms"), "{answer}");
-    let (status, topic) = node.request("GET", "/v1/topics/once", b"");
-    assert_eq!(status, 200, "{topic}");
-    assert_eq!(topic["partition_stats"][0]["high_watermark"], 0, "{topic}");
-    assert!(topic.get("idempotency_window_ms").is_none(), "{topic}");
-}
-
-#[test]
 fn a_key_over_the_limit_or_not_utf8_is_refused_and_nothing_is_written() {
     use narad_net::batch::KEY_BYTES_MAX;
     let tmp = tempfile::tempdir().expect("tmp");

@@ -12,7 +12,9 @@
 //! - **unknown**: delivered, never produced;
 //! - **wrong topic**: delivered on a topic it was not produced to;
 //! - **wrong value**: delivered with a body other than the one its produce
-//!   sent, or one body delivered under two ids;
+//!   sent, or one body delivered under two ids (a body produced more than
+//!   once is a client's retries of one message with one idempotency key,
+//!   to one node: the node must store it once);
 //! - **duplicates**, split into those the contract explains and those
 //!   nothing explains. A second delivery of one entry needs its lease to
 //!   have ended (expiry, nack, or a restart or handover of its owner). A
@@ -112,8 +114,10 @@ pub struct Event {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Op {
-    /// `value` is unique in the history: it identifies a message whose
-    /// produce had no answer.
+    /// `value` identifies a message, also one whose produce had no
+    /// answer. Several produces of one value are retries of one message
+    /// with one idempotency key at one node, which stores it once: the
+    /// value delivered under two ids is a finding (wrong value).
     Produce {
         topic: String,
         value: String,
@@ -722,21 +726,30 @@ fn check_children(
     if children.is_empty() {
         return;
     }
-    // Accepted produces by topic: id → when the produce started.
+    // Accepted produces by topic: id → when the produce started (its
+    // first attempt, for a value retried with one idempotency key).
     let mut accepted: BTreeMap<&str, BTreeMap<&str, u64>> = BTreeMap::new();
+    let mut first_attempt: HashMap<&str, u64> = HashMap::new();
     // Deliveries by child: id → the end of each consume that carried it.
     let mut delivered: BTreeMap<&str, BTreeMap<&str, Vec<u64>>> = BTreeMap::new();
     for event in events {
         match &event.op {
-            Op::Produce {
-                topic,
-                outcome: Outcome::Ok { value: id },
-                ..
-            } => {
-                accepted
-                    .entry(topic.as_str())
-                    .or_default()
-                    .insert(id, event.start_ms);
+            Op::Produce { value, .. } | Op::ProduceAbandoned { value, .. } => {
+                let first = first_attempt
+                    .entry(value.as_str())
+                    .or_insert(event.start_ms);
+                *first = (*first).min(event.start_ms);
+                if let Op::Produce {
+                    topic,
+                    outcome: Outcome::Ok { value: id },
+                    ..
+                } = &event.op
+                {
+                    accepted
+                        .entry(topic.as_str())
+                        .or_default()
+                        .insert(id, *first);
+                }
             }
             Op::Consume {
                 topic,
@@ -834,27 +847,33 @@ pub fn check(events: &[Event]) -> Report {
                     Outcome::Ok { value: id } => Some(id.as_str()),
                     _ => None,
                 };
+                // A retry of the value (same idempotency key): the message
+                // dates from its first attempt, and keeps an id answered.
+                let earlier = produced.get(value.as_str()).copied();
+                let start_ms = earlier.map_or(event.start_ms, |p| p.start_ms.min(event.start_ms));
                 produced.insert(
                     value,
                     Produced {
                         topic,
-                        id,
-                        start_ms: event.start_ms,
+                        id: id.or(earlier.and_then(|p| p.id)),
+                        start_ms,
                     },
                 );
                 if let Some(id) = id {
-                    accepted.insert(id, (topic, value, event.start_ms, *partition));
+                    accepted.insert(id, (topic, value, start_ms, *partition));
                 }
             }
             // May have been accepted: it may appear, with this value.
             Op::ProduceAbandoned { topic, value } => {
                 report.abandoned[0] += 1;
+                let earlier = produced.get(value.as_str()).copied();
                 produced.insert(
                     value,
                     Produced {
                         topic,
-                        id: None,
-                        start_ms: event.start_ms,
+                        id: earlier.and_then(|p| p.id),
+                        start_ms: earlier
+                            .map_or(event.start_ms, |p| p.start_ms.min(event.start_ms)),
                     },
                 );
             }

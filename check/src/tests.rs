@@ -1034,6 +1034,43 @@ fn a_message_must_carry_the_value_of_its_produce_under_one_id() {
 }
 
 #[test]
+fn retries_of_one_message_with_one_idempotency_key_must_be_stored_once() {
+    // The first attempt's answer was lost; the retry (same value, same
+    // key, same node) is answered with the first copy's id "a".
+    let a = delivery("a", "t", 0, 1, 30_000);
+    let mut h = Builder::default();
+    h.produce_unanswered(1, "a", "t")
+        .produce(3, "a", "t")
+        .consume(5, vec![a.clone()])
+        .settle(6, SettleAction::Ack, &a, None);
+    let report = h.report();
+    assert!(
+        report.violations(Strictness::Faults).is_empty(),
+        "{}",
+        report.summary()
+    );
+    // A node that stored the retry again: the value under two ids.
+    let mut again = delivery("b", "t", 1, 1, 30_000);
+    again.value = "v-a".into();
+    let mut h = Builder::default();
+    h.produce_unanswered(1, "a", "t")
+        .push(
+            3,
+            4,
+            Op::Produce {
+                topic: "t".into(),
+                value: "v-a".into(),
+                partition: None,
+                outcome: Outcome::Ok { value: "b".into() },
+            },
+        )
+        .consume(5, vec![a.clone(), again]);
+    let report = h.report();
+    // Answered as "b" but delivered as "a", and delivered under both.
+    assert_eq!(report.wrong_value.count, 2, "{}", report.summary());
+}
+
+#[test]
 fn an_abandoned_consume_is_counted_and_its_leases_come_back() {
     // The abandoned consume leased "a" (nobody saw it); the lease ran out
     // and "a" came back with a higher count.

@@ -13,12 +13,16 @@ pub const BATCH_MESSAGES_MAX: usize = 1000;
 /// Longest message key, in bytes. A key routes a message and comes back
 /// with it; the topic's `max_message_bytes` bounds the value alone.
 pub const KEY_BYTES_MAX: usize = 4096;
+/// Longest idempotency key, in bytes (printable ASCII only).
+pub const IDEMPOTENCY_KEY_BYTES_MAX: usize = 256;
 
 /// One message of a batch, decoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BatchItem {
     pub key: Option<String>,
     pub value: Vec<u8>,
+    /// The producer's idempotency key (checked by [`check_idempotency_key`]).
+    pub idempotency_key: Option<String>,
 }
 
 fn invalid(message: String) -> ApiError {
@@ -55,6 +59,8 @@ struct QuickItem {
     value: Present,
     #[serde(default)]
     value_base64: Present,
+    #[serde(default)]
+    idempotency_key: Option<String>,
 }
 
 /// A field that is either absent or a string (a null fails to read: the
@@ -87,10 +93,17 @@ fn parse_batch_quickly(body: &[u8], max_message_bytes: u64) -> Option<Vec<BatchI
                 _ => return None,
             };
             let key_fits = item.key.as_ref().is_none_or(|k| k.len() <= KEY_BYTES_MAX);
-            (key_fits && value.len() as u64 <= max_message_bytes).then_some(BatchItem {
-                key: item.key,
-                value,
-            })
+            let idempotency_fits = item
+                .idempotency_key
+                .as_ref()
+                .is_none_or(|k| idempotency_key_fault(k.as_bytes()).is_none());
+            (key_fits && idempotency_fits && value.len() as u64 <= max_message_bytes).then_some(
+                BatchItem {
+                    key: item.key,
+                    value,
+                    idempotency_key: item.idempotency_key,
+                },
+            )
         })
         .collect()
 }
@@ -126,6 +139,21 @@ fn parse_item(index: usize, item: Value, max_message_bytes: u64) -> Result<Batch
         Some(other) => {
             return Err(invalid(format!(
                 "messages[{index}].key must be a string, got {other}"
+            )))
+        }
+    };
+    let idempotency_key = match map.remove("idempotency_key") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(key)) => {
+            check_idempotency_key(
+                &format!("messages[{index}].idempotency_key"),
+                key.as_bytes(),
+            )?;
+            Some(key)
+        }
+        Some(other) => {
+            return Err(invalid(format!(
+                "messages[{index}].idempotency_key must be a string, got {other}"
             )))
         }
     };
@@ -172,7 +200,39 @@ fn parse_item(index: usize, item: Value, max_message_bytes: u64) -> Result<Batch
     if let Some(key) = key.as_ref().filter(|k| k.len() > KEY_BYTES_MAX) {
         return Err(key_too_long(&format!("messages[{index}].key"), key.len()));
     }
-    Ok(BatchItem { key, value })
+    Ok(BatchItem {
+        key,
+        value,
+        idempotency_key,
+    })
+}
+
+/// What is wrong with an idempotency key, if anything: it must be 1 to
+/// [`IDEMPOTENCY_KEY_BYTES_MAX`] bytes of printable ASCII.
+fn idempotency_key_fault(key: &[u8]) -> Option<String> {
+    if key.is_empty() {
+        return Some("is empty".into());
+    }
+    if key.len() > IDEMPOTENCY_KEY_BYTES_MAX {
+        return Some(format!(
+            "is {} bytes, over {IDEMPOTENCY_KEY_BYTES_MAX}",
+            key.len()
+        ));
+    }
+    key.iter()
+        .position(|b| !(b' '..=b'~').contains(b))
+        .map(|at| format!("has a byte that is not printable ASCII at {at}"))
+}
+
+/// Checks an idempotency key; `what` names where it came from (the
+/// `Narad-Idempotency-Key` header or a batch item's field).
+pub fn check_idempotency_key(what: &str, key: &[u8]) -> Result<(), ApiError> {
+    match idempotency_key_fault(key) {
+        None => Ok(()),
+        Some(fault) => Err(invalid(format!(
+            "{what} {fault}: an idempotency key is 1 to {IDEMPOTENCY_KEY_BYTES_MAX} bytes of printable ASCII; nothing was written"
+        ))),
+    }
 }
 
 /// The error for a key longer than [`KEY_BYTES_MAX`]; `what` names where
@@ -199,14 +259,16 @@ mod tests {
             items[0],
             BatchItem {
                 key: Some("k1".into()),
-                value: b"text".to_vec()
+                value: b"text".to_vec(),
+                idempotency_key: None,
             }
         );
         assert_eq!(
             items[1],
             BatchItem {
                 key: None,
-                value: vec![0, 1, 2]
+                value: vec![0, 1, 2],
+                idempotency_key: None,
             }
         );
     }
@@ -236,6 +298,12 @@ mod tests {
             r#""#,
             r#"{"messages":[{}]}"#,
             r#"{"messages":[{"value":"a"}]} trailing"#,
+            r#"{"messages":[{"value":"a","idempotency_key":"order-1"}]}"#,
+            r#"{"messages":[{"value":"a","idempotency_key":null}]}"#,
+            r#"{"messages":[{"value":"a","idempotency_key":""}]}"#,
+            r#"{"messages":[{"value":"a","idempotency_key":"tab\there"}]}"#,
+            r#"{"messages":[{"value":"a","idempotency_key":"\u00e9"}]}"#,
+            r#"{"messages":[{"value":"a","idempotency_key":7}]}"#,
         ];
         for body in bodies {
             let quick = parse_batch(body.as_bytes(), 10);
@@ -261,7 +329,26 @@ mod tests {
 
     #[test]
     fn one_bad_item_rejects_the_batch_naming_its_index() {
-        let cases: [(&[u8], ErrorCode, &str); 7] = [
+        let long_key = format!(
+            r#"{{"messages":[{{"value":"a"}},{{"value":"b","idempotency_key":"{}"}}]}}"#,
+            "k".repeat(257)
+        );
+        let cases: [(&[u8], ErrorCode, &str); 10] = [
+            (
+                long_key.as_bytes(),
+                ErrorCode::InvalidRequest,
+                "messages[1].idempotency_key is 257 bytes",
+            ),
+            (
+                br#"{"messages":[{"value":"a","idempotency_key":""}]}"#,
+                ErrorCode::InvalidRequest,
+                "messages[0].idempotency_key is empty",
+            ),
+            (
+                br#"{"messages":[{"value":"a","idempotency_key":"caf\u00e9"}]}"#,
+                ErrorCode::InvalidRequest,
+                "messages[0].idempotency_key has a byte that is not printable ASCII",
+            ),
             (
                 br#"{"messages":[{"value":"a"},{"value":"b","value_base64":"AA=="}]}"#,
                 ErrorCode::InvalidRequest,

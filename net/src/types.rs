@@ -20,6 +20,8 @@ pub const RECEIPTS_PER_BATCH_MAX: usize = 1000;
 pub const TOPIC_PARTITIONS_MAX: u64 = 1024;
 pub const RETENTION_MS_MIN: u64 = 3_600_000;
 pub const NACK_DELAY_MS_MAX: u64 = VISIBILITY_TIMEOUT_MS_MAX;
+/// The longest idempotency window a topic may have: one day.
+pub const IDEMPOTENCY_WINDOW_MS_MAX: u64 = 86_400_000;
 
 fn invalid(message: impl Into<String>) -> ApiError {
     ApiError::new(ErrorCode::InvalidRequest, message)
@@ -254,6 +256,7 @@ pub struct TopicPatch {
     pub dead_letter_topic: Option<Option<String>>,
     pub schema: Option<Option<String>>,
     pub max_message_bytes: Option<u64>,
+    pub idempotency_window_ms: Option<u64>,
 }
 
 impl TopicPatch {
@@ -280,6 +283,8 @@ impl TopicPatch {
         let dead_letter_topic = fields.nullable_string("dead_letter_topic")?;
         let schema = fields.nullable_string("schema")?;
         let max_message_bytes = fields.u64_in("max_message_bytes", 1, max_message_bytes_max)?;
+        let idempotency_window_ms =
+            fields.u64_in("idempotency_window_ms", 0, IDEMPOTENCY_WINDOW_MS_MAX)?;
         fields.finish()?;
         Ok(Self {
             partitions: partitions.and_then(|p| u32::try_from(p).ok()),
@@ -289,6 +294,7 @@ impl TopicPatch {
             dead_letter_topic,
             schema,
             max_message_bytes,
+            idempotency_window_ms,
         })
     }
 }

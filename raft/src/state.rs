@@ -21,6 +21,17 @@ pub struct TopicConfig {
     pub dead_letter_topic: Option<String>,
     pub schema: Option<String>,
     pub max_message_bytes: u64,
+    /// How long a produce's idempotency key holds (0: keys are ignored).
+    /// Topics created by an earlier release read as the default window.
+    #[serde(default = "default_idempotency_window_ms")]
+    pub idempotency_window_ms: u64,
+}
+
+/// The window `topics.default_idempotency_window_ms` starts with: 5 minutes.
+pub const IDEMPOTENCY_WINDOW_MS_DEFAULT: u64 = 300_000;
+
+fn default_idempotency_window_ms() -> u64 {
+    IDEMPOTENCY_WINDOW_MS_DEFAULT
 }
 
 /// A topic as the metastore holds it.
@@ -1195,6 +1206,7 @@ mod tests {
             dead_letter_topic: None,
             schema: None,
             max_message_bytes: 1 << 20,
+            idempotency_window_ms: IDEMPOTENCY_WINDOW_MS_DEFAULT,
         }
     }
 

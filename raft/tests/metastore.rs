@@ -21,6 +21,7 @@ fn config(partitions: u32) -> TopicConfig {
         dead_letter_topic: None,
         schema: None,
         max_message_bytes: 1 << 20,
+        idempotency_window_ms: 300_000,
     }
 }
 

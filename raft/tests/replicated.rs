@@ -56,6 +56,7 @@ fn put(node: &MetaNode, name: &str) -> Result<Applied, MetaError> {
             dead_letter_topic: None,
             schema: None,
             max_message_bytes: 1 << 20,
+            idempotency_window_ms: 300_000,
         },
         new_owners: vec![1, 2],
         now_ms: 1,

@@ -27,6 +27,7 @@ fn defaults_match_the_api_table() {
         ("cluster.node_dead_after_ms", 30_000),
         ("topics.default_retention_ms", 604_800_000),
         ("topics.default_visibility_timeout_ms", 30_000),
+        ("topics.default_idempotency_window_ms", 300_000),
         ("http.max_batch_bytes", 16_777_216),
     ] {
         assert_eq!(config.u64(key), value, "{key}");

@@ -23,9 +23,11 @@ use narad_storage::clock::{SharedClock, SystemClock};
 use narad_storage::io::blocking::BlockingFs;
 use narad_storage::io::faulty::{remove_unsynced_files, FaultControl};
 use narad_storage::io::glommio_fs::GlommioFs;
+use narad_storage::limits::IDEMPOTENCY_KEYS_PER_SHARD_MAX;
 use narad_storage::wal::{Wal, WalConfig};
 
 use crate::config::Config;
+use crate::idempotency::NodeKeys;
 use crate::limits::{
     CLUSTER_CATCH_UP_WAIT, META_CATCH_UP_TIMEOUT, STOP_BARRIER_TIMEOUT, STOP_POLL_INTERVAL,
 };
@@ -185,6 +187,8 @@ struct NodeShared {
     finished: AtomicUsize,
     /// Set once any shard's ingress WAL failed.
     wal_failed: Arc<AtomicBool>,
+    /// The idempotency keys the node accepted, all shards.
+    keys: Arc<NodeKeys>,
     /// Connections and request bodies the node's clients hold, all shards.
     http_budget: Arc<NodeBudget>,
     /// Where remote children's copies leave the node.
@@ -387,6 +391,10 @@ pub fn run(config: Config) -> Result<(), String> {
         drained: AtomicUsize::new(0),
         finished: AtomicUsize::new(0),
         wal_failed: Arc::default(),
+        keys: NodeKeys::new(
+            IDEMPOTENCY_KEYS_PER_SHARD_MAX.saturating_mul(shards),
+            shards,
+        ),
         http_budget: NodeBudget::new(
             usize::try_from(settings.http.max_connections).unwrap_or(usize::MAX),
             settings.http.max_buffered_body_bytes,

@@ -49,6 +49,10 @@ pub(super) async fn run_shard(start: ShardStart) -> Result<(), String> {
     let (wal, recovery) = Wal::open(&fs, &wal_dir.join(format!("shard-{index}")), wal_config)
         .await
         .map_err(|e| format!("opening the ingress WAL of shard {index}: {e}"))?;
+    // Keyed produces wait until every shard put its keys back.
+    node.keys
+        .recover(recovery.keys.iter().map(|(_, key)| key), clock.now_ms());
+    node.keys.shard_loaded();
     if node.clustered {
         // A cluster may have no leader yet (its other nodes are starting):
         // serve anyway; /readyz says no_leader until there is one.
@@ -82,6 +86,7 @@ pub(super) async fn run_shard(start: ShardStart) -> Result<(), String> {
             receipt_key: key,
             metrics: metrics.clone(),
             wal_failed: node.wal_failed.clone(),
+            keys: node.keys.clone(),
             http_budget: node.http_budget.clone(),
             ship: node.ship.clone(),
             faults,

@@ -1028,6 +1028,7 @@ mod tests {
                 dead_letter_topic: None,
                 schema: None,
                 max_message_bytes: 1,
+                idempotency_window_ms: 0,
             },
             owners: vec![1; partitions as usize],
             incarnation: 1,

@@ -326,7 +326,18 @@ impl<F: FileSystem> Shard<F> {
                     return;
                 }
             };
-            match self.dead_letter(topic, &letter.message).await {
+            let mut moved = self.dead_letter(topic, &letter.message).await;
+            // A full ring frees as the dispatcher commits: the message waits,
+            // parked, rather than being delivered past its max_deliveries.
+            while moved
+                .as_ref()
+                .is_err_and(|e| e.code == ErrorCode::Overloaded)
+                && !self.flow.stopping.get()
+            {
+                self.env.runtime.sleep(DEAD_LETTER_FULL_RETRY).await;
+                moved = self.dead_letter(topic, &letter.message).await;
+            }
+            match moved {
                 Ok(()) => {
                     metrics::counter!(DEAD_LETTERED_TOTAL, "topic" => topic.name.clone())
                         .increment(1);
@@ -369,9 +380,12 @@ impl<F: FileSystem> Shard<F> {
     ) -> Result<(), ApiError> {
         let placed = messages
             .iter()
-            .map(|m| {
-                let partition = self.pick_partition(topic, m.key.as_deref());
-                (partition, m.id, m.key.clone(), m.value.clone())
+            .map(|m| Placed {
+                partition: self.pick_partition(topic, m.key.as_deref()),
+                id: m.id,
+                key: m.key.clone(),
+                value: m.value.clone(),
+                idempotency: None,
             })
             .collect();
         self.write_through_wal(topic, placed).await

@@ -2,7 +2,8 @@
 //! request whose messages all go to one partition of this shard, open and
 //! not moving, is committed with one fdatasync (the WAL's) before its 202,
 //! and is consumable as the 202 leaves. Everything else takes the path of
-//! `produce.rs` (WAL, then the dispatcher's commit to the owner).
+//! `produce.rs` (WAL, then the dispatcher's commit to the owner), and so do
+//! messages with idempotency keys (see `Shard::produce`).
 
 use super::*;
 use crate::dispatcher::DispatchRecord;
@@ -39,12 +40,12 @@ impl<F: FileSystem> Shard<F> {
     pub(super) async fn produce_at_owning_shard(
         &self,
         topic: &Topic,
-        placed: &[(u32, u128, Option<Vec<u8>>, bytes::Bytes)],
+        placed: &[Placed],
     ) -> Result<bool, ApiError> {
-        let Some(partition) = placed.first().map(|(p, ..)| *p) else {
+        let Some(partition) = placed.first().map(|p| p.partition) else {
             return Ok(false);
         };
-        if placed.iter().any(|(p, ..)| *p != partition) {
+        if placed.iter().any(|p| p.partition != partition) {
             return Ok(false);
         }
         match self.placement(topic).locate(partition) {
@@ -65,11 +66,11 @@ impl<F: FileSystem> Shard<F> {
                     partition,
                     messages: placed
                         .iter()
-                        .map(|(_, id, key, value)| Record {
-                            id: *id,
+                        .map(|p| Record {
+                            id: p.id,
                             produced_at_ms: accept_ms,
-                            key: key.clone(),
-                            value: value.clone(),
+                            key: p.key.clone(),
+                            value: p.value.clone(),
                         })
                         .collect(),
                 };
@@ -91,10 +92,16 @@ impl<F: FileSystem> Shard<F> {
         }
         self.refuse_if_stopping()?;
         let topic = self.topic_at(&op.topic)?;
-        let placed: Vec<(u32, u128, Option<Vec<u8>>, bytes::Bytes)> = op
+        let placed: Vec<Placed> = op
             .messages
             .into_iter()
-            .map(|r| (op.partition, r.id, r.key, r.value))
+            .map(|r| Placed {
+                partition: op.partition,
+                id: r.id,
+                key: r.key,
+                value: r.value,
+                idempotency: None,
+            })
             .collect();
         let Some(owner) = self.journal_owner(&topic, &placed) else {
             return Ok(false);
@@ -109,13 +116,9 @@ impl<F: FileSystem> Shard<F> {
     /// The owner a produce can go through the journal of: every message
     /// goes to one partition, that partition is this shard's, open, and
     /// not frozen for a move.
-    pub(super) fn journal_owner(
-        &self,
-        topic: &Topic,
-        placed: &[(u32, u128, Option<Vec<u8>>, bytes::Bytes)],
-    ) -> Option<Owner<F>> {
-        let partition = placed.first()?.0;
-        if placed.iter().any(|(p, ..)| *p != partition)
+    pub(super) fn journal_owner(&self, topic: &Topic, placed: &[Placed]) -> Option<Owner<F>> {
+        let partition = placed.first()?.partition;
+        if placed.iter().any(|p| p.partition != partition)
             || self.placement(topic).locate(partition) != Location::Here
             || self.is_frozen(topic, partition)
         {
@@ -137,20 +140,20 @@ impl<F: FileSystem> Shard<F> {
         &self,
         topic: &Topic,
         owner: Owner<F>,
-        placed: &[(u32, u128, Option<Vec<u8>>, bytes::Bytes)],
+        placed: &[Placed],
     ) -> Result<(), JournalOutcome> {
         let Some(shard) = self.me.upgrade() else {
             return Err(JournalOutcome::NotTaken);
         };
         let accept_ms = self.now();
-        let partition = placed.first().map_or(0, |(p, ..)| *p);
+        let partition = placed.first().map_or(0, |p| p.partition);
         let messages: Vec<Message> = placed
             .iter()
-            .map(|(_, id, key, value)| Message {
-                id: *id,
+            .map(|p| Message {
+                id: p.id,
                 produced_at_ms: accept_ms,
-                key: key.clone(),
-                value: value.clone(),
+                key: p.key.clone(),
+                value: p.value.clone(),
             })
             .collect();
         let key = (topic.name.clone(), topic.incarnation, partition);

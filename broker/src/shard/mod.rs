@@ -40,12 +40,14 @@ use crate::dispatcher::{
     CommitBatch, Destination, DispatchRecord, Dispatcher, DispatcherConfig, FailureOutcome,
 };
 use crate::errors::{from_meta, from_owner, from_storage};
+use crate::idempotency::{Claim, HeldCopy, KeyId, NodeKeys, Wanted};
 use crate::limits::tail_cache_share;
 use crate::limits::{
     ADOPT_CHUNK_RECORDS, ADOPT_FULL_RETRY, AVAILABLE_CALL_TIMEOUT, AVAILABLE_COALESCE,
-    COLLECT_CALL_TIMEOUT, COLLECT_TOP_UP_TIMEOUT, COMMIT_CALL_TIMEOUT, GAINED_TOPICS_MAX,
-    GAUGES_TIMEOUT, ID_INCARNATION_BITS, ID_SEQUENCE_BITS, ID_SHARD_BITS, LEASE_IDS_PER_OPEN,
-    LOCAL_APPLY_WAIT, SETTLE_CALL_TIMEOUT, STATS_CALL_TIMEOUT, STOP_DRAIN_POLL, STOP_DRAIN_TIMEOUT,
+    COLLECT_CALL_TIMEOUT, COLLECT_TOP_UP_TIMEOUT, COMMIT_CALL_TIMEOUT, DEAD_LETTER_FULL_RETRY,
+    GAINED_TOPICS_MAX, GAUGES_TIMEOUT, ID_INCARNATION_BITS, ID_SEQUENCE_BITS, ID_SHARD_BITS,
+    LEASE_IDS_PER_OPEN, LOCAL_APPLY_WAIT, SETTLE_CALL_TIMEOUT, STATS_CALL_TIMEOUT, STOP_DRAIN_POLL,
+    STOP_DRAIN_TIMEOUT,
 };
 use crate::metastore::Metastore;
 use crate::owner::{OwnerConfig, OwnerError, PartitionOwner, PartitionStats};
@@ -85,6 +87,8 @@ mod topics;
 
 pub use crate::limits::MAX_MESSAGE_BYTES_DEFAULT;
 pub use children::{child_statuses, ChildStatus};
+use produce::Placed;
+pub use produce::{Incoming, ProduceOutcome};
 pub use redrive::RedriveStatus;
 
 type OwnerKey = (String, u64, u32);
@@ -243,6 +247,8 @@ pub struct ShardEnv<F: FileSystem = NodeFs> {
     /// The fault switches (`testing.faults`; all off in production). The
     /// storage faults act in `fs`; [`Fault::HoldMoveFreeze`] acts here.
     pub faults: Arc<FaultControl>,
+    /// The idempotency keys the node accepted, all shards.
+    pub keys: Arc<NodeKeys>,
 }
 
 /// The partitions of this shard, each opened on first use.
@@ -262,6 +268,9 @@ struct Dispatch {
     /// Records appended to the WAL and not yet durable, in WAL order, with
     /// where each ends: [`Shard::dispatch_durable`] moves them on.
     awaiting: RefCell<VecDeque<(WalPos, Destination, DispatchRecord)>>,
+    /// Idempotency keys of records appended and not yet durable, in WAL
+    /// order, with where each record ends.
+    key_marks: RefCell<VecDeque<(WalPos, HeldCopy)>>,
     /// Raised when records are queued or the queue should look again.
     signal: Signal,
     /// Per partition rerouted from: when it was last logged, and the
@@ -332,6 +341,7 @@ impl<F: FileSystem> Shard<F> {
             dispatch: Dispatch {
                 queue: RefCell::new(dispatcher),
                 awaiting: RefCell::new(VecDeque::new()),
+                key_marks: RefCell::new(VecDeque::new()),
                 signal: Signal::default(),
                 reroute_log: RefCell::new(HashMap::new()),
             },

@@ -3,6 +3,63 @@
 //! adopting the WAL of a removed shard; redispatch after a restart.
 
 use super::*;
+use crate::metric_names::PRODUCE_DUPLICATES_TOTAL;
+use narad_storage::wal::IdempotencyRef;
+
+/// One message of a produce, as the API hands it over.
+#[derive(Debug, Clone)]
+pub struct Incoming {
+    pub key: Option<Vec<u8>>,
+    pub value: bytes::Bytes,
+    /// The producer's idempotency key (already checked).
+    pub idempotency_key: Option<Vec<u8>>,
+}
+
+impl Incoming {
+    /// A message with no key and no idempotency key.
+    pub fn value(value: bytes::Bytes) -> Self {
+        Self {
+            key: None,
+            value,
+            idempotency_key: None,
+        }
+    }
+}
+
+/// What a produce answers: an id per message (a duplicate's is its first
+/// copy's) and the indexes of the duplicates.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProduceOutcome {
+    pub ids: Vec<String>,
+    pub duplicates: Vec<usize>,
+}
+
+/// An idempotency key as a record carries it: what it is known by and
+/// when it expires.
+#[derive(Debug, Clone)]
+pub(crate) struct Keyed {
+    pub key: Arc<KeyId>,
+    pub expires_ms: u64,
+}
+
+impl Keyed {
+    pub fn as_wal(&self) -> IdempotencyRef<'_> {
+        IdempotencyRef {
+            key: &self.key.key,
+            expires_ms: self.expires_ms,
+        }
+    }
+}
+
+/// A message placed on its partition, with its id.
+#[derive(Debug, Clone)]
+pub(crate) struct Placed {
+    pub partition: u32,
+    pub id: u128,
+    pub key: Option<Vec<u8>>,
+    pub value: bytes::Bytes,
+    pub idempotency: Option<Keyed>,
+}
 
 impl<F: FileSystem> Shard<F> {
     pub(super) fn next_id(&self) -> u128 {
@@ -62,16 +119,19 @@ impl<F: FileSystem> Shard<F> {
     }
 
     /// Accepts messages: one WAL record each, answered once the group commit
-    /// covering all of them is durable. Returns their ids in order.
+    /// covering all of them is durable. Items whose idempotency key this
+    /// node accepted within the topic's window are not written again:
+    /// their id is the first copy's, answered once that copy is durable.
     pub async fn produce(
         &self,
         topic: &Topic,
-        messages: Vec<(Option<Vec<u8>>, bytes::Bytes)>,
-    ) -> Result<Vec<String>, ApiError> {
+        messages: Vec<Incoming>,
+    ) -> Result<ProduceOutcome, ApiError> {
         self.refuse_if_stopping()?;
         self.refuse_if_wal_failed()?;
-        for (index, (_, value)) in messages.iter().enumerate() {
-            if value.len() as u64 > topic.config.max_message_bytes {
+        for (index, message) in messages.iter().enumerate() {
+            let size = message.value.len();
+            if size as u64 > topic.config.max_message_bytes {
                 return Err(ApiError::new(
                     ErrorCode::TooLarge,
                     format!(
@@ -81,7 +141,7 @@ impl<F: FileSystem> Shard<F> {
                         } else {
                             format!("messages[{index}]")
                         },
-                        value.len(),
+                        size,
                         topic.config.max_message_bytes
                     ),
                 ));
@@ -90,27 +150,119 @@ impl<F: FileSystem> Shard<F> {
         if let Some(schema) = &topic.config.schema {
             let view = self.view();
             self.schemas
-                .check(&view.state, schema, messages.iter().map(|(_, v)| &v[..]))?;
+                .check(&view.state, schema, messages.iter().map(|m| &m.value[..]))?;
         }
-        let placed: Vec<(u32, u128, Option<Vec<u8>>, bytes::Bytes)> = messages
+        let window = topic.config.idempotency_window_ms;
+        let keyed = window > 0 && messages.iter().any(|m| m.idempotency_key.is_some());
+        if keyed && !self.env.keys.ready() {
+            return Err(ApiError::new(
+                ErrorCode::CatchingUp,
+                "the node is still recovering the idempotency keys it accepted; try again shortly",
+            ));
+        }
+        let accept_ms = self.now();
+        let topic_name: Arc<str> = Arc::from(topic.name.as_str());
+        let placed: Vec<Placed> = messages
             .into_iter()
-            .map(|(key, value)| {
-                let partition = self.pick_partition(topic, key.as_deref());
-                (partition, self.next_id(), key, value)
+            .map(|message| {
+                let idempotency = message
+                    .idempotency_key
+                    .filter(|_| window > 0)
+                    .map(|key| Keyed {
+                        key: Arc::new(KeyId {
+                            topic: topic_name.clone(),
+                            incarnation: topic.incarnation,
+                            key,
+                        }),
+                        expires_ms: accept_ms.saturating_add(window),
+                    });
+                // Every copy of a keyless message meets at one owner.
+                let routing = message
+                    .key
+                    .as_deref()
+                    .or(idempotency.as_ref().map(|k| &k.key.key[..]));
+                Placed {
+                    partition: self.pick_partition(topic, routing),
+                    id: self.next_id(),
+                    key: message.key,
+                    value: message.value,
+                    idempotency,
+                }
             })
             .collect();
-        let ids = placed
-            .iter()
-            .map(|(_, id, _, _)| format!("{id:032x}"))
-            .collect();
-        if self.produce_at_owning_shard(topic, &placed).await? {
-            return Ok(ids);
+        let mut ids: Vec<String> = placed.iter().map(|p| format!("{:032x}", p.id)).collect();
+        if !keyed {
+            if !self.produce_at_owning_shard(topic, &placed).await? {
+                self.write_through_wal(topic, placed).await?;
+            }
+            return Ok(ProduceOutcome {
+                ids,
+                duplicates: Vec::new(),
+            });
         }
-        self.write_through_wal(topic, placed).await?;
-        Ok(ids)
+        let wanted: Vec<Wanted> = placed
+            .iter()
+            .filter_map(|p| {
+                let keyed = p.idempotency.as_ref()?;
+                Some(Wanted {
+                    key: keyed.key.clone(),
+                    id: p.id,
+                    expires_ms: keyed.expires_ms,
+                })
+            })
+            .collect();
+        // Claimed in one step: the guard lets go of claims nothing wrote.
+        let (claims, guard) = self.env.keys.claim(self.now(), &wanted);
+        let mut claims = claims.into_iter();
+        let mut duplicates = Vec::new();
+        let mut first_copies = Vec::new();
+        let mut to_write = Vec::with_capacity(placed.len());
+        for (index, item) in placed.into_iter().enumerate() {
+            let claim = match &item.idempotency {
+                Some(_) => claims.next().unwrap_or(Claim::New),
+                None => Claim::New,
+            };
+            match (claim, &item.idempotency) {
+                (Claim::Duplicate(first), Some(keyed)) => {
+                    ids[index] = format!("{first:032x}");
+                    duplicates.push(index);
+                    first_copies.push((keyed.key.clone(), first));
+                }
+                _ => to_write.push(item),
+            }
+        }
+        // Keyed messages take the WAL path: there a message reaches its
+        // partition's log only after its WAL record, key and all, is
+        // durable. The owner journal writes the log behind, beside the WAL,
+        // and a power cut can keep that copy while it takes the WAL record:
+        // the copy would outlive its key, and a retry be stored again.
+        if !to_write.is_empty() {
+            // Appended before the first await: the claims are written by
+            // the time the guard could drop.
+            self.write_through_wal(topic, to_write).await?;
+        }
+        drop(guard);
+        // A duplicate's 202 promises what the first copy's does: durable.
+        for (key, first) in first_copies {
+            self.env
+                .keys
+                .durable_copy(key, first)
+                .await
+                .map_err(|_| {
+                    ApiError::new(
+                        ErrorCode::Overloaded,
+                        "the first copy of a message with this idempotency key was not written; send it again",
+                    )
+                })?;
+        }
+        if !duplicates.is_empty() {
+            metrics::counter!(PRODUCE_DUPLICATES_TOTAL, "topic" => topic.name.clone(), "at" => "node")
+                .increment(duplicates.len() as u64);
+        }
+        Ok(ProduceOutcome { ids, duplicates })
     }
 
-    /// Appends records (partition, id, key, value) to this shard's WAL as
+    /// Appends records to this shard's WAL as
     /// one all-or-nothing batch (a full ring accepts none), queues each for
     /// dispatch once durable before any await (so a caller dropped while it
     /// waits changes nothing), and returns once all are durable. Produces,
@@ -118,21 +270,21 @@ impl<F: FileSystem> Shard<F> {
     pub(super) async fn write_through_wal(
         &self,
         topic: &Topic,
-        placed: Vec<(u32, u128, Option<Vec<u8>>, bytes::Bytes)>,
+        placed: Vec<Placed>,
     ) -> Result<(), ApiError> {
         let accept_ms = self.now();
         let records: Vec<WalRecordRef<'_>> = placed
             .iter()
-            .map(|(partition, id, key, value)| WalRecordRef {
-                id: *id,
+            .map(|p| WalRecordRef {
+                id: p.id,
                 topic: &topic.name,
-                partition: *partition,
-                key: key.as_deref(),
-                value,
+                partition: p.partition,
+                key: p.key.as_deref(),
+                value: &p.value,
                 accept_ms,
                 topic_incarnation: Some(topic.incarnation),
                 offset: None,
-                idempotency: None,
+                idempotency: p.idempotency.as_ref().map(Keyed::as_wal),
                 key_only: false,
             })
             .collect();
@@ -141,17 +293,23 @@ impl<F: FileSystem> Shard<F> {
             .append_batch(&records)
             .map_err(|e| from_storage(&e))?;
         drop(records);
+        self.mark_keys_written(
+            appended
+                .iter()
+                .zip(&placed)
+                .map(|(a, p)| (a.end, p.id, p.idempotency.as_ref())),
+        );
         let mut last_durable = None;
-        for (appended, (partition, id, key, value)) in appended.into_iter().zip(placed) {
+        for (appended, placed) in appended.into_iter().zip(placed) {
             self.dispatch_once_durable(
                 &topic.name,
-                partition,
+                placed.partition,
                 appended.end,
                 DispatchRecord {
                     pos: appended.pos,
-                    id,
-                    key,
-                    value,
+                    id: placed.id,
+                    key: placed.key,
+                    value: placed.value,
                     accept_ms,
                     incarnation: Some(topic.incarnation),
                 },
@@ -163,6 +321,40 @@ impl<F: FileSystem> Shard<F> {
             durable.await.map_err(|e| from_storage(&e))?;
         }
         Ok(())
+    }
+
+    /// Marks the idempotency keys of records just appended to this shard's
+    /// WAL as written (in the same step as the append), to be marked
+    /// durable by [`Self::dispatch_durable`].
+    pub(super) fn mark_keys_written<'a>(
+        &self,
+        appended: impl IntoIterator<Item = (WalPos, u128, Option<&'a Keyed>)>,
+    ) {
+        let mut marks = self.dispatch.key_marks.borrow_mut();
+        for (end, id, keyed) in appended {
+            if let Some(keyed) = keyed {
+                self.env.keys.written(&keyed.key, id, keyed.expires_ms);
+                marks.push_back((end, (keyed.key.clone(), id)));
+            }
+        }
+    }
+
+    /// Idempotency keys the node holds, and those it let go early (full).
+    pub fn idempotency_keys(&self) -> (usize, u64) {
+        self.env.keys.stats()
+    }
+
+    /// The WAL failed: the keys of records it will never make durable are
+    /// let go (their duplicates learn it).
+    pub(super) fn keys_lost(&self) {
+        let lost: Vec<HeldCopy> = self
+            .dispatch
+            .key_marks
+            .borrow_mut()
+            .drain(..)
+            .map(|(_, mark)| mark)
+            .collect();
+        self.env.keys.lost(&lost);
     }
 
     /// Takes over the WAL ring of a shard that no longer exists (the node
@@ -177,6 +369,28 @@ impl<F: FileSystem> Shard<F> {
                 return;
             }
         };
+        // Its keys hold here too, and in this shard's ring from now on
+        // (as key-only records: their own records may be committed).
+        self.env
+            .keys
+            .recover(recovery.keys.iter().map(|(_, key)| key), self.now());
+        let carried: Vec<WalRecord> = recovery.keys.iter().map(|(_, k)| k.carried()).collect();
+        for chunk in carried.chunks(ADOPT_CHUNK_RECORDS) {
+            let refs: Vec<WalRecordRef<'_>> = chunk.iter().map(WalRecord::as_ref).collect();
+            let appended = match self.append_when_room(&refs).await {
+                Ok(appended) => appended,
+                Err(error) => {
+                    tracing::error!(dir = %dir.display(), %error, "adopting a removed shard's WAL failed; it stays for the next start");
+                    return;
+                }
+            };
+            if let Some(last) = appended.into_iter().last() {
+                if let Err(error) = last.durable.await {
+                    tracing::error!(dir = %dir.display(), %error, "adopting a removed shard's WAL failed; it stays for the next start");
+                    return;
+                }
+            }
+        }
         let records = recovery.records;
         let total = records.len();
         for chunk in records.chunks(ADOPT_CHUNK_RECORDS) {
@@ -193,21 +407,18 @@ impl<F: FileSystem> Shard<F> {
                     // Committed the usual way from here: the partition may
                     // belong to another shard now.
                     offset: None,
-                    idempotency: None,
+                    idempotency: r.record.idempotency.as_ref().map(|i| IdempotencyRef {
+                        key: &i.key,
+                        expires_ms: i.expires_ms,
+                    }),
                     key_only: false,
                 })
                 .collect();
-            let appended = loop {
-                match self.wal.append_batch(&refs) {
-                    Ok(appended) => break appended,
-                    // The ring frees space as the dispatcher commits.
-                    Err(StorageError::WalFull { .. }) => {
-                        self.env.runtime.sleep(ADOPT_FULL_RETRY).await;
-                    }
-                    Err(error) => {
-                        tracing::error!(dir = %dir.display(), %error, "adopting a removed shard's WAL failed; it stays for the next start");
-                        return;
-                    }
+            let appended = match self.append_when_room(&refs).await {
+                Ok(appended) => appended,
+                Err(error) => {
+                    tracing::error!(dir = %dir.display(), %error, "adopting a removed shard's WAL failed; it stays for the next start");
+                    return;
                 }
             };
             let mut last_durable = None;
@@ -243,6 +454,22 @@ impl<F: FileSystem> Shard<F> {
             }
             Err(error) => {
                 tracing::warn!(dir = %dir.display(), %error, "could not remove an adopted WAL")
+            }
+        }
+    }
+
+    /// Appends `refs` as one batch, waiting while the ring is full (it
+    /// frees space as the dispatcher commits).
+    async fn append_when_room(
+        &self,
+        refs: &[WalRecordRef<'_>],
+    ) -> Result<Vec<narad_storage::wal::Appended>, StorageError> {
+        loop {
+            match self.wal.append_batch(refs) {
+                Err(StorageError::WalFull { .. }) => {
+                    self.env.runtime.sleep(ADOPT_FULL_RETRY).await;
+                }
+                other => return other,
             }
         }
     }
@@ -303,6 +530,14 @@ impl<F: FileSystem> Shard<F> {
         drop((waiting, dispatcher));
         if moved {
             self.dispatch.signal.notify();
+        }
+        let durable: Vec<HeldCopy> = {
+            let mut marks = self.dispatch.key_marks.borrow_mut();
+            let count = marks.partition_point(|(end, _)| *end <= durable_end);
+            marks.drain(..count).map(|(_, mark)| mark).collect()
+        };
+        if !durable.is_empty() {
+            self.env.keys.durable(&durable);
         }
     }
 

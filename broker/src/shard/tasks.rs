@@ -33,13 +33,15 @@ impl<F: FileSystem> Shard<F> {
             // the request that appended it still waits.
             committed.dispatch_durable();
         });
-        let (wal, wal_failed) = (self.wal.clone(), self.env.wal_failed.clone());
+        let failed = self.clone();
         runtime.spawn(Box::pin(async move {
             committer.await;
             // The committer ends at a close or a failure: a failure stops
-            // produces on every shard of the node.
-            if wal.failure().is_some() {
-                wal_failed.store(true, Ordering::SeqCst);
+            // produces on every shard of the node, and lets go of the keys
+            // of records it will never make durable.
+            if failed.wal.failure().is_some() {
+                failed.env.wal_failed.store(true, Ordering::SeqCst);
+                failed.keys_lost();
             }
         }));
 

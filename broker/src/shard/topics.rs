@@ -96,6 +96,7 @@ impl<F: FileSystem> Shard<F> {
                 dead_letter_topic: None,
                 schema: None,
                 max_message_bytes: MAX_MESSAGE_BYTES_DEFAULT,
+                idempotency_window_ms: self.settings.topics.default_idempotency_window_ms,
             });
         let config = TopicConfig {
             partitions: patch.partitions.unwrap_or(base.partitions),
@@ -107,6 +108,9 @@ impl<F: FileSystem> Shard<F> {
             dead_letter_topic: patch.dead_letter_topic.unwrap_or(base.dead_letter_topic),
             schema: patch.schema.unwrap_or(base.schema),
             max_message_bytes: patch.max_message_bytes.unwrap_or(base.max_message_bytes),
+            idempotency_window_ms: patch
+                .idempotency_window_ms
+                .unwrap_or(base.idempotency_window_ms),
         };
         if let Some(dlq) = &config.dead_letter_topic {
             narad_net::names::validate_topic_name(dlq).map_err(|e| {

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use narad_broker::config::Config;
+use narad_broker::idempotency::NodeKeys;
 use narad_broker::mesh::shard_for;
 use narad_broker::metastore::{Metastore, Proposal};
 use narad_broker::receipt::ReceiptKey;
@@ -27,9 +28,10 @@ use narad_raft::detector::Detector;
 use narad_raft::node::{meta_feed, MemberChange, MetaError, MetaFeed, MetaPublisher, MetaSnapshot};
 use narad_raft::state::{Applied, Command, MetaState, NodeId};
 use narad_raft::store::MetaView;
-use narad_storage::clock::SharedClock;
+use narad_storage::clock::{Clock, SharedClock};
 use narad_storage::io::faulty::FaultControl;
 use narad_storage::io::sim::SimFs;
+use narad_storage::limits::IDEMPOTENCY_KEYS_PER_SHARD_MAX;
 use narad_storage::rng::SimRng;
 use narad_storage::wal::{Wal, WalConfig};
 
@@ -500,6 +502,7 @@ impl SimCluster {
             .collect();
         let peers = Arc::new(Peers::new(node, &members));
         let wal_failed = Arc::new(AtomicBool::new(false));
+        let keys = NodeKeys::new(IDEMPOTENCY_KEYS_PER_SHARD_MAX * SHARDS, SHARDS);
         let mut shards = Vec::with_capacity(SHARDS);
         sim.latency.instant.set(true);
         for index in 0..SHARDS {
@@ -511,6 +514,11 @@ impl SimCluster {
             };
             let (wal, recovery) = futures_lite::future::block_on(Wal::open(&fs, &wal_dir, config))
                 .expect("the simulated WAL opens");
+            keys.recover(
+                recovery.keys.iter().map(|(_, key)| key),
+                self.executor.clock.now_ms(),
+            );
+            keys.shard_loaded();
             let identity = ShardIdentity {
                 node_id: u16::try_from(node).expect("a node id"),
                 shard_id: u16::try_from(index).expect("a shard"),
@@ -549,6 +557,7 @@ impl SimCluster {
                     receipt_key: sim.key.clone(),
                     metrics: metrics_handle(),
                     wal_failed: wal_failed.clone(),
+                    keys: keys.clone(),
                     http_budget: NodeBudget::new(1024, 1 << 30),
                     ship: Arc::new(NoRemoteClusters),
                     faults: FaultControl::new(false),

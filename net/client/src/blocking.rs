@@ -22,8 +22,8 @@ use bytes::Bytes;
 use serde_json::Value;
 
 use crate::{
-    ClientTlsFiles, ConsumeRequest, Consumed, Delivery, Error, Outgoing, Response, RetryPolicy,
-    Settle, Settled,
+    ClientTlsFiles, ConsumeRequest, Consumed, Delivery, Error, Outgoing, Produced, ProducedBatch,
+    Response, RetryPolicy, Settle, Settled,
 };
 
 /// Builds a blocking [`Client`]; the settings are those of
@@ -66,6 +66,13 @@ impl ClientBuilder {
     pub fn retry(self, retry: RetryPolicy) -> Self {
         Self {
             inner: self.inner.retry(retry),
+        }
+    }
+
+    /// See [`crate::ClientBuilder::idempotency_keys`].
+    pub fn idempotency_keys(self, on: bool) -> Self {
+        Self {
+            inner: self.inner.idempotency_keys(on),
         }
     }
 
@@ -152,6 +159,22 @@ impl Client {
     pub fn produce_batch(&self, topic: &str, messages: &[Outgoing]) -> Result<Vec<String>, Error> {
         self.runtime
             .block_on(self.inner.produce_batch(topic, messages))
+    }
+
+    /// See [`crate::Client::produce_message`].
+    pub fn produce_message(&self, topic: &str, message: &Outgoing) -> Result<Produced, Error> {
+        self.runtime
+            .block_on(self.inner.produce_message(topic, message))
+    }
+
+    /// See [`crate::Client::produce_batch_detailed`].
+    pub fn produce_batch_detailed(
+        &self,
+        topic: &str,
+        messages: &[Outgoing],
+    ) -> Result<ProducedBatch, Error> {
+        self.runtime
+            .block_on(self.inner.produce_batch_detailed(topic, messages))
     }
 
     /// See [`crate::Client::consume`].

@@ -14,8 +14,9 @@
 //! - Retries follow the API's status-code table: what it marks retryable
 //!   (408, 429, 500, 502, 503, and no answer at all) is sent again with
 //!   exponential backoff and full jitter; any other error is returned at
-//!   once. A retried produce may store a message twice, as the delivery
-//!   contract allows.
+//!   once. Every produced message carries an idempotency key (one the
+//!   caller gives, else a fresh random one), so the client's own retries
+//!   of a produce store each message once.
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), narad_client::Error> {
@@ -119,9 +120,19 @@ pub struct ClientBuilder {
     tls: ClientTlsFiles,
     timeout: Duration,
     retry: RetryPolicy,
+    idempotency_keys: bool,
 }
 
 impl ClientBuilder {
+    /// Whether messages the caller gave no idempotency key get a fresh
+    /// one (on by default). Off is for nodes of a release that does not
+    /// take idempotency keys (it refuses them); a retried produce may then
+    /// store a message twice.
+    pub fn idempotency_keys(mut self, on: bool) -> Self {
+        self.idempotency_keys = on;
+        self
+    }
+
     /// Sends `Authorization: Bearer TOKEN` with every request.
     pub fn token(mut self, token: &str) -> Self {
         self.authorization = Some(format!("Bearer {token}"));
@@ -187,6 +198,7 @@ impl ClientBuilder {
             authorization: self.authorization,
             timeout: self.timeout,
             retry: self.retry,
+            idempotency_keys: self.idempotency_keys,
         })
     }
 }
@@ -206,6 +218,7 @@ pub struct Client {
     authorization: Option<String>,
     timeout: Duration,
     retry: RetryPolicy,
+    idempotency_keys: bool,
 }
 
 /// A successful answer of [`Client::request`]: its status (`200`, `201`,
@@ -225,6 +238,10 @@ pub struct Outgoing {
     pub key: Option<String>,
     /// Its bytes (sent as text when they are UTF-8, else as base64).
     pub value: Bytes,
+    /// What names it for retries (1 to 256 bytes of printable ASCII): a
+    /// produce with a key the node accepted within the topic's window is
+    /// not stored again. `None`: the client makes a fresh one.
+    pub idempotency_key: Option<String>,
 }
 
 impl Outgoing {
@@ -233,7 +250,16 @@ impl Outgoing {
         Self {
             key: None,
             value: value.into(),
+            idempotency_key: None,
         }
+    }
+
+    /// The same message with an idempotency key of the caller's (an order
+    /// number, a request id), so that sending it again, also from another
+    /// process, stores it once within the topic's window.
+    pub fn with_idempotency_key(mut self, key: &str) -> Self {
+        self.idempotency_key = Some(key.to_string());
+        self
     }
 
     /// The same message with a key (one key, one partition, in order).
@@ -373,6 +399,49 @@ pub struct Consumed {
     pub acks: Vec<Settled>,
 }
 
+/// A produced message: its id (the first copy's, for a duplicate) and
+/// whether the node found it a duplicate of a message it accepted before.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Produced {
+    /// The message's id.
+    pub id: String,
+    /// The node had accepted a message with its idempotency key before.
+    pub duplicate: bool,
+}
+
+/// A produced batch: an id per message, and the indexes of duplicates.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProducedBatch {
+    /// `ids[i]` belongs to `messages[i]`.
+    pub ids: Vec<String>,
+    /// Indexes of the messages the node found to be duplicates.
+    pub duplicates: Vec<usize>,
+}
+
+/// A fresh idempotency key: a random number drawn once per process and a
+/// count, 32 hex characters, never the same twice in a process and
+/// unlikely to meet another process's.
+fn fresh_idempotency_key() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::OnceLock;
+    static PREFIX: OnceLock<u64> = OnceLock::new();
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    let prefix = *PREFIX.get_or_init(|| {
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_u32(std::process::id());
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        hasher.write_u128(now);
+        hasher.finish()
+    });
+    format!(
+        "{prefix:016x}{:016x}",
+        COUNT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
 /// The three ways to settle a lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Settle {
@@ -427,6 +496,7 @@ impl Client {
             tls: ClientTlsFiles::default(),
             timeout: REQUEST_TIMEOUT,
             retry: RetryPolicy::default(),
+            idempotency_keys: true,
         }
     }
 
@@ -448,27 +518,75 @@ impl Client {
         key: Option<&str>,
         value: impl Into<Bytes>,
     ) -> Result<String, Error> {
-        if let Some(key) = key.filter(|k| !fits_header(k)) {
+        let message = Outgoing {
+            key: key.map(str::to_string),
+            value: value.into(),
+            idempotency_key: None,
+        };
+        Ok(self.produce_message(topic, &message).await?.id)
+    }
+
+    /// Produces one message with its key and idempotency key; its id (the
+    /// first copy's for a duplicate) and whether the node found it a
+    /// duplicate.
+    pub async fn produce_message(
+        &self,
+        topic: &str,
+        message: &Outgoing,
+    ) -> Result<Produced, Error> {
+        let idempotency_key = self.idempotency_key_of(message);
+        let fits = message.key.as_deref().is_none_or(fits_header)
+            && idempotency_key.as_deref().is_none_or(fits_header);
+        if !fits {
             let message = Outgoing {
-                key: Some(key.to_string()),
-                value: value.into(),
+                idempotency_key,
+                ..message.clone()
             };
-            return self
-                .produce_batch(topic, &[message])
-                .await?
+            let answer = self.send_batch(topic, &[message]).await?;
+            let id = answer
+                .ids
                 .into_iter()
                 .next()
-                .ok_or_else(|| Error::BadResponse("a produce answer without an id".into()));
+                .ok_or_else(|| Error::BadResponse("a produce answer without an id".into()))?;
+            return Ok(Produced {
+                id,
+                duplicate: answer.duplicates.contains(&0),
+            });
         }
         let path = format!("/v1/topics/{}/messages", encode_segment(topic));
-        let headers: Vec<(&str, &str)> = key.map(|k| vec![("Narad-Key", k)]).unwrap_or_default();
+        let mut headers: Vec<(&str, &str)> = Vec::new();
+        if let Some(key) = &message.key {
+            headers.push(("Narad-Key", key));
+        }
+        if let Some(key) = &idempotency_key {
+            headers.push(("Narad-Idempotency-Key", key));
+        }
         let answer = self
-            .call("POST", &path, &headers, value.into(), Duration::ZERO)
+            .call(
+                "POST",
+                &path,
+                &headers,
+                message.value.clone(),
+                Duration::ZERO,
+            )
             .await?;
-        answer["id"]
+        let id = answer["id"]
             .as_str()
             .map(str::to_string)
-            .ok_or_else(|| Error::BadResponse("a produce answer without an id".into()))
+            .ok_or_else(|| Error::BadResponse("a produce answer without an id".into()))?;
+        Ok(Produced {
+            id,
+            duplicate: answer["duplicate"] == json!(true),
+        })
+    }
+
+    /// The idempotency key a message goes with: the caller's, else a fresh
+    /// one (unless the client was built without them).
+    fn idempotency_key_of(&self, message: &Outgoing) -> Option<String> {
+        message
+            .idempotency_key
+            .clone()
+            .or_else(|| self.idempotency_keys.then(fresh_idempotency_key))
     }
 
     /// Produces up to 1,000 messages with one request; their ids, in order.
@@ -477,12 +595,30 @@ impl Client {
         topic: &str,
         messages: &[Outgoing],
     ) -> Result<Vec<String>, Error> {
+        Ok(self.send_batch(topic, messages).await?.ids)
+    }
+
+    /// Produces up to 1,000 messages with one request: their ids (a
+    /// duplicate's is its first copy's) and which were duplicates.
+    pub async fn produce_batch_detailed(
+        &self,
+        topic: &str,
+        messages: &[Outgoing],
+    ) -> Result<ProducedBatch, Error> {
+        self.send_batch(topic, messages).await
+    }
+
+    async fn send_batch(&self, topic: &str, messages: &[Outgoing]) -> Result<ProducedBatch, Error> {
+        // The keys are made once: every retry of the request carries them.
         let items: Vec<Value> = messages
             .iter()
             .map(|m| {
                 let mut item = serde_json::Map::new();
                 if let Some(key) = &m.key {
                     item.insert("key".into(), json!(key));
+                }
+                if let Some(key) = self.idempotency_key_of(m) {
+                    item.insert("idempotency_key".into(), json!(key));
                 }
                 match std::str::from_utf8(&m.value) {
                     Ok(text) => item.insert("value".into(), json!(text)),
@@ -519,7 +655,16 @@ impl Client {
                 messages.len()
             )));
         }
-        Ok(ids)
+        let duplicates = answer["duplicates"]
+            .as_array()
+            .map(|indexes| {
+                indexes
+                    .iter()
+                    .filter_map(|i| i.as_u64().and_then(|i| usize::try_from(i).ok()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(ProducedBatch { ids, duplicates })
     }
 
     /// Consumes (and leases) messages; empty when none came within

@@ -116,6 +116,8 @@ impl Producer {
         let message = Outgoing {
             key: key.map(str::to_string),
             value: value.into(),
+            // The client gives it a fresh key when its batch leaves.
+            idempotency_key: None,
         };
         self.lanes[lane]
             .send(Queued {
