@@ -595,6 +595,12 @@ async fn dispatch(
         }
         ("produce_batch", Some(name)) => {
             let topic = shard.topic(name)?;
+            if request.headers().contains_key(IDEMPOTENCY_KEY_HEADER) {
+                return Err(ApiError::new(
+                    ErrorCode::InvalidRequest,
+                    "the Narad-Idempotency-Key header names one message: give each batch item its idempotency_key instead; nothing was written",
+                ));
+            }
             let items = parse_batch(&body, topic.config.max_message_bytes)?;
             let batch_bytes: usize = items.iter().map(|i| i.value.len()).sum();
             let batch_max = shard.settings().http.max_batch_bytes;
@@ -1301,8 +1307,11 @@ async fn metrics(shard: &Shard) -> HttpResponse {
             metrics::counter!(DEAD_LETTERED_TOTAL, "topic" => topic.name).increment(0);
         }
     }
-    let (keys_held, keys_forgotten) = shard.idempotency_keys();
-    metrics::counter!(IDEMPOTENCY_KEYS_FORGOTTEN_TOTAL).absolute(keys_forgotten);
+    // Let go early by the node's table or by a shard's WAL (which then
+    // does not hold it across a restart).
+    let (keys_held, table_forgotten) = shard.idempotency_keys();
+    let wal_forgotten: u64 = shards.iter().map(|g| g.wal_keys_forgotten).sum();
+    metrics::counter!(IDEMPOTENCY_KEYS_FORGOTTEN_TOTAL).absolute(table_forgotten + wal_forgotten);
     let mut out = shard.render_metrics();
     let mut gauge = |name: &str, help: &str, samples: Vec<(String, f64)>| {
         out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} gauge\n"));

@@ -17,7 +17,7 @@
 //! keys.rs`); at start every shard puts those it recovered back here before
 //! the node takes keyed produces.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -63,58 +63,47 @@ impl Entry {
     }
 }
 
-/// Stale pairs the order may hold beyond twice the keys before it is
-/// compacted.
-const ORDER_SLACK: usize = 1024;
-
 #[derive(Debug, Default)]
 struct Table {
     entries: HashMap<Arc<KeyId>, Entry>,
-    /// Keys in the order they were first held, with the id that held
-    /// them (an entry replaced since leaves a stale pair, skipped).
-    order: VecDeque<HeldCopy>,
+    /// Every entry by when it expires (and its id, unique): the soonest
+    /// first.
+    by_expiry: BTreeMap<(u64, u128), Arc<KeyId>>,
     /// Keys let go before they expired, because the table was full.
     forgotten: u64,
 }
 
 impl Table {
-    /// Lets go of expired keys at the front, and of the oldest while more
-    /// than `max` are held.
+    /// Lets go of keys that expired by `now_ms`, and of those nearest
+    /// their end while more than `max` are held.
     fn prune(&mut self, now_ms: u64, max: usize) {
-        while let Some((key, id)) = self.order.front() {
-            let let_go = match self.entries.get(key) {
-                Some(entry) if entry.id == *id => {
-                    if entry.expires_ms <= now_ms {
-                        true
-                    } else if self.entries.len() > max {
-                        self.forgotten += 1;
-                        true
-                    } else {
-                        break;
-                    }
-                }
-                // A stale pair: the key was let go, or is held again.
-                _ => false,
-            };
-            if let Some((key, _)) = self.order.pop_front() {
-                if let_go {
-                    if let Some(mut entry) = self.entries.remove(&key) {
-                        entry.wake();
-                    }
-                }
+        while let Some((&(expires_ms, _), key)) = self.by_expiry.first_key_value() {
+            if expires_ms > now_ms && self.entries.len() <= max {
+                return;
             }
-        }
-        // Claims let go leave stale pairs behind a long-lived key.
-        if self.order.len() > 2 * self.entries.len() + ORDER_SLACK {
-            let entries = &self.entries;
-            self.order
-                .retain(|(key, id)| entries.get(key).is_some_and(|e| e.id == *id));
+            if expires_ms > now_ms {
+                self.forgotten += 1;
+            }
+            let key = key.clone();
+            if let Some(mut entry) = self.remove(&key) {
+                entry.wake();
+            }
         }
     }
 
+    /// Removes a key's entry (with its place in the expiry order).
+    fn remove(&mut self, key: &KeyId) -> Option<Entry> {
+        let entry = self.entries.remove(key)?;
+        self.by_expiry.remove(&(entry.expires_ms, entry.id));
+        Some(entry)
+    }
+
     fn hold(&mut self, key: Arc<KeyId>, id: u128, expires_ms: u64, state: State) {
-        self.order.push_back((key.clone(), id));
-        if let Some(mut old) = self.entries.insert(
+        if let Some(mut old) = self.remove(&key) {
+            old.wake();
+        }
+        self.by_expiry.insert((expires_ms, id), key.clone());
+        self.entries.insert(
             key,
             Entry {
                 id,
@@ -122,9 +111,7 @@ impl Table {
                 state,
                 waiters: Vec::new(),
             },
-        ) {
-            old.wake();
-        }
+        );
     }
 }
 
@@ -136,8 +123,9 @@ pub type HeldCopy = (Arc<KeyId>, u128);
 pub enum Claim {
     /// The key was not held: this produce writes the item.
     New,
-    /// The key is held by the copy with this id.
-    Duplicate(u128),
+    /// The key is held by the copy `first`; `durable`: that copy was
+    /// durable when claimed (nothing to wait for).
+    Duplicate { first: u128, durable: bool },
 }
 
 /// One item of a produce to claim: its key, the id it would get, and when
@@ -154,9 +142,11 @@ pub struct NodeKeys {
     table: Mutex<Table>,
     /// At most this many keys (the WAL's per-shard bound times the shards).
     max: usize,
-    /// Shards that put their recovered keys back.
+    /// WAL rings whose recovered keys are back.
     loaded: AtomicUsize,
-    shards: usize,
+    /// WAL rings to wait for: the shards', and those of removed shards
+    /// that shards adopt.
+    expected: AtomicUsize,
 }
 
 impl NodeKeys {
@@ -165,7 +155,7 @@ impl NodeKeys {
             table: Mutex::new(Table::default()),
             max,
             loaded: AtomicUsize::new(0),
-            shards,
+            expected: AtomicUsize::new(shards),
         })
     }
 
@@ -206,15 +196,23 @@ impl NodeKeys {
         }
     }
 
-    /// One shard put its recovered keys back.
+    /// A shard will adopt `rings` rings of removed shards: keyed produces
+    /// wait for their keys too. Called before that shard's
+    /// [`Self::shard_loaded`].
+    pub fn expect_adopted(&self, rings: usize) {
+        self.expected.fetch_add(rings, Ordering::SeqCst);
+    }
+
+    /// One ring's recovered keys are back (a shard's own, or an adopted
+    /// one, also when it could not be read).
     pub fn shard_loaded(&self) {
         self.loaded.fetch_add(1, Ordering::SeqCst);
     }
 
-    /// Every shard put its recovered keys back: keyed produces may be
+    /// Every ring's recovered keys are back: keyed produces may be
     /// answered.
     pub fn ready(&self) -> bool {
-        self.loaded.load(Ordering::SeqCst) >= self.shards
+        self.loaded.load(Ordering::SeqCst) >= self.expected.load(Ordering::SeqCst)
     }
 
     /// Claims the keys of a produce's items in one step, in order (an item
@@ -231,9 +229,9 @@ impl NodeKeys {
                 .entries
                 .get(&item.key)
                 .filter(|e| e.expires_ms > now_ms)
-                .map(|e| e.id);
+                .map(|e| (e.id, e.state == State::Durable));
             match held {
-                Some(first) => claims.push(Claim::Duplicate(first)),
+                Some((first, durable)) => claims.push(Claim::Duplicate { first, durable }),
                 None => {
                     table.hold(item.key.clone(), item.id, item.expires_ms, State::Claimed);
                     claimed.push((item.key.clone(), item.id));
@@ -284,7 +282,7 @@ impl NodeKeys {
         for (key, id) in keys {
             let held = table.entries.get(key).is_some_and(|e| e.id == *id);
             if held {
-                if let Some(mut entry) = table.entries.remove(key) {
+                if let Some(mut entry) = table.remove(key) {
                     entry.wake();
                 }
             }
@@ -335,7 +333,7 @@ impl Drop for ClaimGuard {
                 .get(&key)
                 .is_some_and(|e| e.id == id && e.state == State::Claimed);
             if unwritten {
-                if let Some(mut entry) = table.entries.remove(&key) {
+                if let Some(mut entry) = table.remove(&key) {
                     entry.wake();
                 }
             }
@@ -396,11 +394,20 @@ mod tests {
     fn a_key_held_is_a_duplicate_of_the_first_id_until_it_expires() {
         let keys = NodeKeys::new(100, 1);
         let (claims, guard) = keys.claim(0, &[wanted("a", 1, 100), wanted("a", 2, 100)]);
-        assert_eq!(claims, vec![Claim::New, Claim::Duplicate(1)]);
+        let unwritten = Claim::Duplicate {
+            first: 1,
+            durable: false,
+        };
+        assert_eq!(claims, vec![Claim::New, unwritten]);
         keys.written(&key("a"), 1, 100);
         drop(guard);
+        keys.durable(&[(key("a"), 1)]);
         let (claims, _guard) = keys.claim(99, &[wanted("a", 3, 200)]);
-        assert_eq!(claims, vec![Claim::Duplicate(1)]);
+        let durable = Claim::Duplicate {
+            first: 1,
+            durable: true,
+        };
+        assert_eq!(claims, vec![durable]);
         drop(_guard);
         let (claims, _guard) = keys.claim(100, &[wanted("a", 4, 200)]);
         assert_eq!(claims, vec![Claim::New], "expired at 100");
@@ -431,7 +438,11 @@ mod tests {
         // A write whose claim was let go first takes the key again.
         keys.written(&key("b"), 7, 100);
         let (claims, _guard) = keys.claim(1, &[wanted("b", 8, 100)]);
-        assert_eq!(claims, vec![Claim::Duplicate(7)]);
+        let written = Claim::Duplicate {
+            first: 7,
+            durable: false,
+        };
+        assert_eq!(claims, vec![written]);
     }
 
     #[test]
@@ -458,6 +469,25 @@ mod tests {
     }
 
     #[test]
+    fn expired_keys_go_whatever_their_order_and_the_nearest_end_goes_first_when_full() {
+        let keys = NodeKeys::new(2, 1);
+        // A long window first, then two short ones.
+        for (name, id, expires_ms) in [("long", 1, 1_000), ("a", 2, 10), ("b", 3, 20)] {
+            let (_, guard) = keys.claim(0, &[wanted(name, id, expires_ms)]);
+            keys.written(&key(name), id, expires_ms);
+            drop(guard);
+        }
+        // Full at 3 of 2: "a", nearest its end, was forgotten.
+        assert_eq!(keys.stats(), (2, 1));
+        let (_, guard) = keys.claim(15, &[]);
+        drop(guard);
+        assert_eq!(keys.stats(), (2, 1), "b still held at 15");
+        let (claims, _guard) = keys.claim(25, &[wanted("long", 9, 1_000)]);
+        assert!(matches!(claims[0], Claim::Duplicate { first: 1, .. }));
+        assert_eq!(keys.stats().0, 1, "b expired behind the long window");
+    }
+
+    #[test]
     fn recovered_keys_are_durable_and_the_first_copy_stands() {
         let keys = NodeKeys::new(100, 2);
         assert!(!keys.ready());
@@ -474,6 +504,10 @@ mod tests {
         assert!(keys.ready());
         assert_eq!(block_on(keys.durable_copy(key("a"), 1)), Ok(()));
         let (claims, _guard) = keys.claim(20, &[wanted("a", 5, 100), wanted("old", 6, 100)]);
-        assert_eq!(claims, vec![Claim::Duplicate(1), Claim::New]);
+        let recovered = Claim::Duplicate {
+            first: 1,
+            durable: true,
+        };
+        assert_eq!(claims, vec![recovered, Claim::New]);
     }
 }

@@ -48,6 +48,10 @@ pub const RECENT_IDS_MAX: usize = 8192;
 pub const ADOPT_CHUNK_RECORDS: usize = 256;
 /// How often adoption tries again while this shard's ring is full.
 pub const ADOPT_FULL_RETRY: Duration = Duration::from_millis(20);
+/// Rounds of claiming a produce's idempotency keys: a round after the
+/// first writes the items whose first copy was let go unwritten while the
+/// produce waited for it (that copy's produce failed).
+pub const IDEMPOTENT_CLAIM_ROUNDS: usize = 3;
 /// How often a move to a dead-letter topic tries again while this shard's
 /// ring is full (the message stays parked meanwhile, not delivered again).
 pub const DEAD_LETTER_FULL_RETRY: Duration = Duration::from_millis(20);

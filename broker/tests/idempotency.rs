@@ -230,6 +230,15 @@ fn bad_keys_and_windows_are_refused_by_name_and_nothing_is_written() {
     assert_eq!(status, 400, "{answer}");
     let message = answer["error"]["message"].as_str().unwrap_or_default();
     assert!(message.contains("messages[1].idempotency_key"), "{answer}");
+    let (status, answer) = node.request_with(
+        "POST",
+        "/v1/topics/once/messages/batch",
+        &[(KEY_HEADER, "for-one-message")],
+        br#"{"messages": [{"value": "d"}]}"#,
+    );
+    assert_eq!(status, 400, "the header names one message: {answer}");
+    let message = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains(KEY_HEADER), "{answer}");
     assert_eq!(
         stored_when_committed(&node, "once"),
         1,

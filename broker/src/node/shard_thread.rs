@@ -49,7 +49,10 @@ pub(super) async fn run_shard(start: ShardStart) -> Result<(), String> {
     let (wal, recovery) = Wal::open(&fs, &wal_dir.join(format!("shard-{index}")), wal_config)
         .await
         .map_err(|e| format!("opening the ingress WAL of shard {index}: {e}"))?;
-    // Keyed produces wait until every shard put its keys back.
+    // Keyed produces wait until every shard put its keys back, and those
+    // of the rings of removed shards it adopts.
+    let orphans = orphan_wals(&wal_dir, index, node.shards);
+    node.keys.expect_adopted(orphans.len());
     node.keys
         .recover(recovery.keys.iter().map(|(_, key)| key), clock.now_ms());
     node.keys.shard_loaded();
@@ -122,7 +125,7 @@ pub(super) async fn run_shard(start: ShardStart) -> Result<(), String> {
         .detach();
     }
     let dispatcher = glommio::spawn_local(shard.clone().run_dispatcher());
-    for orphan in orphan_wals(&wal_dir, index, node.shards) {
+    for orphan in orphans {
         tracing::info!(dir = %orphan.display(), shard = index, "adopting the WAL of a shard that no longer exists");
         glommio::spawn_local(shard.clone().adopt_wal(orphan, wal_config)).detach();
     }

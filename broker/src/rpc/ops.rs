@@ -198,6 +198,9 @@ pub struct Gauges;
 pub struct ShardGauges {
     pub shard: u32,
     pub wal_used_bytes: u64,
+    /// Idempotency keys the WAL let go before their window ended (its
+    /// bound, or a ring too full to carry them).
+    pub wal_keys_forgotten: u64,
     pub wal_failure: Option<String>,
     /// Why a partition's ack state on this shard failed, if one did.
     pub ack_state_failure: Option<String>,

@@ -61,6 +61,18 @@ pub(crate) struct Placed {
     pub idempotency: Option<Keyed>,
 }
 
+/// A write that failed after an earlier part of its produce was stored:
+/// the answer must not say nothing was.
+fn stored_in_part(error: &ApiError) -> ApiError {
+    ApiError::new(
+        ErrorCode::Internal,
+        format!(
+            "part of this request was stored before the rest failed ({}); send it again",
+            error.message
+        ),
+    )
+}
+
 impl<F: FileSystem> Shard<F> {
     pub(super) fn next_id(&self) -> u128 {
         let seq = self.flow.next_seq.get();
@@ -200,61 +212,87 @@ impl<F: FileSystem> Shard<F> {
                 duplicates: Vec::new(),
             });
         }
-        let wanted: Vec<Wanted> = placed
-            .iter()
-            .filter_map(|p| {
-                let keyed = p.idempotency.as_ref()?;
-                Some(Wanted {
-                    key: keyed.key.clone(),
-                    id: p.id,
-                    expires_ms: keyed.expires_ms,
-                })
-            })
-            .collect();
-        // Claimed in one step: the guard lets go of claims nothing wrote.
-        let (claims, guard) = self.env.keys.claim(self.now(), &wanted);
-        let mut claims = claims.into_iter();
+        // Items to settle: all of them first; then those whose first copy
+        // was let go unwritten while this produce waited for it (it wrote
+        // nothing: this produce writes them instead).
+        let mut pending: Vec<(usize, Placed)> = placed.into_iter().enumerate().collect();
         let mut duplicates = Vec::new();
-        let mut first_copies = Vec::new();
-        let mut to_write = Vec::with_capacity(placed.len());
-        for (index, item) in placed.into_iter().enumerate() {
-            let claim = match &item.idempotency {
-                Some(_) => claims.next().unwrap_or(Claim::New),
-                None => Claim::New,
-            };
-            match (claim, &item.idempotency) {
-                (Claim::Duplicate(first), Some(keyed)) => {
-                    ids[index] = format!("{first:032x}");
-                    duplicates.push(index);
-                    first_copies.push((keyed.key.clone(), first));
+        let mut wrote = false;
+        for _ in 0..IDEMPOTENT_CLAIM_ROUNDS {
+            let wanted: Vec<Wanted> = pending
+                .iter()
+                .filter_map(|(_, p)| {
+                    let keyed = p.idempotency.as_ref()?;
+                    Some(Wanted {
+                        key: keyed.key.clone(),
+                        id: p.id,
+                        expires_ms: keyed.expires_ms,
+                    })
+                })
+                .collect();
+            // Claimed in one step: the guard lets go of claims nothing wrote.
+            let (claims, guard) = self.env.keys.claim(self.now(), &wanted);
+            let mut claims = claims.into_iter();
+            let mut to_write = Vec::with_capacity(pending.len());
+            let mut waiting = Vec::new();
+            for (index, item) in pending.drain(..) {
+                let claim = match &item.idempotency {
+                    Some(_) => claims.next().unwrap_or(Claim::New),
+                    None => Claim::New,
+                };
+                match claim {
+                    Claim::New => to_write.push(item),
+                    Claim::Duplicate { first, durable } => {
+                        ids[index] = format!("{first:032x}");
+                        if durable {
+                            duplicates.push(index);
+                        } else {
+                            waiting.push((index, item, first));
+                        }
+                    }
                 }
-                _ => to_write.push(item),
+            }
+            // Keyed messages take the WAL path: there a message reaches its
+            // partition's log only after its WAL record, key and all, is
+            // durable. The owner journal writes the log behind, beside the
+            // WAL, and a power cut can keep that copy while it takes the WAL
+            // record: the copy would outlive its key, and a retry be stored
+            // again.
+            if !to_write.is_empty() {
+                // Appended before the first await: the claims are written
+                // by the time the guard could drop.
+                let written = self.write_through_wal(topic, to_write).await;
+                written.map_err(|e| if wrote { stored_in_part(&e) } else { e })?;
+                wrote = true;
+            }
+            drop(guard);
+            // A duplicate's 202 promises what the first copy's does: durable.
+            for (index, item, first) in waiting {
+                let durable = match item.idempotency.as_ref() {
+                    Some(keyed) => {
+                        let copy = self.env.keys.durable_copy(keyed.key.clone(), first);
+                        copy.await.is_ok()
+                    }
+                    None => false,
+                };
+                if durable {
+                    duplicates.push(index);
+                } else {
+                    ids[index] = format!("{:032x}", item.id);
+                    pending.push((index, item));
+                }
+            }
+            if pending.is_empty() {
+                break;
             }
         }
-        // Keyed messages take the WAL path: there a message reaches its
-        // partition's log only after its WAL record, key and all, is
-        // durable. The owner journal writes the log behind, beside the WAL,
-        // and a power cut can keep that copy while it takes the WAL record:
-        // the copy would outlive its key, and a retry be stored again.
-        if !to_write.is_empty() {
-            // Appended before the first await: the claims are written by
-            // the time the guard could drop.
-            self.write_through_wal(topic, to_write).await?;
+        if !pending.is_empty() {
+            return Err(ApiError::new(
+                ErrorCode::Internal,
+                "the first copies of messages with these idempotency keys kept failing to be written; send them again (this request may have been stored in part)",
+            ));
         }
-        drop(guard);
-        // A duplicate's 202 promises what the first copy's does: durable.
-        for (key, first) in first_copies {
-            self.env
-                .keys
-                .durable_copy(key, first)
-                .await
-                .map_err(|_| {
-                    ApiError::new(
-                        ErrorCode::Overloaded,
-                        "the first copy of a message with this idempotency key was not written; send it again",
-                    )
-                })?;
-        }
+        duplicates.sort_unstable();
         if !duplicates.is_empty() {
             metrics::counter!(PRODUCE_DUPLICATES_TOTAL, "topic" => topic.name.clone(), "at" => "node")
                 .increment(duplicates.len() as u64);
@@ -365,7 +403,8 @@ impl<F: FileSystem> Shard<F> {
         let (orphan, recovery) = match Wal::open(&self.env.fs, &dir, config).await {
             Ok(opened) => opened,
             Err(error) => {
-                tracing::error!(dir = %dir.display(), %error, "cannot open the WAL of a removed shard; leaving it in place");
+                tracing::error!(dir = %dir.display(), %error, "cannot open the WAL of a removed shard; leaving it in place (the idempotency keys it holds are not known until it opens)");
+                self.env.keys.shard_loaded();
                 return;
             }
         };
@@ -374,6 +413,7 @@ impl<F: FileSystem> Shard<F> {
         self.env
             .keys
             .recover(recovery.keys.iter().map(|(_, key)| key), self.now());
+        self.env.keys.shard_loaded();
         let carried: Vec<WalRecord> = recovery.keys.iter().map(|(_, k)| k.carried()).collect();
         for chunk in carried.chunks(ADOPT_CHUNK_RECORDS) {
             let refs: Vec<WalRecordRef<'_>> = chunk.iter().map(WalRecord::as_ref).collect();

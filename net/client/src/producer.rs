@@ -18,7 +18,8 @@
 //! refusal that names no item sends every message alone. Errors
 //! worth retrying are retried by the [`Client`]'s policy, a batch at a
 //! time; after the last attempt every caller of that batch gets the error.
-//! A retried batch may store its messages twice, as a retried produce may.
+//! Every message carries an idempotency key (the client gives one), so a
+//! retried batch stores each message once.
 //!
 //! A caller that stops waiting (its future dropped) does not take its
 //! message back: it is sent with the others, as a produce whose client went
