@@ -1310,7 +1310,10 @@ async fn metrics(shard: &Shard) -> HttpResponse {
     // Let go early by the node's table or by a shard's WAL (which then
     // does not hold it across a restart).
     let (keys_held, table_forgotten) = shard.idempotency_keys();
-    let wal_forgotten: u64 = shards.iter().map(|g| g.wal_keys_forgotten).sum();
+    let wal_forgotten: u64 = shards
+        .iter()
+        .map(|g| g.wal_keys_forgotten + g.owner_keys_forgotten)
+        .sum();
     metrics::counter!(IDEMPOTENCY_KEYS_FORGOTTEN_TOTAL).absolute(table_forgotten + wal_forgotten);
     let mut out = shard.render_metrics();
     let mut gauge = |name: &str, help: &str, samples: Vec<(String, f64)>| {

@@ -60,6 +60,9 @@ pub struct DispatchRecord {
     /// a topic deleted meanwhile never lands in one created again under its
     /// name.
     pub incarnation: Option<u64>,
+    /// The producer's idempotency key: the owner drops this copy if it
+    /// committed one with the same key within the topic's window.
+    pub idempotency_key: Option<bytes::Bytes>,
 }
 
 impl DispatchRecord {
@@ -520,6 +523,7 @@ mod tests {
 
     fn record(pos: u64) -> DispatchRecord {
         DispatchRecord {
+            idempotency_key: None,
             incarnation: None,
             pos,
             id: u128::from(pos),

@@ -61,7 +61,8 @@ pub const PARTITION_IN_FLIGHT: &str = "narad_partition_in_flight";
 /// Age of the oldest unacked message.
 pub const PARTITION_OLDEST_UNACKED_AGE_SECONDS: &str = "narad_partition_oldest_unacked_age_seconds";
 /// Produced messages found to be duplicates by their idempotency key, by
-/// topic and where (`node`: the node that took the produce).
+/// topic and where (`node`: the node that took the produce; `owner`: the
+/// partition's owner, which committed a copy with the same key).
 pub const PRODUCE_DUPLICATES_TOTAL: &str = "narad_produce_duplicates_total";
 /// Idempotency keys this node holds in its table (all shards).
 pub const IDEMPOTENCY_KEYS: &str = "narad_idempotency_keys";
@@ -113,9 +114,9 @@ pub const ALL: &[(&str, Kind, &str)] = &[
     (PARTITION_HIGH_WATERMARK, Kind::Gauge, "Next offset of the partition."),
     (PARTITION_IN_FLIGHT, Kind::Gauge, "Messages under a lease."),
     (PARTITION_OLDEST_UNACKED_AGE_SECONDS, Kind::Gauge, "Age of the oldest unacked message."),
-    (PRODUCE_DUPLICATES_TOTAL, Kind::Counter, "Produced messages found to be duplicates by their idempotency key, by topic and where (node: the node that took the produce)."),
+    (PRODUCE_DUPLICATES_TOTAL, Kind::Counter, "Produced messages found to be duplicates by their idempotency key, by topic and where (node: the node that took the produce; owner: the partition's owner)."),
     (IDEMPOTENCY_KEYS, Kind::Gauge, "Idempotency keys this node holds."),
-    (IDEMPOTENCY_KEYS_FORGOTTEN_TOTAL, Kind::Counter, "Idempotency keys let go before their window ended: the node's table or a shard's WAL held its limit of them."),
+    (IDEMPOTENCY_KEYS_FORGOTTEN_TOTAL, Kind::Counter, "Idempotency keys let go before their window ended: the node's table, a shard's WAL or a partition's owner held its limit of them."),
     (RAFT_IS_LEADER, Kind::Gauge, "1 while this node leads."),
     (RAFT_TERM, Kind::Gauge, "Current Raft term."),
     (WAL_RECORDS_PER_SYNC, Kind::Histogram, "Records per WAL fdatasync."),

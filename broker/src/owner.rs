@@ -27,7 +27,7 @@ use narad_storage::log::{Message, PartitionLog, StoredMessage};
 use narad_storage::StorageError;
 
 use crate::leases::{Lease, LeaseGone, LeaseTable};
-use crate::limits::{COMMIT_TIMES_MAX, RECENT_IDS_MAX};
+use crate::limits::{COMMIT_TIMES_MAX, OWNER_IDEMPOTENCY_KEYS_MAX, RECENT_IDS_MAX};
 
 use crate::signal::{Changed, Signal};
 
@@ -56,6 +56,19 @@ pub struct OwnerConfig {
     /// and back (or is opened again) within one start of the node must not
     /// grant a lease whose receipt equals one its earlier owner granted.
     pub first_lease_id: u64,
+    /// The topic's `idempotency_window_ms` (0: keys are not looked at).
+    pub idempotency_window_ms: u64,
+}
+
+/// What a commit appended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Appended {
+    /// The first offset of what it appended (the high watermark if it
+    /// appended nothing).
+    pub base: u64,
+    /// Copies dropped because a copy with the same idempotency key was
+    /// committed within the window.
+    pub duplicates: u32,
 }
 
 /// A message handed to a consumer under a lease.
@@ -212,6 +225,9 @@ pub struct PartitionOwner<F: FileSystem> {
     frozen: Cell<bool>,
     /// Commits through the owner journal (`owner/journal.rs`).
     journal: journal::Journal<F>,
+    /// Idempotency keys committed within the window (`owner/keys.rs`).
+    keys: RefCell<keys::OwnerKeys>,
+    idempotency_window_ms: Cell<u64>,
 }
 
 fn record_commit_time(times: &mut VecDeque<(u64, u64)>, base: u64, now_ms: u64) {
@@ -279,7 +295,32 @@ impl<F: FileSystem> PartitionOwner<F> {
             dead_pending: RefCell::default(),
             frozen: Cell::new(false),
             journal: journal::Journal::default(),
+            keys: RefCell::default(),
+            idempotency_window_ms: Cell::new(config.idempotency_window_ms),
         }
+    }
+
+    /// Rebuilds the table of idempotency keys from the log's tail (at
+    /// open, before any commit): keys of batches appended within the
+    /// window, among the last [`OWNER_IDEMPOTENCY_KEYS_MAX`] records.
+    pub async fn load_idempotency_keys(&self, now_ms: u64) -> Result<(), OwnerError> {
+        let window = self.idempotency_window_ms.get();
+        if window == 0 {
+            return Ok(());
+        }
+        let since = now_ms.saturating_sub(window);
+        let found = self
+            .log
+            .idempotency_keys_since(since, OWNER_IDEMPOTENCY_KEYS_MAX)
+            .await?;
+        self.keys.borrow_mut().restore(found, window);
+        Ok(())
+    }
+
+    /// Idempotency keys the table let go before their window ended (it was
+    /// full), since the last call.
+    pub fn take_idempotency_keys_forgotten(&self) -> u64 {
+        self.keys.borrow_mut().take_forgotten()
     }
 
     /// Why the partition's ack state failed (acks cannot be made durable).
@@ -337,10 +378,10 @@ impl<F: FileSystem> PartitionOwner<F> {
         Ok(read)
     }
 
-    /// Appends a batch and makes it visible; returns its first offset.
-    /// Commits from several shards take turns: the log takes one append at
-    /// a time.
-    pub async fn commit(&self, messages: &[Message], now_ms: u64) -> Result<u64, OwnerError> {
+    /// Appends a batch and makes it visible. Commits from several shards
+    /// take turns: the log takes one append at a time. A copy whose
+    /// idempotency key was committed within the window is dropped.
+    pub async fn commit(&self, messages: &[Message], now_ms: u64) -> Result<Appended, OwnerError> {
         let _turn = self.take_append_turn().await;
         if self.frozen.get() {
             return Err(OwnerError::Frozen);
@@ -371,13 +412,33 @@ impl<F: FileSystem> PartitionOwner<F> {
                 messages
             }
         };
+        // A copy of a key committed within the window is not stored.
+        let unique: Vec<Message>;
+        let window = self.idempotency_window_ms.get();
+        let judged = {
+            let mut keys = self.keys.borrow_mut();
+            keys.expire(window, now_ms);
+            keys.judge(messages, window, now_ms)
+        };
+        let messages = if judged.keep.len() == messages.len() {
+            messages
+        } else {
+            unique = judged.keep.iter().map(|&i| messages[i].clone()).collect();
+            &unique[..]
+        };
         if messages.is_empty() {
-            return Ok(self.high_watermark());
+            return Ok(Appended {
+                base: self.high_watermark(),
+                duplicates: judged.duplicates,
+            });
         }
         let base = self.log.append(messages).await?;
         self.remember_appended(base, messages, now_ms);
         self.signal.notify();
-        Ok(base)
+        Ok(Appended {
+            base,
+            duplicates: judged.duplicates,
+        })
     }
 
     async fn take_append_turn(&self) -> Turn<'_> {
@@ -394,9 +455,11 @@ impl<F: FileSystem> PartitionOwner<F> {
         self.signal.changed(seen)
     }
 
-    /// Applies a topic update: retention of the log and `max_deliveries`.
-    pub fn reconfigure(&self, retention_ms: u64, max_deliveries: u32) {
+    /// Applies a topic update: retention of the log, `max_deliveries` and
+    /// the idempotency window.
+    pub fn reconfigure(&self, retention_ms: u64, max_deliveries: u32, idempotency_window_ms: u64) {
         self.max_deliveries.set(max_deliveries);
+        self.idempotency_window_ms.set(idempotency_window_ms);
         self.log.set_retention_ms(retention_ms);
     }
 
@@ -797,6 +860,7 @@ impl<F: FileSystem> PartitionOwner<F> {
 }
 
 mod journal;
+mod keys;
 pub use journal::{JournalAppend, JournalError};
 
 #[cfg(test)]

@@ -29,7 +29,8 @@
 //!
 //! Each runs three nodes (on loopback but for suite 4) with producers and consumers spread over
 //! them; a client whose node does not answer moves to the next one, as
-//! behind a load balancer. The owner of every partition is recorded in the
+//! behind a load balancer, and a producer sends the message again there
+//! with its idempotency key (the partition's owner stores it once). The owner of every partition is recorded in the
 //! history at the start (partitions do not move here): the checker needs it
 //! to tell a crash that can lose an ack from one that cannot.
 //! `NARAD_SUITE_SEED` replays a run;
@@ -78,6 +79,10 @@ const CHILDREN: [(&str, Option<u64>); 2] = [("orders-copy", None), ("orders-late
 /// cluster of its own.
 const REMOTE_CHILD: &str = "orders-dr";
 const REMOTE_TOPIC: &str = "orders-far";
+/// Attempts at most per message: the first, then retries with its
+/// idempotency key at the next node.
+const PRODUCE_ATTEMPTS_MAX: u32 = 3;
+
 /// In the fault suite, the share (percent) of produces, consumes and ack
 /// batches a client sends whole and then abandons, closing the connection
 /// before it reads the answer (only while producers run, so the drain is
@@ -242,35 +247,53 @@ fn producer(shared: Arc<Shared>, client: String, count: Option<u64>, mut node: u
         // The value doubles as the key: the partition follows from it.
         let key = mix.keyed.then_some(value.as_str());
         let partition = key.map(|k| partition_for_key(k.as_bytes(), PARTITIONS as u32));
-        let headers: Vec<(&str, &str)> = key.map(|k| ("Narad-Key", k)).into_iter().collect();
-        let answer = try_raw_request(
-            &shared.addr(node),
-            "POST",
-            &format!("/v1/topics/{topic}/messages"),
-            &headers,
-            value.as_bytes(),
-            CLIENT_TIMEOUT,
-        )
-        .map(|(status, _, body)| (status, serde_json::from_slice(&body).unwrap_or(Value::Null)));
-        let outcome = outcome_of(&answer, |b| b["id"].as_str().unwrap_or("").to_string());
-        let accepted = matches!(answer, Ok((202, _)));
-        if move_on(&answer) {
-            node += 1;
+        // Every message carries an idempotency key (its value, unique), and
+        // one without an answer, or refused by a node that is stopping,
+        // failed or without a leader, is sent again with it to the next
+        // node: the owner stores it once (a copy rerouted to a sibling
+        // partition meanwhile is the one exception the checker allows).
+        let mut headers: Vec<(&str, &str)> = vec![("Narad-Idempotency-Key", value.as_str())];
+        headers.extend(key.map(|k| ("Narad-Key", k)));
+        let mut accepted = false;
+        let mut answer = Err(String::new());
+        for attempt in 1..=PRODUCE_ATTEMPTS_MAX {
+            let start = if attempt == 1 { start } else { now_ms() };
+            let who = via(&client, node);
+            answer = try_raw_request(
+                &shared.addr(node),
+                "POST",
+                &format!("/v1/topics/{topic}/messages"),
+                &headers,
+                value.as_bytes(),
+                CLIENT_TIMEOUT,
+            )
+            .map(|(status, _, body)| {
+                (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
+            });
+            let outcome = outcome_of(&answer, |b| b["id"].as_str().unwrap_or("").to_string());
+            accepted = matches!(answer, Ok((202, _)));
+            let again = move_on(&answer);
+            if again {
+                node += 1;
+            }
+            if let Outcome::Ok { value: id } = &outcome {
+                shared.accepted.lock().expect("accepted").insert(id.clone());
+            }
+            shared.history.record(
+                &who,
+                start,
+                Op::Produce {
+                    topic: topic.to_string(),
+                    value: value.clone(),
+                    partition,
+                    outcome,
+                },
+            );
+            if !again || shared.stop_producers.load(Ordering::SeqCst) {
+                break;
+            }
         }
-        if let Outcome::Ok { value: id } = &outcome {
-            shared.accepted.lock().expect("accepted").insert(id.clone());
-        }
-        shared.history.record(
-            &who,
-            start,
-            Op::Produce {
-                topic: topic.to_string(),
-                value,
-                partition,
-                outcome,
-            },
-        );
-        // A refused or unanswered message is not sent again: the checker
+        // A message still without an answer is not sent again: the checker
         // allows it to appear or not.
         i += 1;
         if !accepted && count.is_some() {

@@ -436,3 +436,86 @@ fn the_cli_sends_a_given_idempotency_key_and_says_when_it_was_a_duplicate() {
     assert!(!ok);
     assert!(err.contains("Narad-Idempotency-Key"), "{err}");
 }
+
+/// `narad_produce_duplicates_total` summed over a node's topics, for `at`.
+fn duplicates_at(node: &Node, at: &str) -> f64 {
+    let (_, _, body) = support::raw_request(&node.addr, "GET", "/metrics", &[], b"");
+    let label = format!("at=\"{at}\"");
+    String::from_utf8_lossy(&body)
+        .lines()
+        .filter(|l| l.starts_with("narad_produce_duplicates_total{") && l.contains(&label))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
+/// A retry sent to another node is accepted there under a new id, and its
+/// copy meets the first at the partition's owner, which stores it not:
+/// every key is delivered once, with its first value, also after each
+/// owner restarted and rebuilt its keys from its log.
+#[test]
+fn a_retry_sent_to_another_node_is_dropped_at_the_owner_across_its_restarts() {
+    let mut cluster = support::cluster::Cluster::start(3);
+    cluster.wait_ready(Duration::from_secs(30));
+    cluster.nodes[0].create_topic("orders", json!({"partitions": 6}));
+    let keys: Vec<String> = (0..24).map(|i| format!("order-{i}")).collect();
+    let mut first = std::collections::BTreeMap::new();
+    for key in &keys {
+        let (id, duplicate) = accepted(&cluster.nodes[0], "orders", key, &format!("{key}:first"));
+        assert!(!duplicate);
+        first.insert(key.clone(), id);
+    }
+    for node in &cluster.nodes {
+        stored_when_committed(node, "orders");
+    }
+    // A retry at node 2 (before every node restarted, one after another,
+    // and rebuilt its keys), then one at node 3, which never saw them.
+    let mut retries = 0;
+    for (round, at) in [1, 2].into_iter().enumerate() {
+        for key in &keys {
+            let value = format!("{key}:retry-{round}");
+            let (id, duplicate) = accepted(&cluster.nodes[at], "orders", key, &value);
+            assert!(!duplicate, "node {} does not know the key", at + 1);
+            assert_ne!(id, first[key], "another node gives a new id");
+            retries += 1;
+        }
+        for node in &cluster.nodes {
+            stored_when_committed(node, "orders");
+        }
+        if round == 0 {
+            for index in 0..cluster.nodes.len() {
+                if index == 0 {
+                    cluster.nodes[index].terminate();
+                } else {
+                    cluster.nodes[index].kill();
+                }
+                cluster.restart_node(index, &[]);
+                cluster.wait_ready(Duration::from_secs(30));
+            }
+        }
+    }
+    // Every owner answers for its partitions again (after the restarts
+    // some take a moment), and holds each key once.
+    stored_when_committed(&cluster.nodes[0], "orders");
+    let complete = eventually(Duration::from_secs(20), || {
+        stored(&cluster.nodes[0], "orders") >= 24
+    });
+    assert!(complete, "every partition's figures come back");
+    assert_eq!(stored(&cluster.nodes[0], "orders"), 24);
+    let delivered = drain(&cluster.nodes[0], "orders");
+    let mut values: Vec<String> = delivered.into_iter().map(|(_, v, _)| v).collect();
+    values.sort();
+    let mut expected: Vec<String> = keys.iter().map(|k| format!("{k}:first")).collect();
+    expected.sort();
+    assert_eq!(values, expected, "each key once, with its first value");
+    // Counted at the owners: those that restarted count afresh, so at
+    // least the last round's retries are in the figures.
+    let counted: f64 = cluster
+        .nodes
+        .iter()
+        .map(|n| duplicates_at(n, "owner"))
+        .sum();
+    assert!(
+        counted >= keys.len() as f64 && counted <= f64::from(retries),
+        "{counted} duplicates counted at the owners"
+    );
+}

@@ -17,7 +17,7 @@
 mod sim;
 
 use std::cell::{Cell, RefCell};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
@@ -100,9 +100,10 @@ struct Scenario {
     /// offset given to another.
     mid_flush: bool,
     /// Producers give every message an idempotency key, and send it again
-    /// to the same node with the same key (and value) when its answer was
-    /// lost, refused as retryable or abandoned: the node must store it
-    /// once, so a value delivered under two ids is a finding.
+    /// with the same key (and value) when its answer was lost, refused as
+    /// retryable or abandoned, to the same node or (half the time) another:
+    /// the node, or else the partition's owner, must store it once, so a
+    /// value delivered under two ids from one partition is a finding.
     retries: bool,
 }
 
@@ -184,7 +185,18 @@ struct Clients {
     over_delivered: RefCell<Vec<String>>,
     /// Ids delivered in each child, by child.
     in_children: RefCell<std::collections::BTreeMap<&'static str, BTreeSet<String>>>,
+    /// A message is its value (a retry at another node is answered with
+    /// a new id, and the owner keeps one copy, under either id): the values
+    /// answered 202, those acked (or maybe acked, or dead-lettered) under
+    /// some id, and those delivered in each child.
+    accepted_values: RefCell<HashSet<String>>,
+    settled_values: RefCell<HashSet<String>>,
+    child_values: RefCell<std::collections::BTreeMap<&'static str, HashSet<String>>>,
     stop: Cell<bool>,
+}
+
+fn value_of(message: &ConsumedMessage) -> String {
+    String::from_utf8_lossy(&message.value).into_owned()
 }
 
 /// A consume of `topic` at `node`.
@@ -225,6 +237,14 @@ impl Clients {
     }
 
     fn record(&self, client: &str, start_ms: u64, op: Op) {
+        if let Op::Produce {
+            value,
+            outcome: Outcome::Ok { .. },
+            ..
+        } = &op
+        {
+            self.accepted_values.borrow_mut().insert(value.clone());
+        }
         self.events.borrow_mut().push(Event {
             start_ms,
             end_ms: self.now(),
@@ -322,7 +342,11 @@ async fn producer(clients: Rc<Clients>, name: String) {
             .keyed
             .then(|| format!("k{}", clients.below(64)).into_bytes());
         let idempotency_key = clients.retries.then(|| format!("i{number}").into_bytes());
+        let mut node = node;
         for attempt in 1..=PRODUCE_ATTEMPTS_MAX {
+            if attempt > 1 && clients.chance(1, 2) {
+                node = clients.pick_node().unwrap_or(node);
+            }
             let settled = produce_once(
                 &clients,
                 &name,
@@ -533,6 +557,10 @@ async fn settle_one(clients: &Rc<Clients>, name: &str, message: &ConsumedMessage
         Answer::Done(Ok(lease_end)) => {
             if check_action == CheckAction::Ack {
                 clients.acked.borrow_mut().insert(id.clone());
+                clients
+                    .settled_values
+                    .borrow_mut()
+                    .insert(value_of(message));
             }
             Outcome::Ok { value: lease_end }
         }
@@ -540,11 +568,19 @@ async fn settle_one(clients: &Rc<Clients>, name: &str, message: &ConsumedMessage
             // 502: the owner did not answer; the ack may have landed.
             if check_action == CheckAction::Ack && error.code.status() == 502 {
                 clients.maybe_acked.borrow_mut().insert(id.clone());
+                clients
+                    .settled_values
+                    .borrow_mut()
+                    .insert(value_of(message));
             }
             refused(&error)
         }
         Answer::Broken(_) if abandon.is_some() => {
             clients.maybe_acked.borrow_mut().insert(id.clone());
+            clients
+                .settled_values
+                .borrow_mut()
+                .insert(value_of(message));
             let op = Op::AckAbandoned {
                 topic: TOPIC.into(),
                 id,
@@ -556,6 +592,10 @@ async fn settle_one(clients: &Rc<Clients>, name: &str, message: &ConsumedMessage
         Answer::Broken(reason) => {
             if check_action == CheckAction::Ack {
                 clients.maybe_acked.borrow_mut().insert(id.clone());
+                clients
+                    .settled_values
+                    .borrow_mut()
+                    .insert(value_of(message));
             }
             Outcome::Unknown { reason }
         }
@@ -626,6 +666,10 @@ async fn dead_letter_reader(clients: Rc<Clients>) {
             .dead_lettered
             .borrow_mut()
             .extend(got.iter().map(|m| format!("{:032x}", m.id)));
+        clients
+            .settled_values
+            .borrow_mut()
+            .extend(got.iter().map(value_of));
     })
     .await;
 }
@@ -649,6 +693,12 @@ async fn child_reader(clients: Rc<Clients>, child: &'static str) {
             .entry(child)
             .or_default()
             .extend(got.iter().map(|m| format!("{:032x}", m.id)));
+        clients
+            .child_values
+            .borrow_mut()
+            .entry(child)
+            .or_default()
+            .extend(got.iter().map(value_of));
     })
     .await;
 }
@@ -882,6 +932,9 @@ fn run(seed: u64, scenario: &Scenario) -> Vec<Event> {
         dead_lettered: RefCell::default(),
         over_delivered: RefCell::default(),
         in_children: RefCell::default(),
+        accepted_values: RefCell::default(),
+        settled_values: RefCell::default(),
+        child_values: RefCell::default(),
         stop: Cell::new(false),
     });
 
@@ -1131,20 +1184,17 @@ fn run(seed: u64, scenario: &Scenario) -> Vec<Event> {
     let settled = {
         let clients = clients.clone();
         executor.run_until(executor.now_ms() + SETTLE_MS, move || {
-            let (acked, maybe) = (clients.acked.borrow(), clients.maybe_acked.borrow());
-            let dead = clients.dead_lettered.borrow();
-            let in_children = clients.in_children.borrow();
-            let accepted = clients.accepted.borrow();
+            // By value: each accepted message acked (or dead-lettered)
+            // under one of its ids.
+            let accepted = clients.accepted_values.borrow();
+            let in_children = clients.child_values.borrow();
             let copied = !clients.children
                 || CHILDREN.iter().all(|(child, _)| {
                     in_children
                         .get(child)
                         .is_some_and(|seen| accepted.is_subset(seen))
                 });
-            copied
-                && accepted
-                    .iter()
-                    .all(|id| acked.contains(id) || maybe.contains(id) || dead.contains(id))
+            copied && accepted.is_subset(&clients.settled_values.borrow())
         })
     };
     // Nothing stays behind in a WAL: every record a shard took in was
@@ -1196,15 +1246,17 @@ fn run(seed: u64, scenario: &Scenario) -> Vec<Event> {
         // to be acked there or here instead.
         violations.retain(|(name, _)| *name != "never_acked");
         let unsettled: Vec<String> = {
-            let (acked, maybe) = (clients.acked.borrow(), clients.maybe_acked.borrow());
-            let dead = clients.dead_lettered.borrow();
-            let accepted = clients.accepted.borrow();
-            accepted
+            let done = clients.settled_values.borrow();
+            let mut left: Vec<String> = clients
+                .accepted_values
+                .borrow()
                 .iter()
-                .filter(|id| !acked.contains(*id) && !maybe.contains(*id) && !dead.contains(*id))
-                .take(5)
+                .filter(|v| !done.contains(*v))
                 .cloned()
-                .collect()
+                .collect();
+            left.sort();
+            left.truncate(5);
+            left
         };
         let seen: Vec<String> = events
             .iter()
@@ -1216,7 +1268,7 @@ fn run(seed: u64, scenario: &Scenario) -> Vec<Event> {
                 _ => None,
             })
             .flat_map(|(at, value)| value.iter().map(move |d| (at, d)))
-            .filter(|(_, d)| unsettled.contains(&d.id))
+            .filter(|(_, d)| unsettled.contains(&d.value))
             .map(|(at, d)| {
                 format!(
                     "{} at {at} p{} o{} count {}",

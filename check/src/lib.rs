@@ -12,9 +12,13 @@
 //! - **unknown**: delivered, never produced;
 //! - **wrong topic**: delivered on a topic it was not produced to;
 //! - **wrong value**: delivered with a body other than the one its produce
-//!   sent, or one body delivered under two ids (a body produced more than
-//!   once is a client's retries of one message with one idempotency key,
-//!   to one node: the node must store it once);
+//!   sent, or one body delivered under two ids from one partition (a body
+//!   produced more than once is a client's retries of one message with one
+//!   idempotency key: the node that took it, or else the partition's owner,
+//!   must store it once). Two ids from two partitions are a copy rerouted
+//!   to a sibling partition, reported as **rerouted copies**; an id
+//!   answered to a retry whose copy the owner dropped is neither lost nor
+//!   unacked once another id of its body was delivered;
 //! - **duplicates**, split into those the contract explains and those
 //!   nothing explains. A second delivery of one entry needs its lease to
 //!   have ended (expiry, nack, or a restart or handover of its owner). A
@@ -42,7 +46,7 @@
 //! Times are wall-clock milliseconds on one machine, the clock the node's
 //! `lease_expires_at_ms` also uses.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::io::Write;
 use std::path::Path;
 use std::sync::Mutex;
@@ -116,8 +120,9 @@ pub struct Event {
 pub enum Op {
     /// `value` identifies a message, also one whose produce had no
     /// answer. Several produces of one value are retries of one message
-    /// with one idempotency key at one node, which stores it once: the
-    /// value delivered under two ids is a finding (wrong value).
+    /// with one idempotency key, at one node or several, stored once: the
+    /// value delivered under two ids from one partition is a finding
+    /// (wrong value).
     Produce {
         topic: String,
         value: String,
@@ -447,6 +452,15 @@ pub struct Report {
     pub child_early: Finding,
     /// Deliveries in children, all told.
     pub child_delivered: usize,
+    /// Ids answered 202 to a retry at another node whose copy the
+    /// partition's owner dropped (a copy with the same idempotency key was
+    /// stored there): their value was delivered under another id of its
+    /// produces, so they are neither lost nor unacked.
+    pub dropped_at_owner: usize,
+    /// A value delivered under two ids from two partitions: one copy was
+    /// rerouted to a sibling partition while its owner was unavailable,
+    /// the one case idempotency keys do not cover. Reported, never failed.
+    pub rerouted_copies: Finding,
 }
 
 /// Which findings fail a run.
@@ -490,7 +504,7 @@ impl Report {
             "accepted {}, delivered {}, acked {} ({} accepted ones only by acks without \
              an answer, {} on a lost volume); abandoned {} produces, {} consumes, {} acks; \
              longest 202 to first delivery {} ms, longest lease end to redelivery {} ms; \
-             {} deliveries in children",
+             {} deliveries in children; {} retried ids dropped at the owner",
             self.accepted,
             self.delivered,
             self.acked,
@@ -501,7 +515,8 @@ impl Report {
             self.abandoned[2],
             self.max_first_delivery_ms,
             self.max_redelivery_delay_ms,
-            self.child_delivered
+            self.child_delivered,
+            self.dropped_at_owner
         );
         for (name, finding) in [
             ("lost", &self.lost),
@@ -521,6 +536,7 @@ impl Report {
             ("lost_with_a_volume", &self.lost_with_a_volume),
             ("child_missing", &self.child_missing),
             ("child_early", &self.child_early),
+            ("rerouted_copies", &self.rerouted_copies),
         ] {
             out.push_str(&format!("\n  {name}: {}", finding.count));
             for example in &finding.examples {
@@ -726,11 +742,14 @@ fn check_children(
     if children.is_empty() {
         return;
     }
-    // Accepted produces by topic: id → when the produce started (its
-    // first attempt, for a value retried with one idempotency key).
-    let mut accepted: BTreeMap<&str, BTreeMap<&str, u64>> = BTreeMap::new();
+    // Accepted produces by topic: value → when its produce started (its
+    // first attempt, for a value retried with one idempotency key) and
+    // the ids it was answered under (a retry at another node gets a new
+    // one; the owner keeps one copy).
+    let mut accepted: BTreeMap<&str, BTreeMap<&str, (u64, Vec<&str>)>> = BTreeMap::new();
     let mut first_attempt: HashMap<&str, u64> = HashMap::new();
-    // Deliveries by child: id → the end of each consume that carried it.
+    // Deliveries by child: value → the end of each consume that carried
+    // it (under whichever id the owner kept).
     let mut delivered: BTreeMap<&str, BTreeMap<&str, Vec<u64>>> = BTreeMap::new();
     for event in events {
         match &event.op {
@@ -745,10 +764,13 @@ fn check_children(
                     ..
                 } = &event.op
                 {
-                    accepted
+                    let entry = accepted
                         .entry(topic.as_str())
                         .or_default()
-                        .insert(id, *first);
+                        .entry(value.as_str())
+                        .or_insert((*first, Vec::new()));
+                    entry.0 = entry.0.min(*first);
+                    entry.1.push(id.as_str());
                 }
             }
             Op::Consume {
@@ -760,7 +782,7 @@ fn check_children(
                     delivered
                         .entry(topic.as_str())
                         .or_default()
-                        .entry(delivery.id.as_str())
+                        .entry(delivery.value.as_str())
                         .or_default()
                         .push(event.end_ms);
                 }
@@ -771,9 +793,10 @@ fn check_children(
     let none = BTreeMap::new();
     for (child, (parent, delay_ms, created_ms)) in children {
         let seen = delivered.get(child).unwrap_or(&none);
-        for (id, produced_ms) in accepted.get(parent).unwrap_or(&BTreeMap::new()) {
+        for (value, (produced_ms, ids)) in accepted.get(parent).unwrap_or(&BTreeMap::new()) {
+            let id = ids.first().copied().unwrap_or_default();
             if let Some(delay) = delay_ms {
-                for at in seen.get(id).map(Vec::as_slice).unwrap_or_default() {
+                for at in seen.get(value).map(Vec::as_slice).unwrap_or_default() {
                     if *at < produced_ms.saturating_add(*delay) {
                         report.child_early.add(|| {
                             format!(
@@ -784,7 +807,7 @@ fn check_children(
                     }
                 }
             }
-            if *produced_ms >= *created_ms && !seen.contains_key(id) {
+            if *produced_ms >= *created_ms && !seen.contains_key(value) {
                 report.child_missing.add(|| {
                     format!(
                         "{id}: 202 on {parent} after {child} existed, never delivered in {child}"
@@ -823,6 +846,11 @@ pub fn check(events: &[Event]) -> Report {
     let mut produced: HashMap<&str, Produced<'_>> = HashMap::new();
     let mut accepted: BTreeMap<&str, Accepted<'_>> = BTreeMap::new();
     let mut deliveries: BTreeMap<&str, Vec<Seen<'_>>> = BTreeMap::new();
+    // Values with an attempt that may have been stored unanswered: the
+    // message may be delivered under that attempt's id, which nobody saw
+    // (a retry at another node was answered with a new one, and the owner
+    // kept the first copy).
+    let mut uncertain: HashSet<&str> = HashSet::new();
     // Receipt → settle events answered with success.
     let mut settled: HashMap<&str, Vec<Settled<'_>>> = HashMap::new();
     let mut acked_ids: BTreeSet<&str> = BTreeSet::new();
@@ -847,6 +875,16 @@ pub fn check(events: &[Event]) -> Report {
                     Outcome::Ok { value: id } => Some(id.as_str()),
                     _ => None,
                 };
+                if matches!(
+                    outcome,
+                    Outcome::Unknown { .. }
+                        | Outcome::Refused {
+                            status: 500 | 502 | 504,
+                            ..
+                        }
+                ) {
+                    uncertain.insert(value.as_str());
+                }
                 // A retry of the value (same idempotency key): the message
                 // dates from its first attempt, and keeps an id answered.
                 let earlier = produced.get(value.as_str()).copied();
@@ -866,6 +904,7 @@ pub fn check(events: &[Event]) -> Report {
             // May have been accepted: it may appear, with this value.
             Op::ProduceAbandoned { topic, value } => {
                 report.abandoned[0] += 1;
+                uncertain.insert(value.as_str());
                 let earlier = produced.get(value.as_str()).copied();
                 produced.insert(
                     value,
@@ -971,6 +1010,30 @@ pub fn check(events: &[Event]) -> Report {
             Op::Child { .. } => {}
         }
     }
+    // Every id a value was answered 202 under (a retry at another node
+    // gets a new id), and those whose copy the owner dropped: never
+    // delivered, while the value was (under another id, answered or not).
+    let mut ids_of_value: HashMap<&str, Vec<&str>> = HashMap::new();
+    for (id, (_, value, _, _)) in &accepted {
+        ids_of_value.entry(value).or_default().push(id);
+    }
+    let delivered_values: HashSet<&str> = deliveries
+        .values()
+        .flatten()
+        .map(|s| s.delivery.value.as_str())
+        .collect();
+    let dropped: BTreeSet<&str> = accepted
+        .iter()
+        .filter(|(id, (_, value, _, _))| {
+            !deliveries.contains_key(*id)
+                && delivered_values.contains(value)
+                && (ids_of_value.get(value).is_some_and(|ids| ids.len() > 1)
+                    || uncertain.contains(value))
+        })
+        .map(|(id, _)| *id)
+        .collect();
+    report.dropped_at_owner = dropped.len();
+    accepted.retain(|id, _| !dropped.contains(id));
     report.accepted = accepted.len();
     report.delivered = deliveries.len();
     check_offsets(&deliveries, &owners, &handovers, &faults, &mut report);
@@ -1078,8 +1141,9 @@ pub fn check(events: &[Event]) -> Report {
                 .add(|| format!("{id} on {topic}: 202, never delivered"));
         }
     }
-    // The id each value was first delivered under: one value, one message.
-    let mut id_of_value: HashMap<&str, &str> = HashMap::new();
+    // The id and partition each value was first delivered under: one
+    // value, one message (unless a copy was rerouted).
+    let mut id_of_value: HashMap<&str, (&str, u32)> = HashMap::new();
     for (id, seen) in &mut deliveries {
         // In the order the leases were granted: a lease ends one visibility
         // timeout after it was granted, and the suites use one visibility per
@@ -1109,14 +1173,23 @@ pub fn check(events: &[Event]) -> Report {
                     )
                 }),
                 Some(p) => {
-                    let first_id = *id_of_value.entry(value).or_insert(id);
+                    let partition = s.delivery.partition;
+                    let (first_id, first_partition) =
+                        *id_of_value.entry(value).or_insert((id, partition));
+                    let answered = ids_of_value.get(value).map(Vec::as_slice);
                     if let Some((_, sent, _, _)) = accepted.get(id).filter(|a| a.1 != value) {
                         report.wrong_value.add(|| {
                             format!("{id}: produced with {sent:?}, delivered with {value:?}")
                         });
-                    } else if let Some(other) = p.id.filter(|other| other != id) {
+                    } else if let Some(other) = p.id.filter(|_| {
+                        !uncertain.contains(value) && answered.is_some_and(|ids| !ids.contains(id))
+                    }) {
                         report.wrong_value.add(|| {
                             format!("{value:?}: answered 202 as {other}, delivered as {id}")
+                        });
+                    } else if first_id != *id && first_partition != partition {
+                        report.rerouted_copies.add(|| {
+                            format!("{value:?}: delivered as {first_id} in partition {first_partition} and as {id} in {partition}")
                         });
                     } else if first_id != *id {
                         report

@@ -191,6 +191,7 @@ fn a_full_ring_refuses_appends_until_committed_space_is_checkpointed() {
 
 fn messages(ids: std::ops::Range<u128>) -> Vec<Message> {
     ids.map(|id| Message {
+        idempotency_key: None,
         id,
         produced_at_ms: 5,
         key: Some(b"k".to_vec()),

@@ -17,6 +17,7 @@ use narad_storage::log::{LogConfig, Message, PartitionLog};
 fn messages(from: u128, count: u128) -> Vec<Message> {
     (from..from + count)
         .map(|id| Message {
+            idempotency_key: None,
             id,
             produced_at_ms: 1_000,
             key: None,

@@ -82,6 +82,7 @@ fn real_files_work_on_a_fresh_empty_data_folder_with_read_back() {
         .expect("log");
         let messages: Vec<Message> = (0..20)
             .map(|id| Message {
+                idempotency_key: None,
                 id,
                 produced_at_ms: 1,
                 key: None,

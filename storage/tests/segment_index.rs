@@ -25,6 +25,7 @@ fn config(retention_ms: u64) -> LogConfig {
 
 fn messages(ids: std::ops::Range<u128>) -> Vec<Message> {
     ids.map(|id| Message {
+        idempotency_key: None,
         id,
         produced_at_ms: 5,
         key: None,

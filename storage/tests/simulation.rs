@@ -363,6 +363,7 @@ fn log_workload(seed: u64) {
                     if behind_rng.chance(1, 2) {
                         next_id += 1;
                         let message = Message {
+                            idempotency_key: None,
                             id: next_id,
                             produced_at_ms: clock.now_ms_for_test(),
                             key: None,
@@ -422,6 +423,7 @@ fn log_workload(seed: u64) {
                     .map(|_| {
                         next_id += 1;
                         Message {
+                            idempotency_key: None,
                             id: next_id,
                             produced_at_ms: clock.now_ms_for_test(),
                             key: None,
@@ -459,6 +461,7 @@ fn log_workload(seed: u64) {
                         .map(|_| {
                             next_id += 1;
                             Message {
+                                idempotency_key: None,
                                 id: next_id,
                                 produced_at_ms: clock.now_ms_for_test(),
                                 key: rng.chance(1, 3).then(|| random_bytes(&mut rng, 8)),

@@ -150,7 +150,11 @@ impl<F: FileSystem> PartitionOwner<F> {
         }
     }
 
-    /// The recent ids, the tail cache and the commit times of an append.
+    /// The recent ids, the tail cache, the commit times and the idempotency
+    /// keys of an append. Keys are remembered here for every path: a
+    /// journal append of a keyed message would need its duplicates to wait
+    /// for the journal copy to be durable, so keyed messages do not take it
+    /// (`Shard::produce`).
     pub(super) fn remember_appended(&self, base: u64, messages: &[Message], now_ms: u64) {
         {
             let mut recent = self.recent.ids.borrow_mut();
@@ -168,6 +172,9 @@ impl<F: FileSystem> PartitionOwner<F> {
             }
         }
         record_commit_time(&mut self.recent.commit_times.borrow_mut(), base, now_ms);
+        self.keys
+            .borrow_mut()
+            .remember(messages, self.idempotency_window_ms.get(), now_ms);
     }
 
     /// The journal copy of the batch at `base` is durable (synced and read

@@ -10,11 +10,13 @@ use narad_storage::io::sim::SimFs;
 use narad_storage::log::LogConfig;
 
 use super::*;
+use narad_storage::clock::Clock;
 
 const CONFIG: OwnerConfig = OwnerConfig {
     max_deliveries: 0,
     tail_cache_bytes: 1 << 20,
     first_lease_id: 1,
+    idempotency_window_ms: 60_000,
 };
 
 fn open(fs: &SimFs, clock: &ManualClock, config: OwnerConfig) -> PartitionOwner<SimFs> {
@@ -43,6 +45,7 @@ fn messages(n: u128) -> Vec<Message> {
             produced_at_ms: 1,
             key: None,
             value: format!("m{id}").into_bytes().into(),
+            idempotency_key: None,
         })
         .collect()
 }
@@ -321,6 +324,53 @@ fn a_repeated_commit_is_dropped_but_the_same_id_written_again_later_is_kept() {
         3,
         "a message written again is appended"
     );
+}
+
+fn keyed(id: u128, key: &str) -> Message {
+    Message {
+        id,
+        produced_at_ms: 1,
+        key: None,
+        value: format!("m{id}").into_bytes().into(),
+        idempotency_key: Some(bytes::Bytes::from(key.to_string())),
+    }
+}
+
+/// A copy of a key committed within the window (a retry another node
+/// accepted under a new id) is not stored, also once the owner opened
+/// again from its log; after the window it is.
+#[test]
+fn a_copy_of_a_committed_key_is_dropped_across_a_reopen_until_the_window_ends() {
+    let fs = SimFs::new(12);
+    let clock = ManualClock::new(1_000);
+    let owner = open(&fs, &clock, CONFIG);
+    let first = block_on(owner.commit(&[keyed(1, "a"), keyed(2, "b")], 1_000)).expect("commit");
+    assert_eq!(first.duplicates, 0);
+    let again = block_on(owner.commit(&[keyed(3, "a"), keyed(4, "c")], 1_001)).expect("again");
+    assert_eq!((again.base, again.duplicates), (2, 1));
+    assert_eq!(owner.high_watermark(), 3, "only c was stored");
+    drop(owner);
+    fs.power_loss();
+    clock.advance_ms(30_000);
+    let owner = open(&fs, &clock, CONFIG);
+    block_on(owner.load_idempotency_keys(clock.now_ms())).expect("keys");
+    let retry =
+        block_on(owner.commit(&[keyed(5, "b"), keyed(6, "c")], clock.now_ms())).expect("retry");
+    assert_eq!(retry.duplicates, 2, "the keys came back from the log");
+    assert_eq!(owner.high_watermark(), 3);
+    // Past the window (60 s from each first commit) a key is new again.
+    clock.advance_ms(31_000);
+    let owner = {
+        drop(owner);
+        open(&fs, &clock, CONFIG)
+    };
+    block_on(owner.load_idempotency_keys(clock.now_ms())).expect("keys");
+    let late = block_on(owner.commit(&[keyed(7, "a")], clock.now_ms())).expect("late");
+    assert_eq!(late.duplicates, 0);
+    assert_eq!(owner.high_watermark(), 4);
+    let read = block_on(owner.read(0, 10, usize::MAX)).expect("read");
+    let ids: Vec<u128> = read.iter().map(|s| s.message.id).collect();
+    assert_eq!(ids, vec![1, 2, 4, 7]);
 }
 
 /// A batch through the journal stays invisible until its journal copy is

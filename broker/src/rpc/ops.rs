@@ -15,8 +15,8 @@ use narad_storage::log::Message;
 use rkyv::{Archive, Deserialize, Serialize};
 
 use super::wire::{
-    Wire, KIND_AVAILABLE, KIND_COLLECT, KIND_COMMIT, KIND_GAINED, KIND_GAUGES, KIND_MOVE_SOURCE,
-    KIND_PRODUCE, KIND_SETTLE, KIND_STATS, KIND_WAKE,
+    Wire, KIND_AVAILABLE, KIND_COLLECT, KIND_COMMIT, KIND_GAINED, KIND_GAUGES, KIND_KEYED_COMMIT,
+    KIND_MOVE_SOURCE, KIND_PRODUCE, KIND_SETTLE, KIND_STATS, KIND_WAKE,
 };
 use crate::owner::PartitionStats;
 
@@ -59,6 +59,55 @@ pub struct Commit {
 }
 pub type Committed = Result<(), ApiError>;
 
+/// A [`Commit`] some of whose records carry the producer's idempotency
+/// key: the owner drops a copy whose key it committed within the topic's
+/// window, and answers it as done. A node of an earlier release refuses
+/// this kind; the sender then sends the plain [`Commit`] (that owner
+/// drops no copies).
+#[derive(Debug, Clone, PartialEq, Eq, Archive, Serialize, Deserialize)]
+pub struct KeyedCommit {
+    pub commit: Commit,
+    /// The keys, by index into `commit.messages`, in index order.
+    pub keys: Vec<KeyAt>,
+}
+
+/// The idempotency key of one record of a [`KeyedCommit`].
+#[derive(Debug, Clone, PartialEq, Eq, Archive, Serialize, Deserialize)]
+pub struct KeyAt {
+    pub index: u32,
+    pub key: Bytes,
+}
+
+impl From<Commit> for KeyedCommit {
+    fn from(commit: Commit) -> Self {
+        Self {
+            commit,
+            keys: Vec::new(),
+        }
+    }
+}
+
+impl KeyedCommit {
+    /// The messages to append, each with its idempotency key.
+    pub fn into_messages(self) -> Vec<Message> {
+        let mut messages: Vec<Message> = self
+            .commit
+            .messages
+            .into_iter()
+            .map(Message::from)
+            .collect();
+        for at in self.keys {
+            if let Some(message) = usize::try_from(at.index)
+                .ok()
+                .and_then(|i| messages.get_mut(i))
+            {
+                message.idempotency_key = Some(at.key);
+            }
+        }
+        messages
+    }
+}
+
 /// A produce another shard of this node took, whose messages all go to one
 /// partition of the receiver: committed through the receiver's journal
 /// (`shard/journal.rs`) before any WAL holds them, so that the one
@@ -90,6 +139,7 @@ impl From<Record> for Message {
             produced_at_ms: record.produced_at_ms,
             key: record.key,
             value: record.value,
+            idempotency_key: None,
         }
     }
 }
@@ -201,6 +251,9 @@ pub struct ShardGauges {
     /// Idempotency keys the WAL let go before their window ended (its
     /// bound, or a ring too full to carry them).
     pub wal_keys_forgotten: u64,
+    /// Idempotency keys its partition owners let go before their window
+    /// ended (a table at its bound).
+    pub owner_keys_forgotten: u64,
     pub wal_failure: Option<String>,
     /// Why a partition's ack state on this shard failed, if one did.
     pub ack_state_failure: Option<String>,
@@ -294,6 +347,7 @@ pub struct Wake {
 /// carries.
 pub enum Envelope {
     Commit(Commit, Reply<Committed>),
+    KeyedCommit(KeyedCommit, Reply<Committed>),
     Produce(Produce, Reply<Produced>),
     Collect(Collect, Reply<Collected>),
     Settle(Settle, Reply<Settled>),
@@ -315,6 +369,7 @@ impl Envelope {
     pub fn kind(&self) -> u8 {
         match self {
             Self::Commit(..) => Commit::KIND,
+            Self::KeyedCommit(..) => KeyedCommit::KIND,
             Self::Produce(..) => Produce::KIND,
             Self::Collect(..) => Collect::KIND,
             Self::Settle(..) => Settle::KIND,
@@ -331,6 +386,7 @@ impl Envelope {
     pub fn visit<V: Visit>(self, visitor: V) -> V::Output {
         match self {
             Self::Commit(op, reply) => visitor.visit(op, reply),
+            Self::KeyedCommit(op, reply) => visitor.visit(op, reply),
             Self::Produce(op, reply) => visitor.visit(op, reply),
             Self::Collect(op, reply) => visitor.visit(op, reply),
             Self::Settle(op, reply) => visitor.visit(op, reply),
@@ -348,6 +404,7 @@ impl Envelope {
     pub fn home(&self) -> Option<(&str, u32)> {
         match self {
             Self::Commit(op, _) => Some((&op.topic.name, op.partition)),
+            Self::KeyedCommit(op, _) => Some((&op.commit.topic.name, op.commit.partition)),
             Self::Produce(op, _) => Some((&op.topic.name, op.partition)),
             Self::Collect(op, _) => Some((&op.topic.name, first(&op.partitions))),
             Self::Stats(op, _) => Some((&op.topic.name, first(&op.partitions))),
@@ -375,6 +432,7 @@ macro_rules! operation {
 }
 
 operation!(Commit, Committed, KIND_COMMIT);
+operation!(KeyedCommit, Committed, KIND_KEYED_COMMIT);
 operation!(Produce, Produced, KIND_PRODUCE);
 operation!(Collect, Collected, KIND_COLLECT);
 operation!(Settle, Settled, KIND_SETTLE);

@@ -14,8 +14,8 @@ use rkyv::ser::allocator::ArenaHandle;
 use rkyv::util::AlignedVec;
 
 use super::ops::{
-    Available, Collect, Commit, Envelope, Gained, Gauges, MoveSource, Operation, Produce, Settle,
-    Stats, Wake,
+    Available, Collect, Commit, Envelope, Gained, Gauges, KeyedCommit, MoveSource, Operation,
+    Produce, Settle, Stats, Wake,
 };
 
 /// The version of this form. A node refuses a request of another version
@@ -38,10 +38,13 @@ pub const KIND_PRODUCE: u8 = 40;
 /// Named topics gained messages at another node (a node of an earlier
 /// release refuses it; the sender then falls back to `KIND_AVAILABLE`).
 pub const KIND_GAINED: u8 = 41;
+/// A commit whose records carry idempotency keys (a node of an earlier
+/// release refuses it; the sender then falls back to `KIND_COMMIT`).
+pub const KIND_KEYED_COMMIT: u8 = 42;
 
 /// Whether `kind` is an operation of the data plane.
 pub fn is_operation_kind(kind: u8) -> bool {
-    (KIND_COMMIT..=KIND_GAINED).contains(&kind)
+    (KIND_COMMIT..=KIND_KEYED_COMMIT).contains(&kind)
 }
 
 const ANSWERED: u8 = 0;
@@ -133,6 +136,7 @@ pub fn open(kind: u8, payload: &[u8]) -> Result<(Envelope, EncodedReply), String
         KIND_WAKE => open_as::<Wake>(payload),
         KIND_PRODUCE => open_as::<Produce>(payload),
         KIND_GAINED => open_as::<Gained>(payload),
+        KIND_KEYED_COMMIT => open_as::<KeyedCommit>(payload),
         other => Err(format!("no operation of kind {other}")),
     }
 }
@@ -175,6 +179,34 @@ mod tests {
                 value: Bytes::from_static(&[0, 1, 2, 255]),
             }],
         }
+    }
+
+    /// A keyed commit travels with its keys, and its messages carry them;
+    /// the plain commit inside it is what a node of an earlier release
+    /// takes.
+    #[test]
+    fn a_keyed_commit_round_trips_and_gives_each_message_its_key() {
+        let mut plain = commit();
+        plain.messages.push(plain.messages[0].clone());
+        let keyed = crate::rpc::KeyedCommit {
+            commit: plain.clone(),
+            keys: vec![crate::rpc::KeyAt {
+                index: 1,
+                key: Bytes::from_static(b"order-7"),
+            }],
+        };
+        let bytes = encode_request(&keyed).expect("encode");
+        let round = decode_request::<crate::rpc::KeyedCommit>(&bytes).expect("decode");
+        assert_eq!(round, keyed);
+        assert!(open(KIND_KEYED_COMMIT, &bytes).is_ok());
+        assert!(!is_operation_kind(KIND_KEYED_COMMIT + 1));
+        let messages = round.into_messages();
+        assert_eq!(messages[0].idempotency_key, None);
+        assert_eq!(
+            messages[1].idempotency_key.as_deref(),
+            Some(&b"order-7"[..])
+        );
+        assert_eq!(messages[1].value, plain.messages[1].value);
     }
 
     #[test]

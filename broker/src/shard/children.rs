@@ -788,7 +788,7 @@ impl<F: FileSystem> Shard<F> {
                 partition: to,
                 messages: records,
             };
-            self.commit(child, op, Reach::Cluster).await?;
+            self.commit(child, op.into(), Reach::Cluster).await?;
         }
         Ok(())
     }
@@ -966,6 +966,7 @@ mod tests {
         StoredMessage {
             offset,
             message: Message {
+                idempotency_key: None,
                 id: u128::from(offset),
                 produced_at_ms,
                 key: None,

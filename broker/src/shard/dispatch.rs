@@ -4,7 +4,9 @@
 
 use super::*;
 use crate::limits::REROUTE_LOG_INTERVAL_MS;
-use crate::metric_names::{DISPATCHER_COMMIT_RECORDS, DISPATCHER_REROUTES_TOTAL};
+use crate::metric_names::{
+    DISPATCHER_COMMIT_RECORDS, DISPATCHER_REROUTES_TOTAL, PRODUCE_DUPLICATES_TOTAL,
+};
 
 impl<F: FileSystem> Shard<F> {
     /// The dispatcher loop: sends ready batches, sleeps until the next
@@ -78,7 +80,7 @@ impl<F: FileSystem> Shard<F> {
                     partition: batch.destination.partition,
                     messages: Vec::new(),
                 };
-                self.commit(&topic, op, Reach::Cluster).await
+                self.commit(&topic, op.into(), Reach::Cluster).await
             }
             // Every record belongs to an earlier topic of this name, deleted
             // since: nothing to deliver to.
@@ -92,20 +94,33 @@ impl<F: FileSystem> Shard<F> {
                 Ok(())
             }
             Some(topic) => {
-                let op = Commit {
-                    topic: TopicRef::of(&topic),
-                    partition: batch.destination.partition,
-                    messages: batch
-                        .records
-                        .iter()
-                        .filter(|r| r.belongs_to(topic.incarnation))
-                        .map(|r| Record {
-                            id: r.id,
-                            produced_at_ms: r.accept_ms,
-                            key: r.key.clone(),
-                            value: r.value.clone(),
-                        })
-                        .collect(),
+                let records = batch
+                    .records
+                    .iter()
+                    .filter(|r| r.belongs_to(topic.incarnation));
+                let mut keys = Vec::new();
+                let mut messages = Vec::new();
+                for (index, r) in records.enumerate() {
+                    if let Some(key) = &r.idempotency_key {
+                        keys.push(KeyAt {
+                            index: u32::try_from(index).unwrap_or(u32::MAX),
+                            key: key.clone(),
+                        });
+                    }
+                    messages.push(Record {
+                        id: r.id,
+                        produced_at_ms: r.accept_ms,
+                        key: r.key.clone(),
+                        value: r.value.clone(),
+                    });
+                }
+                let op = KeyedCommit {
+                    commit: Commit {
+                        topic: TopicRef::of(&topic),
+                        partition: batch.destination.partition,
+                        messages,
+                    },
+                    keys,
                 };
                 self.commit(&topic, op, Reach::Cluster).await
             }
@@ -214,24 +229,37 @@ impl<F: FileSystem> Shard<F> {
     /// stops, before it touches a log: the sender keeps the records and
     /// commits them again later, rather than a commit landing whose answer
     /// never leaves.
-    pub(super) async fn commit(&self, topic: &Topic, op: Commit, reach: Reach) -> Committed {
+    pub(super) async fn commit(&self, topic: &Topic, op: KeyedCommit, reach: Reach) -> Committed {
         if reach == Reach::Node && self.flow.stopping.get() {
             return Err(ApiError::new(ErrorCode::Stopping, "the owner is stopping"));
         }
-        match self.route(topic, op.partition, reach)? {
-            Location::Here => {
-                let messages = op.messages.into_iter().map(Message::from).collect();
-                self.commit_here(topic, op.partition, messages).await
-            }
+        let partition = op.commit.partition;
+        match self.route(topic, partition, reach)? {
+            Location::Here => self.commit_here(topic, partition, op.into_messages()).await,
             Location::Shard(shard) => {
                 let to = Address::Shard(shard);
                 self.call(to, op, None).await.map_err(|e| e.to_api(to))?
             }
             Location::Node(node) => {
                 let to = Address::Node(node);
-                self.call(to, op, Some(COMMIT_CALL_TIMEOUT))
-                    .await
-                    .map_err(|e| e.to_api(to))?
+                let timeout = Some(COMMIT_CALL_TIMEOUT);
+                if op.keys.is_empty() {
+                    return self
+                        .call(to, op.commit, timeout)
+                        .await
+                        .map_err(|e| e.to_api(to))?;
+                }
+                let plain = op.commit.clone();
+                match self.call(to, op, timeout).await {
+                    // A node of an earlier release does not know the
+                    // kind (its refusal comes before any shard, as an
+                    // internal error): it takes the plain commit.
+                    Err(CallError::Refused(error)) if error.code == ErrorCode::Internal => self
+                        .call(to, plain, timeout)
+                        .await
+                        .map_err(|e| e.to_api(to))?,
+                    result => result.map_err(|e| e.to_api(to))?,
+                }
             }
         }
     }
@@ -245,18 +273,25 @@ impl<F: FileSystem> Shard<F> {
         messages: Vec<Message>,
     ) -> Result<(), ApiError> {
         let owner = self.owner(topic, partition).await?;
-        loop {
+        let appended = loop {
             self.wait_unfrozen(topic, partition).await?;
             match owner.commit(&messages, self.now()).await {
                 // Frozen after it looked: wait for the handover's outcome.
                 Err(OwnerError::Frozen) => continue,
-                result => result.map_err(|e| from_owner(&e))?,
-            };
-            break;
+                result => break result.map_err(|e| from_owner(&e))?,
+            }
+        };
+        let forgotten = owner.take_idempotency_keys_forgotten();
+        let counted = &self.flow.owner_keys_forgotten;
+        counted.set(counted.get() + forgotten);
+        if appended.duplicates > 0 {
+            metrics::counter!(PRODUCE_DUPLICATES_TOTAL, "topic" => topic.name.clone(), "at" => "owner")
+                .increment(u64::from(appended.duplicates));
         }
         // A probe (no messages) makes nothing available.
-        if !messages.is_empty() {
-            self.announce_available(&topic.name, count_of(messages.len()));
+        let stored = messages.len() - appended.duplicates as usize;
+        if stored > 0 {
+            self.announce_available(&topic.name, count_of(stored));
         }
         Ok(())
     }

@@ -62,6 +62,7 @@ impl<F: FileSystem> Shard<F> {
             shard: u32::from(self.identity.shard_id),
             wal_used_bytes: self.wal.stats().used_bytes,
             wal_keys_forgotten: self.wal.stats().keys_forgotten,
+            owner_keys_forgotten: self.flow.owner_keys_forgotten.get(),
             wal_failure: self.wal.failure().map(|f| f.to_string()),
             ack_state_failure: self
                 .open_owners()

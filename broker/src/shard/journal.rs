@@ -149,11 +149,15 @@ impl<F: FileSystem> Shard<F> {
         let partition = placed.first().map_or(0, |p| p.partition);
         let messages: Vec<Message> = placed
             .iter()
-            .map(|p| Message {
-                id: p.id,
-                produced_at_ms: accept_ms,
-                key: p.key.clone(),
-                value: p.value.clone(),
+            .map(|p| {
+                debug_assert!(p.idempotency.is_none(), "keyed messages take the WAL path");
+                Message {
+                    id: p.id,
+                    produced_at_ms: accept_ms,
+                    key: p.key.clone(),
+                    value: p.value.clone(),
+                    idempotency_key: None,
+                }
             })
             .collect();
         let key = (topic.name.clone(), topic.incarnation, partition);
@@ -333,6 +337,7 @@ impl<F: FileSystem> Shard<F> {
                             value: message.value,
                             accept_ms: message.produced_at_ms,
                             incarnation: Some(incarnation),
+                            idempotency_key: message.idempotency_key,
                         },
                     );
                     last_durable = Some(appended.durable);
@@ -412,6 +417,7 @@ impl<F: FileSystem> Shard<F> {
                     produced_at_ms: record.accept_ms,
                     key: record.key,
                     value: record.value.into(),
+                    idempotency_key: record.idempotency.map(|i| i.key.into()),
                 };
                 (pos, offset, message)
             })
@@ -443,6 +449,7 @@ impl<F: FileSystem> Shard<F> {
                     value: message.value,
                     accept_ms: message.produced_at_ms,
                     incarnation: Some(key.1),
+                    idempotency_key: message.idempotency_key,
                 },
                 now,
             );

@@ -59,8 +59,9 @@ use crate::route::{
 };
 use crate::rpc::{
     Address, Available, CallError, Collect, Collected, Commit, Committed, CopyFigures, Delivery,
-    Envelope, Figures, Gained, Gauges, Links, Operation, Produce, Produced, Reach, Record, Settle,
-    SettleOutcome, Settled, ShardGauges, Stats, TopicFigures, TopicRef, Transport, Wake,
+    Envelope, Figures, Gained, Gauges, KeyAt, KeyedCommit, Links, Operation, Produce, Produced,
+    Reach, Record, Settle, SettleOutcome, Settled, ShardGauges, Stats, TopicFigures, TopicRef,
+    Transport, Wake,
 };
 use crate::runtime::SharedRuntime;
 use crate::schemas::CompiledSchemas;
@@ -305,6 +306,9 @@ struct Flow {
     acks_closed: Cell<bool>,
     /// The sequence of the next message id.
     next_seq: Cell<u64>,
+    /// Idempotency keys this shard's partition owners let go before their
+    /// window ended (their table was full).
+    owner_keys_forgotten: Cell<u64>,
     /// Rotates starts (partitions, shards, nodes, reroutes) so none starves.
     round_robin: Cell<u32>,
     /// Commits through the owner journal under way (a stop waits for them).
@@ -361,6 +365,7 @@ impl<F: FileSystem> Shard<F> {
                 stopping: Cell::new(false),
                 acks_closed: Cell::new(false),
                 next_seq: Cell::new(0),
+                owner_keys_forgotten: Cell::new(0),
                 round_robin: Cell::new(0),
                 journal_commits: Cell::new(0),
             },

@@ -117,10 +117,15 @@ impl<F: FileSystem> Shard<F> {
             first_lease_id,
             max_deliveries: topic.config.max_deliveries,
             tail_cache_bytes: tail_cache_share(self.owners.slots.borrow().len()),
+            idempotency_window_ms: topic.config.idempotency_window_ms,
         };
         let owner = PartitionOwner::new(log, acks, owner_config);
         owner.use_journal(self.wal.clone());
         self.replay_journal_into(&key, &owner).await?;
+        owner
+            .load_idempotency_keys(self.now())
+            .await
+            .map_err(|e| from_owner(&e))?;
         owner
             .cut_acks_past_log()
             .await

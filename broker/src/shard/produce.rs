@@ -350,6 +350,9 @@ impl<F: FileSystem> Shard<F> {
                     value: placed.value,
                     accept_ms,
                     incarnation: Some(topic.incarnation),
+                    idempotency_key: placed
+                        .idempotency
+                        .map(|k| bytes::Bytes::copy_from_slice(&k.key.key)),
                 },
             );
             last_durable = Some(appended.durable);
@@ -475,6 +478,10 @@ impl<F: FileSystem> Shard<F> {
                         value: bytes::Bytes::copy_from_slice(&record.value),
                         accept_ms: record.accept_ms,
                         incarnation: record.topic_incarnation,
+                        idempotency_key: record
+                            .idempotency
+                            .as_ref()
+                            .map(|i| bytes::Bytes::copy_from_slice(&i.key)),
                     },
                 );
                 last_durable = Some(appended.durable);
@@ -599,6 +606,7 @@ impl<F: FileSystem> Shard<F> {
                     value: record.value.into(),
                     accept_ms: record.accept_ms,
                     incarnation: record.topic_incarnation,
+                    idempotency_key: record.idempotency.map(|i| i.key.into()),
                 },
                 now,
             );

@@ -322,6 +322,7 @@ impl<F: FileSystem> Shard<F> {
         let messages: Vec<Message> = deliveries
             .iter()
             .map(|d| Message {
+                idempotency_key: None,
                 id: d.id,
                 produced_at_ms: d.produced_at_ms,
                 key: d.key.clone(),

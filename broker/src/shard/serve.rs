@@ -53,6 +53,13 @@ impl<F: FileSystem> Shard<F> {
         match envelope {
             Envelope::Commit(op, reply) => {
                 let answer = match self.topic_at(&op.topic) {
+                    Ok(topic) => self.commit(&topic, op.into(), from).await,
+                    Err(error) => Err(error),
+                };
+                let _ = reply.send(answer);
+            }
+            Envelope::KeyedCommit(op, reply) => {
+                let answer = match self.topic_at(&op.commit.topic) {
                     Ok(topic) => self.commit(&topic, op, from).await,
                     Err(error) => Err(error),
                 };

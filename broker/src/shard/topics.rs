@@ -214,7 +214,11 @@ impl<F: FileSystem> Shard<F> {
         });
         for ((name, _, _), slot) in owners.iter() {
             if let (OwnerSlot::Ready(owner), Some(topic)) = (slot, topics.get(name)) {
-                owner.reconfigure(topic.config.retention_ms, topic.config.max_deliveries);
+                owner.reconfigure(
+                    topic.config.retention_ms,
+                    topic.config.max_deliveries,
+                    topic.config.idempotency_window_ms,
+                );
             }
         }
     }

@@ -298,6 +298,14 @@ fn decode_segment_header(block: &[u8]) -> Option<u64> {
     get_u64(block, 16)
 }
 
+/// An idempotency key the log holds ([`PartitionLog::idempotency_keys_since`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecentIdempotencyKey {
+    pub key: Bytes,
+    /// When its batch was appended (the owner's clock).
+    pub appended_at_ms: u64,
+}
+
 /// Result of scanning one segment's bytes.
 struct SegmentScan {
     batches: Vec<BatchEntry>,
@@ -1517,6 +1525,74 @@ impl<F: FileSystem> PartitionLog<F> {
         Ok(out)
     }
 
+    /// The idempotency keys of the newest records, oldest first, each with
+    /// its batch's append time: records of batches appended at `since_ms`
+    /// or later, among the last `max_records` records. How an owner
+    /// rebuilds its table of recent keys at open. Reads each batch's first
+    /// block and, if it has keys, the blocks of its keys area, not its
+    /// records. A keys area that fails its checksum gives no keys.
+    pub async fn idempotency_keys_since(
+        &self,
+        since_ms: u64,
+        max_records: usize,
+    ) -> Result<Vec<RecentIdempotencyKey>> {
+        let plan: Vec<(Rc<F::File>, PathBuf, BatchEntry)> = {
+            let state = self.state.borrow();
+            let mut plan = Vec::new();
+            let mut planned = 0usize;
+            'segments: for segment in state.segments.iter().rev() {
+                for entry in segment.batches.iter().rev() {
+                    if entry.appended_at_ms < since_ms || planned >= max_records {
+                        break 'segments;
+                    }
+                    planned += entry.count as usize;
+                    plan.push((segment.file.clone(), segment.path.clone(), *entry));
+                }
+            }
+            plan.reverse();
+            plan
+        };
+        let mut keys = Vec::new();
+        for (file, path, entry) in plan {
+            let read = |pos: u64, len: u64| {
+                let file = file.clone();
+                let path = path.clone();
+                async move {
+                    let len = usize::try_from(len).unwrap_or(usize::MAX);
+                    file.read_at(entry.pos + pos, len)
+                        .await
+                        .map_err(|e| StorageError::io("read", &path, e))
+                }
+            };
+            let header = read(0, BLOCK_BYTES.min(entry.len)).await?;
+            let Some((at, len)) = batch::keys_area_of(&header) else {
+                continue;
+            };
+            let (at, len) = (at as u64, len as u64);
+            if at + len > entry.len {
+                continue;
+            }
+            let first = at - at % BLOCK_BYTES;
+            let blocks = read(
+                first,
+                round_up(at + len, BLOCK_BYTES).min(entry.len) - first,
+            )
+            .await?;
+            let from = usize::try_from(at - first).unwrap_or(usize::MAX);
+            let area = blocks.get(from..from + len as usize);
+            let count = entry.count as usize;
+            let Some(found) = area.and_then(|area| batch::decode_keys_area(area, count)) else {
+                tracing::warn!(path = %path.display(), offset = entry.base_offset, "a batch's idempotency keys are damaged; its messages are served without them");
+                continue;
+            };
+            keys.extend(found.into_iter().flatten().map(|key| RecentIdempotencyKey {
+                key,
+                appended_at_ms: entry.appended_at_ms,
+            }));
+        }
+        Ok(keys)
+    }
+
     /// Every segment file, oldest first, with the bytes that hold batches.
     pub fn segment_extents(&self) -> Vec<SegmentExtent> {
         let state = self.state.borrow();
@@ -1668,6 +1744,77 @@ enum Values {
 mod tests {
     use super::*;
 
+    /// The keys of recent records come back oldest first, after a restart,
+    /// no older than asked and no more records back than asked; records
+    /// without a key (or written before keys existed) have none.
+    #[test]
+    fn recent_idempotency_keys_are_read_back_from_the_tail() {
+        use crate::clock::ManualClock;
+        use crate::io::sim::SimFs;
+        use futures_lite::future::block_on;
+        let fs = SimFs::new(12);
+        let clock = Rc::new(ManualClock::new(1_000));
+        let shared: SharedClock = clock.clone();
+        let dir = PathBuf::from("/data/partitions/t-0/0");
+        let open = |fs: &SimFs| {
+            block_on(PartitionLog::open(
+                fs,
+                &dir,
+                LogConfig::default(),
+                shared.clone(),
+            ))
+            .expect("open")
+            .0
+        };
+        let message = |id: u128| Message {
+            id,
+            produced_at_ms: 1,
+            key: None,
+            value: vec![7u8; 100].into(),
+            idempotency_key: (id % 2 == 0).then(|| Bytes::from(format!("k{id}"))),
+        };
+        let log = open(&fs);
+        for id in 0..6u128 {
+            block_on(log.append(&[message(id)])).expect("append");
+            clock.advance_ms(1_000);
+        }
+        drop(log);
+        let log = open(&fs);
+        let keys = block_on(log.idempotency_keys_since(0, usize::MAX)).expect("scan");
+        // A batch whose keys lie blocks past its header.
+        let big = |id: u128| Message {
+            value: vec![1u8; 5_000].into(),
+            idempotency_key: Some(Bytes::from(format!("big{id}"))),
+            ..message(id)
+        };
+        let other = open(&SimFs::new(13));
+        block_on(other.append(&[big(1), message(3), big(2)])).expect("append");
+        let far = block_on(other.idempotency_keys_since(0, usize::MAX)).expect("scan");
+        assert_eq!(
+            far.iter().map(|k| k.key.clone()).collect::<Vec<_>>(),
+            vec![Bytes::from("big1"), Bytes::from("big2")]
+        );
+        let found: Vec<(&[u8], u64)> = keys
+            .iter()
+            .map(|k| (&k.key[..], k.appended_at_ms))
+            .collect();
+        assert_eq!(
+            found,
+            vec![
+                (&b"k0"[..], 1_000),
+                (&b"k2"[..], 3_000),
+                (&b"k4"[..], 5_000)
+            ]
+        );
+        let names = |keys: Vec<RecentIdempotencyKey>| -> Vec<Bytes> {
+            keys.into_iter().map(|k| k.key).collect()
+        };
+        let since = block_on(log.idempotency_keys_since(3_000, usize::MAX)).expect("scan");
+        assert_eq!(names(since), vec![Bytes::from("k2"), Bytes::from("k4")]);
+        let last_two = block_on(log.idempotency_keys_since(0, 2)).expect("scan");
+        assert_eq!(names(last_two), vec![Bytes::from("k4")]);
+    }
+
     /// Small batches appended behind wait in memory, readable at once, and
     /// go to the segment as one batch in one write when the sync comes: a
     /// crash before it leaves the segment without them, one after it
@@ -1691,6 +1838,7 @@ mod tests {
             .0
         };
         let message = |id: u128| Message {
+            idempotency_key: None,
             id,
             produced_at_ms: 1,
             key: None,
@@ -1762,6 +1910,7 @@ mod tests {
         };
         let batch = |id: u128| {
             vec![Message {
+                idempotency_key: None,
                 id,
                 produced_at_ms: 1,
                 key: None,
@@ -1812,6 +1961,7 @@ mod tests {
             retention_ms: 0,
         };
         let message = |id| Message {
+            idempotency_key: None,
             id,
             produced_at_ms: 1,
             key: None,
