@@ -64,6 +64,10 @@ pub const PARTITION_OLDEST_UNACKED_AGE_SECONDS: &str = "narad_partition_oldest_u
 /// topic and where (`node`: the node that took the produce; `owner`: the
 /// partition's owner, which committed a copy with the same key).
 pub const PRODUCE_DUPLICATES_TOTAL: &str = "narad_produce_duplicates_total";
+/// Records with an idempotency key rerouted to a sibling partition, by
+/// topic: a copy of each may be stored twice (the owner of the sibling
+/// does not know the first).
+pub const IDEMPOTENCY_KEYS_REROUTED_TOTAL: &str = "narad_idempotency_keys_rerouted_total";
 /// Idempotency keys this node holds in its table (all shards).
 pub const IDEMPOTENCY_KEYS: &str = "narad_idempotency_keys";
 /// Idempotency keys let go before their window ended: the node's table or
@@ -116,6 +120,7 @@ pub const ALL: &[(&str, Kind, &str)] = &[
     (PARTITION_OLDEST_UNACKED_AGE_SECONDS, Kind::Gauge, "Age of the oldest unacked message."),
     (PRODUCE_DUPLICATES_TOTAL, Kind::Counter, "Produced messages found to be duplicates by their idempotency key, by topic and where (node: the node that took the produce; owner: the partition's owner)."),
     (IDEMPOTENCY_KEYS, Kind::Gauge, "Idempotency keys this node holds."),
+    (IDEMPOTENCY_KEYS_REROUTED_TOTAL, Kind::Counter, "Records with an idempotency key rerouted to a sibling partition, by topic: a retry of one of them may be stored twice."),
     (IDEMPOTENCY_KEYS_FORGOTTEN_TOTAL, Kind::Counter, "Idempotency keys let go before their window ended: the node's table, a shard's WAL or a partition's owner held its limit of them."),
     (RAFT_IS_LEADER, Kind::Gauge, "1 while this node leads."),
     (RAFT_TERM, Kind::Gauge, "Current Raft term."),

@@ -518,4 +518,25 @@ fn a_retry_sent_to_another_node_is_dropped_at_the_owner_across_its_restarts() {
         counted >= keys.len() as f64 && counted <= f64::from(retries),
         "{counted} duplicates counted at the owners"
     );
+    // The exception: with an owner gone, keyed records for its partitions
+    // go to a sibling after 3 s, and are counted.
+    let owners = cluster.owners("orders");
+    cluster.nodes[2].kill();
+    let keys: Vec<String> = (0..200)
+        .map(|i| format!("rerouted-{i}"))
+        .filter(|k| owners[partition_for_key(k.as_bytes(), 6) as usize] == 2)
+        .take(3)
+        .collect();
+    assert!(!keys.is_empty(), "some key lands on node 3's partitions");
+    for key in &keys {
+        accepted(&cluster.nodes[0], "orders", key, key);
+    }
+    let rerouted = "narad_idempotency_keys_rerouted_total{topic=\"orders\"}";
+    let counted = eventually(Duration::from_secs(20), || {
+        metric(&cluster.nodes[0], rerouted) >= keys.len() as f64
+    });
+    assert!(
+        counted,
+        "keyed records rerouted around a dead owner are counted"
+    );
 }

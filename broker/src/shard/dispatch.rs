@@ -5,7 +5,8 @@
 use super::*;
 use crate::limits::REROUTE_LOG_INTERVAL_MS;
 use crate::metric_names::{
-    DISPATCHER_COMMIT_RECORDS, DISPATCHER_REROUTES_TOTAL, PRODUCE_DUPLICATES_TOTAL,
+    DISPATCHER_COMMIT_RECORDS, DISPATCHER_REROUTES_TOTAL, IDEMPOTENCY_KEYS_REROUTED_TOTAL,
+    PRODUCE_DUPLICATES_TOTAL,
 };
 
 impl<F: FileSystem> Shard<F> {
@@ -204,6 +205,14 @@ impl<F: FileSystem> Shard<F> {
             return;
         }
         let count = records.len();
+        let keyed = records
+            .iter()
+            .filter(|r| r.idempotency_key.is_some())
+            .count();
+        if keyed > 0 {
+            metrics::counter!(IDEMPOTENCY_KEYS_REROUTED_TOTAL, "topic" => from.topic.to_string())
+                .increment(keyed as u64);
+        }
         let to = Destination {
             topic: from.topic.clone(),
             partition: sibling,
