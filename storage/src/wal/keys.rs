@@ -68,7 +68,15 @@ pub struct HeldKeys {
     max: usize,
     /// Keys let go before they expired, because of `max` or a full ring.
     pub forgotten: u64,
+    /// When [`Self::expire`] last looked at every key.
+    swept_at_ms: Option<u64>,
 }
+
+/// How often [`HeldKeys::expire`] looks past the oldest frames for keys
+/// that expired out of order (a topic with a shorter window): such a key
+/// may be held this much longer, which costs only ring room. Looking at
+/// every key at each checkpoint cost a few percent of a busy shard.
+const KEYS_SWEEP_INTERVAL_MS: u64 = 1_000;
 
 impl HeldKeys {
     pub fn new(max: usize) -> Self {
@@ -76,6 +84,7 @@ impl HeldKeys {
             by_pos: BTreeMap::new(),
             max,
             forgotten: 0,
+            swept_at_ms: None,
         }
     }
 
@@ -102,6 +111,7 @@ impl HeldKeys {
             by_pos,
             max,
             forgotten: 0,
+            swept_at_ms: None,
         };
         keys.bound();
         keys
@@ -127,10 +137,24 @@ impl HeldKeys {
         }
     }
 
-    /// Lets go of keys that expired by `now_ms`.
+    /// Lets go of keys that expired by `now_ms`: those of the oldest
+    /// frames at each call (keys mostly expire in the order they came), and
+    /// every one at most every [`KEYS_SWEEP_INTERVAL_MS`].
     pub fn expire(&mut self, now_ms: u64) {
-        self.by_pos
-            .retain(|_, key| key.idempotency.expires_ms > now_ms);
+        while let Some(oldest) = self.by_pos.first_entry() {
+            if oldest.get().idempotency.expires_ms > now_ms {
+                break;
+            }
+            oldest.remove();
+        }
+        if self
+            .swept_at_ms
+            .is_none_or(|at| now_ms.saturating_sub(at) >= KEYS_SWEEP_INTERVAL_MS)
+        {
+            self.by_pos
+                .retain(|_, key| key.idempotency.expires_ms > now_ms);
+            self.swept_at_ms = Some(now_ms);
+        }
     }
 
     /// The oldest position a key holds.
@@ -182,6 +206,23 @@ mod tests {
         assert_eq!(keys.first_pos(), Some(30));
         assert_eq!(keys.take_before(31).len(), 1);
         assert!(keys.is_empty());
+    }
+
+    /// The oldest frames' keys go at every look; one that expired behind a
+    /// key that still holds goes at the next full sweep.
+    #[test]
+    fn keys_expired_out_of_order_go_at_the_next_sweep() {
+        let mut keys = HeldKeys::new(10);
+        keys.expire(0);
+        keys.insert(10, key("a", 100));
+        keys.insert(20, key("b", 5_000));
+        keys.insert(30, key("c", 200));
+        keys.expire(300);
+        let held: Vec<WalPos> = keys.iter().map(|(pos, _)| pos).collect();
+        assert_eq!(held, vec![20, 30], "c waits behind b until the sweep");
+        keys.expire(KEYS_SWEEP_INTERVAL_MS);
+        let held: Vec<WalPos> = keys.iter().map(|(pos, _)| pos).collect();
+        assert_eq!(held, vec![20]);
     }
 
     #[test]
