@@ -44,8 +44,8 @@ pub const REROUTE_LOG_INTERVAL_MS: u64 = 10_000;
 /// Idempotency keys a partition's owner remembers (`owner/keys.rs`): past
 /// it the oldest are let go before their window ends (counted in
 /// `narad_idempotency_keys_forgotten_total`), and an owner that opens reads
-/// at most this many records back for them. About 200 bytes each with a
-/// 36-byte key.
+/// at most this many records back for them. About 300 bytes each with a
+/// 36-byte key (docs/benchmarks.md).
 pub const OWNER_IDEMPOTENCY_KEYS_MAX: usize = 100_000;
 /// Record ids a partition remembers to drop a repeated commit: more than
 /// the largest dispatcher batch, so a whole batch sent again is caught.
