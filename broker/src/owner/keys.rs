@@ -5,9 +5,13 @@
 //! owner drops it and answers its commit as done, so the accepting node's
 //! WAL lets it go.
 //!
-//! Keys are remembered in commit order, each with the time this owner
-//! committed it, and forgotten once the window (read at each look, so a
-//! topic update applies at once) has passed since, or when the table holds
+//! Keys are remembered in commit order, each with the time its window
+//! started (its copy's accept time at the node that took it, or the commit
+//! if the clocks disagree), as the accepting node counts it: a first copy
+//! committed late does not stretch the window over a later message that
+//! uses the key again after it. A key is forgotten once the window (read
+//! at each look, so a topic update applies at once) has passed since, or
+//! when the table holds
 //! [`OWNER_IDEMPOTENCY_KEYS_MAX`] keys (oldest first, counted). At open the
 //! table is rebuilt from the log's tail: the keys of batches appended
 //! within the window, among the last [`OWNER_IDEMPOTENCY_KEYS_MAX`] records.
@@ -31,6 +35,7 @@ const ID_NOT_KNOWN: u128 = 0;
 /// What the owner holds of one key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Committed {
+    /// When the key's window started.
     at_ms: u64,
     /// The id of the copy that was kept.
     id: u128,
@@ -94,14 +99,16 @@ impl OwnerKeys {
         judged
     }
 
-    /// Remembers the keys of messages just made durable.
+    /// Remembers the keys of messages just made durable, each from its
+    /// accept time (the commit's, if earlier: another node's clock).
     pub(super) fn remember(&mut self, messages: &[Message], window_ms: u64, now_ms: u64) {
         if window_ms == 0 {
             return;
         }
         for message in messages {
             if let Some(key) = &message.idempotency_key {
-                self.insert(key.clone(), message.id, now_ms, window_ms);
+                let since = message.produced_at_ms.min(now_ms);
+                self.insert(key.clone(), message.id, since, now_ms, window_ms);
             }
         }
     }
@@ -112,15 +119,15 @@ impl OwnerKeys {
     /// same).
     pub(super) fn restore(&mut self, keys: Vec<RecentIdempotencyKey>, window_ms: u64) {
         for key in keys {
-            self.insert(key.key, ID_NOT_KNOWN, key.appended_at_ms, window_ms);
+            self.insert(key.key, ID_NOT_KNOWN, key.since_ms, key.since_ms, window_ms);
         }
     }
 
-    fn insert(&mut self, key: Bytes, id: u128, at_ms: u64, window_ms: u64) {
-        if self.live(&key, window_ms, at_ms).is_some() {
+    fn insert(&mut self, key: Bytes, id: u128, at_ms: u64, now_ms: u64, window_ms: u64) {
+        if self.live(&key, window_ms, now_ms).is_some() {
             return;
         }
-        self.expire(window_ms, at_ms);
+        self.expire(window_ms, now_ms);
         while self.by_key.len() >= OWNER_IDEMPOTENCY_KEYS_MAX {
             if !self.pop_oldest() {
                 break;
@@ -131,7 +138,9 @@ impl OwnerKeys {
         self.order.push_back((at_ms, key));
     }
 
-    /// Forgets keys whose window ended by `now_ms`.
+    /// Forgets keys whose window ended by `now_ms`, from the oldest on (one
+    /// accepted long before its neighbours waits for them; `live` does not
+    /// count it meanwhile).
     pub(super) fn expire(&mut self, window_ms: u64, now_ms: u64) {
         while let Some((at_ms, _)) = self.order.front() {
             if at_ms.saturating_add(window_ms) > now_ms {
@@ -168,10 +177,12 @@ impl OwnerKeys {
 mod tests {
     use super::*;
 
+    /// A keyed message accepted no earlier than it is committed: its
+    /// window starts at the commit.
     fn keyed(id: u128, key: &str) -> Message {
         Message {
             id,
-            produced_at_ms: 1,
+            produced_at_ms: u64::MAX,
             key: None,
             value: Bytes::from_static(b"v"),
             idempotency_key: Some(Bytes::from(key.to_string())),
@@ -228,6 +239,22 @@ mod tests {
         assert_eq!(keys.take_forgotten(), 1);
         assert_eq!(keys.judge(&[keyed(99, "k0")], window, 2).keep, vec![0]);
         assert_eq!(keys.judge(&[keyed(99, "k1")], window, 2).duplicates, 1);
+    }
+
+    /// A first copy committed late (its node was down) holds its key for
+    /// the window from its accept time, as the node that took it counts,
+    /// not from the commit: a message that uses the key again after that
+    /// is stored.
+    #[test]
+    fn the_window_starts_at_the_first_copys_accept_time() {
+        let mut keys = OwnerKeys::default();
+        let late = Message {
+            produced_at_ms: 100,
+            ..keyed(1, "a")
+        };
+        keys.remember(&[late], WINDOW, 1_000);
+        assert_eq!(keys.judge(&[keyed(2, "a")], WINDOW, 1_050).duplicates, 1);
+        assert_eq!(keys.judge(&[keyed(3, "a")], WINDOW, 1_100).keep, vec![0]);
     }
 
     #[test]

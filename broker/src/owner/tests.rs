@@ -329,7 +329,7 @@ fn a_repeated_commit_is_dropped_but_the_same_id_written_again_later_is_kept() {
 fn keyed(id: u128, key: &str) -> Message {
     Message {
         id,
-        produced_at_ms: 1,
+        produced_at_ms: 1_000,
         key: None,
         value: format!("m{id}").into_bytes().into(),
         idempotency_key: Some(bytes::Bytes::from(key.to_string())),

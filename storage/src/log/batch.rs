@@ -17,13 +17,18 @@
 //! record: id u128, produced_at_ms u64, key_len u32 (u32::MAX: none),
 //!         value_len u32, key, value
 //! keys area: crc u32 (crc32c of the rest of the area), then per record
-//!         len u16 (0: none), the producer's idempotency key
+//!         len u16 (0: none), and for a key, since_ms u64 (when its window
+//!         starts: the record's accept time, or the append's if earlier)
+//!         and the producer's idempotency key
 //! ```
 //!
 //! The idempotency keys lie after the records, so a release from before
 //! them, which reads `keys_len` as reserved, reads every record as before:
 //! where the keys area reaches past the padding it counted, it finds no
-//! batch header there and skips to the next block that holds one.
+//! batch header there and skips to the next block that holds one. Should
+//! such a release append over those blocks, a scan here finds the batch
+//! header where the records' padding ends and takes the batch without keys
+//! ([`DecodedBatch::len_without_keys`]).
 //!
 //! The header and the table are covered by one checksum; each record by its
 //! own. A damaged record loses only itself; a damaged header loses its batch.
@@ -79,7 +84,10 @@ fn keys_len(messages: &[Message]) -> usize {
     }
     4 + messages
         .iter()
-        .map(|m| 2 + stored_key(m).len())
+        .map(|m| match stored_key(m).len() {
+            0 => 2,
+            len => 2 + 8 + len,
+        })
         .sum::<usize>()
 }
 
@@ -141,7 +149,10 @@ pub fn encode_batch(base_offset: u64, appended_at_ms: u64, messages: &[Message])
         for message in messages {
             let key = stored_key(message);
             buf.extend_from_slice(&u16::try_from(key.len()).unwrap_or(0).to_le_bytes());
-            buf.extend_from_slice(key);
+            if !key.is_empty() {
+                put_u64(&mut buf, message.produced_at_ms.min(appended_at_ms));
+                buf.extend_from_slice(key);
+            }
         }
         let crc = crc_of(&buf, area + 4, buf.len()).unwrap_or(0);
         set_u32(&mut buf, area, crc);
@@ -171,6 +182,9 @@ pub struct DecodedBatch {
     pub appended_at_ms: u64,
     /// Padded length on disk.
     pub len: u64,
+    /// Padded length of the header and records alone: what a release
+    /// from before idempotency keys counts (equal to `len` without keys).
+    pub len_without_keys: u64,
     /// One entry per record: the message, or `None` if its checksum failed.
     pub records: Vec<Option<Message>>,
 }
@@ -218,6 +232,7 @@ fn decode_batch_with(bytes: &[u8], at: usize, value_of: &ValueOf<'_>) -> Option<
     }
     let appended_at_ms = get_u64(bytes, at + 24)?;
     let len = round_up_usize(header_len + body_len + keys_len, block()) as u64;
+    let len_without_keys = round_up_usize(header_len + body_len, block()) as u64;
     let mut records = Vec::with_capacity(count_usize);
     let mut record_at = at + header_len;
     for i in 0..count_usize {
@@ -247,6 +262,7 @@ fn decode_batch_with(bytes: &[u8], at: usize, value_of: &ValueOf<'_>) -> Option<
         count,
         appended_at_ms,
         len,
+        len_without_keys,
         records,
     })
 }
@@ -270,10 +286,19 @@ pub fn keys_area_of(header: &[u8]) -> Option<(usize, usize)> {
     (keys_len > 0).then_some((header_len + body_len, keys_len))
 }
 
+/// An idempotency key as a batch stores it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredKey {
+    pub key: Bytes,
+    /// When the key's window starts: its record's accept time, or the
+    /// batch's append time if that came first.
+    pub since_ms: u64,
+}
+
 /// The idempotency key of each of `count` records from a keys area (`None`
 /// for a record without one), if its checksum holds and it has `count`
 /// entries. Each key is its own copy.
-pub fn decode_keys_area(area: &[u8], count: usize) -> Option<Vec<Option<Bytes>>> {
+pub fn decode_keys_area(area: &[u8], count: usize) -> Option<Vec<Option<StoredKey>>> {
     if crc_of(area, 4, area.len())? != get_u32(area, 0)? {
         return None;
     }
@@ -282,9 +307,18 @@ pub fn decode_keys_area(area: &[u8], count: usize) -> Option<Vec<Option<Bytes>>>
     while pos < area.len() {
         let len_bytes = area.get(pos..pos + 2)?;
         let key_len = usize::from(u16::from_le_bytes([len_bytes[0], len_bytes[1]]));
-        let key = area.get(pos + 2..pos + 2 + key_len)?;
-        keys.push((!key.is_empty()).then(|| Bytes::copy_from_slice(key)));
-        pos += 2 + key_len;
+        pos += 2;
+        if key_len == 0 {
+            keys.push(None);
+            continue;
+        }
+        let since_ms = get_u64(area, pos)?;
+        let key = area.get(pos + 8..pos + 8 + key_len)?;
+        keys.push(Some(StoredKey {
+            key: Bytes::copy_from_slice(key),
+            since_ms,
+        }));
+        pos += 8 + key_len;
     }
     (keys.len() == count).then_some(keys)
 }
@@ -301,7 +335,7 @@ fn put_keys(bytes: &[u8], at: usize, len: usize, records: &mut [Option<Message>]
     };
     for (record, key) in records.iter_mut().zip(keys) {
         if let Some(message) = record.as_mut() {
-            message.idempotency_key = key;
+            message.idempotency_key = key.map(|k| k.key);
         }
     }
 }

@@ -302,8 +302,9 @@ fn decode_segment_header(block: &[u8]) -> Option<u64> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecentIdempotencyKey {
     pub key: Bytes,
-    /// When its batch was appended (the owner's clock).
-    pub appended_at_ms: u64,
+    /// When its window starts: its record's accept time, or its batch's
+    /// append time if that came first.
+    pub since_ms: u64,
 }
 
 /// Result of scanning one segment's bytes.
@@ -321,6 +322,24 @@ struct SegmentScan {
 fn scan_segment(bytes: &[u8], base_offset: u64) -> SegmentScan {
     let block = usize::try_from(BLOCK_BYTES).unwrap_or(4096);
     scan_batches(bytes, 0, block, base_offset)
+}
+
+/// The length a batch takes in the segment: with its keys area, unless the
+/// next batch (from offset `end`) starts where its records' padding ends.
+/// A release from before idempotency keys counts only the records, and
+/// appends its next batch there, over the keys: the keys are lost, the
+/// batches are not.
+fn len_as_written(bytes: &[u8], at: usize, decoded: &batch::DecodedBatch, end: u64) -> u64 {
+    if decoded.len_without_keys == decoded.len {
+        return decoded.len;
+    }
+    let next = usize::try_from(decoded.len_without_keys)
+        .ok()
+        .and_then(|len| batch::decode_batch(bytes, at + len));
+    match next {
+        Some(next) if next.base_offset == end => decoded.len_without_keys,
+        _ => decoded.len,
+    }
 }
 
 /// Scans the batches of `bytes`, which hold a segment's bytes from file
@@ -341,16 +360,18 @@ fn scan_batches(bytes: &[u8], origin: u64, first: usize, next_offset: u64) -> Se
                     corrupt_regions += 1;
                     garbage_since_last = false;
                 }
+                let end = decoded.base_offset + u64::from(decoded.count);
+                let len = len_as_written(bytes, at, &decoded, end);
                 batches.push(BatchEntry {
                     base_offset: decoded.base_offset,
                     count: decoded.count,
                     pos: origin + at as u64,
-                    len: decoded.len,
+                    len,
                     appended_at_ms: decoded.appended_at_ms,
                 });
                 bad_in_batch.push(decoded.bad_records());
-                next_offset = decoded.base_offset + u64::from(decoded.count);
-                at += usize::try_from(decoded.len).unwrap_or(block);
+                next_offset = end;
+                at += usize::try_from(len).unwrap_or(block);
             }
             _ => {
                 if bytes
@@ -1585,10 +1606,15 @@ impl<F: FileSystem> PartitionLog<F> {
                 tracing::warn!(path = %path.display(), offset = entry.base_offset, "a batch's idempotency keys are damaged; its messages are served without them");
                 continue;
             };
-            keys.extend(found.into_iter().flatten().map(|key| RecentIdempotencyKey {
-                key,
-                appended_at_ms: entry.appended_at_ms,
-            }));
+            keys.extend(
+                found
+                    .into_iter()
+                    .flatten()
+                    .map(|stored| RecentIdempotencyKey {
+                        key: stored.key,
+                        since_ms: stored.since_ms,
+                    }),
+            );
         }
         Ok(keys)
     }
@@ -1744,6 +1770,45 @@ enum Values {
 mod tests {
     use super::*;
 
+    /// A release from before idempotency keys counts a batch without its
+    /// keys area and appends its next batch where the records' padding
+    /// ends, over the keys: a scan here finds both batches (the first
+    /// without its keys).
+    #[test]
+    fn a_batch_written_over_the_keys_area_by_an_earlier_release_is_found() {
+        let keyed = Message {
+            id: 1,
+            produced_at_ms: 5,
+            key: None,
+            // The records end 10 bytes before the block's end: the keys
+            // area runs into the next block.
+            value: vec![3u8; 4096 - 48 - 32 - 10].into(),
+            idempotency_key: Some(Bytes::from("a-key-of-twenty-byte")),
+        };
+        let mut bytes = batch::encode_batch(0, 7, std::slice::from_ref(&keyed));
+        assert_eq!(bytes.len(), 8192, "the keys spill into a second block");
+        let plain = Message {
+            id: 2,
+            idempotency_key: None,
+            ..keyed.clone()
+        };
+        let next = batch::encode_batch(1, 8, &[plain]);
+        bytes.truncate(4096);
+        bytes.extend_from_slice(&next);
+        let scan = scan_batches(&bytes, 0, 0, 0);
+        let found: Vec<(u64, u64, u64)> = scan
+            .batches
+            .iter()
+            .map(|b| (b.base_offset, b.pos, b.len))
+            .collect();
+        assert_eq!(found, vec![(0, 0, 4096), (1, 4096, 4096)]);
+        assert!(!scan.torn_tail);
+        // Untouched, the keyed batch takes its keys area with it.
+        let whole = batch::encode_batch(0, 7, &[keyed]);
+        let scan = scan_batches(&whole, 0, 0, 0);
+        assert_eq!(scan.batches[0].len, 8192);
+    }
+
     /// The keys of recent records come back oldest first, after a restart,
     /// no older than asked and no more records back than asked; records
     /// without a key (or written before keys existed) have none.
@@ -1794,17 +1859,12 @@ mod tests {
             far.iter().map(|k| k.key.clone()).collect::<Vec<_>>(),
             vec![Bytes::from("big1"), Bytes::from("big2")]
         );
-        let found: Vec<(&[u8], u64)> = keys
-            .iter()
-            .map(|k| (&k.key[..], k.appended_at_ms))
-            .collect();
+        // Each window starts at its record's accept time (1 here), not at
+        // the append.
+        let found: Vec<(&[u8], u64)> = keys.iter().map(|k| (&k.key[..], k.since_ms)).collect();
         assert_eq!(
             found,
-            vec![
-                (&b"k0"[..], 1_000),
-                (&b"k2"[..], 3_000),
-                (&b"k4"[..], 5_000)
-            ]
+            vec![(&b"k0"[..], 1), (&b"k2"[..], 1), (&b"k4"[..], 1)]
         );
         let names = |keys: Vec<RecentIdempotencyKey>| -> Vec<Bytes> {
             keys.into_iter().map(|k| k.key).collect()
