@@ -183,8 +183,6 @@ struct Clients {
     dead_lettered: RefCell<BTreeSet<String>>,
     /// Deliveries on the topic beyond its `max_deliveries`.
     over_delivered: RefCell<Vec<String>>,
-    /// Ids delivered in each child, by child.
-    in_children: RefCell<std::collections::BTreeMap<&'static str, BTreeSet<String>>>,
     /// A message is its value (a retry at another node is answered with
     /// a new id, and the owner keeps one copy, under either id): the values
     /// answered 202, those acked (or maybe acked, or dead-lettered) under
@@ -688,12 +686,6 @@ async fn child_reader(clients: Rc<Clients>, child: &'static str) {
             },
         );
         clients
-            .in_children
-            .borrow_mut()
-            .entry(child)
-            .or_default()
-            .extend(got.iter().map(|m| format!("{:032x}", m.id)));
-        clients
             .child_values
             .borrow_mut()
             .entry(child)
@@ -931,7 +923,6 @@ fn run(seed: u64, scenario: &Scenario) -> Vec<Event> {
         eager: scenario.mid_flush,
         dead_lettered: RefCell::default(),
         over_delivered: RefCell::default(),
-        in_children: RefCell::default(),
         accepted_values: RefCell::default(),
         settled_values: RefCell::default(),
         child_values: RefCell::default(),
