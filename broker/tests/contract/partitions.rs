@@ -173,7 +173,8 @@ impl Partitioned {
 
     /// A produce straight to `node`, recorded in the history: whether it
     /// was answered 202.
-    fn produce_at(&self, node: usize, value: &str) -> bool {
+    /// Produces `value` at `node`: the answer, if it is not a 202.
+    fn produce_at(&self, node: usize, value: &str) -> Result<(), String> {
         let start = now_ms();
         let answer = try_request(
             &self.addr(node),
@@ -183,12 +184,12 @@ impl Partitioned {
             CLIENT_TIMEOUT,
         );
         let outcome = outcome_of(&answer, |b| b["id"].as_str().unwrap_or("").to_string());
-        if let Outcome::Ok { value: id } = &outcome {
+        if let Outcome::Ok { .. } = &outcome {
             self.shared
                 .accepted
                 .lock()
                 .expect("accepted")
-                .insert(id.clone());
+                .insert(value.to_string());
         }
         self.shared.history.record(
             &via("probe", node),
@@ -200,7 +201,10 @@ impl Partitioned {
                 outcome,
             },
         );
-        matches!(answer, Ok((202, _)))
+        match answer {
+            Ok((202, _)) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
     }
 
     /// Creates topic `name` at `node`: the status, or `None` without an
@@ -351,9 +355,10 @@ fn cut_off(p: &Partitioned, schedule: &str, victim: usize, hold: Duration) -> Fi
     let pinned = p.partition_of(victim);
     p.isolate(victim);
     let cut_at = Instant::now();
+    let answer = p.produce_at(victim, &format!("{schedule}-while-cut"));
     assert!(
-        p.produce_at(victim, &format!("{schedule}-while-cut")),
-        "{schedule}: the cut-off node answers a produce 202"
+        answer.is_ok(),
+        "{schedule}: the cut-off node answers a produce 202 ({answer:?})"
     );
     // Each promise is timed on a thread of its own from the cut, while the
     // cut-off node keeps taking produces.
@@ -386,9 +391,10 @@ fn cut_off(p: &Partitioned, schedule: &str, victim: usize, hold: Duration) -> Fi
         let mut i = 0;
         while cut_at.elapsed() < hold {
             i += 1;
+            let answer = p.produce_at(victim, &format!("{schedule}-while-cut-{i}"));
             assert!(
-                p.produce_at(victim, &format!("{schedule}-while-cut-{i}")),
-                "{schedule}: the cut-off node answers a produce 202 throughout"
+                answer.is_ok(),
+                "{schedule}: the cut-off node answers a produce 202 throughout ({answer:?})"
             );
             std::thread::sleep(Duration::from_millis(200));
         }
@@ -469,9 +475,10 @@ fn bridged(p: &Partitioned, schedule: &str, bridge: usize, hold: Duration) -> Fi
     while cut_at.elapsed() < hold {
         i += 1;
         for node in 0..CLUSTER_NODES {
+            let answer = p.produce_at(node, &format!("{schedule}-{node}-{i}"));
             assert!(
-                p.produce_at(node, &format!("{schedule}-{node}-{i}")),
-                "{schedule}: n{} answers a produce 202",
+                answer.is_ok(),
+                "{schedule}: n{} answers a produce 202 ({answer:?})",
                 node + 1
             );
         }
@@ -510,9 +517,10 @@ fn one_way(p: &Partitioned, schedule: &str, victim: usize, deaf: bool, hold: Dur
         let mut i = 0;
         while cut_at.elapsed() < hold {
             i += 1;
+            let answer = p.produce_at(victim, &format!("{schedule}-{i}"));
             assert!(
-                p.produce_at(victim, &format!("{schedule}-{i}")),
-                "{schedule}: n{} answers a produce 202 throughout",
+                answer.is_ok(),
+                "{schedule}: n{} answers a produce 202 throughout ({answer:?})",
                 victim + 1
             );
             std::thread::sleep(Duration::from_millis(200));

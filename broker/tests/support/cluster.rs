@@ -9,7 +9,7 @@ use super::netns::{self, Network};
 use super::{eventually, Node};
 
 pub const CLUSTER_SECRET: &str = "dev-secret";
-const CLUSTER_WAL_RING: &str = "storage.wal_ring_bytes=67108864";
+const CLUSTER_WAL_RING: &str = "storage.wal_ring_bytes=134217728";
 
 pub fn free_udp_port() -> u16 {
     std::net::UdpSocket::bind("127.0.0.1:0")
@@ -45,7 +45,10 @@ pub fn flags_at(id: usize, host: &str, port: u16, peers: &str, secret: &str) -> 
         "--cluster-secret",
         secret,
         // Records for an unreachable owner hold the WAL ring until the
-        // reroute: a ring that outlasts it under test load.
+        // reroute, and idempotency keys hold their records' place for
+        // their window: a ring that outlasts both under test load (at
+        // 64 MiB a node that took every producer's traffic while deaf to
+        // the others filled it within a suite and answered 429).
         "--set",
         CLUSTER_WAL_RING,
     ]
