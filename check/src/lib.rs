@@ -88,10 +88,14 @@ pub const ACKS_LOST_TO_A_POWER_CUT_MS: u64 =
 /// passes it within this long. Until then a crash of the accepting node
 /// sends it again.
 pub const CHECKPOINT_LAG_MS: u64 = 2 * 250;
+/// How long after a restarted node answers again its partitions may still
+/// be opening (each opens at its first use, reading back its log's tail),
+/// so that a commit sent to it then can outlast its caller's deadline.
+pub const PARTITIONS_OPEN_MS: u64 = 1_000;
 /// How long after a node answers again a record that waited for it is
 /// confirmed: the dispatcher's longest retry backoff (2 s), one commit call
-/// timing out (1 s), and a second for the node's partitions to open.
-pub const RECOVERY_SLACK_MS: u64 = 2_000 + 1_000 + 1_000;
+/// timing out (1 s), and the node's partitions opening.
+pub const RECOVERY_SLACK_MS: u64 = 2_000 + 1_000 + PARTITIONS_OPEN_MS;
 /// How long after a commit was stored its answer can still be lost to a
 /// fault of the owner: one commit call's timeout.
 pub const ANSWER_LOST_SLACK_MS: u64 = 1_000;
@@ -638,6 +642,9 @@ fn accepted_by(id: &str) -> Option<String> {
 #[derive(Debug, Default)]
 struct Downtime<'a> {
     by_node: BTreeMap<&'a str, Vec<(u64, u64)>>,
+    /// Each node's spans down that ended with a restart, stretched by
+    /// [`PARTITIONS_OPEN_MS`]: down, or opening its partitions.
+    restarting: BTreeMap<&'a str, Vec<(u64, u64)>>,
     /// Every node's spans, each stretched by [`RECOVERY_SLACK_MS`], merged:
     /// the times at which some record may have waited on some node.
     merged: Vec<(u64, u64)>,
@@ -648,12 +655,17 @@ impl<'a> Downtime<'a> {
         let mut ordered: Vec<&Fault<'a>> = faults.iter().collect();
         ordered.sort_by_key(|f| f.start_ms);
         let mut by_node: BTreeMap<&str, Vec<(u64, u64)>> = BTreeMap::new();
+        let mut restarting: BTreeMap<&str, Vec<(u64, u64)>> = BTreeMap::new();
         let mut down_since: BTreeMap<&str, u64> = BTreeMap::new();
         for f in ordered {
             if f.action.makes_owner_unreachable() {
                 down_since.entry(f.node).or_insert(f.start_ms);
             } else if let Some(since) = down_since.remove(f.node) {
                 by_node.entry(f.node).or_default().push((since, f.end_ms));
+                if f.action == NemesisAction::Start {
+                    let opened = f.end_ms.saturating_add(PARTITIONS_OPEN_MS);
+                    restarting.entry(f.node).or_default().push((since, opened));
+                }
             }
         }
         for (node, since) in down_since {
@@ -695,7 +707,11 @@ impl<'a> Downtime<'a> {
                 _ => merged.push((from, to)),
             }
         }
-        Self { by_node, merged }
+        Self {
+            by_node,
+            restarting,
+            merged,
+        }
     }
 
     /// Some node was down, or just back, at every moment from `from` to
@@ -710,7 +726,22 @@ impl<'a> Downtime<'a> {
 
     /// `node` was down at some moment from `from` to `to`.
     fn down_between(&self, node: &str, from: u64, to: u64) -> bool {
-        self.by_node
+        Self::any_between(&self.by_node, node, from, to)
+    }
+
+    /// `node` was down, or restarted and still opening its partitions, at
+    /// some moment from `from` to `to`.
+    fn down_or_opening_between(&self, node: &str, from: u64, to: u64) -> bool {
+        self.down_between(node, from, to) || Self::any_between(&self.restarting, node, from, to)
+    }
+
+    fn any_between(
+        spans: &BTreeMap<&str, Vec<(u64, u64)>>,
+        node: &str,
+        from: u64,
+        to: u64,
+    ) -> bool {
+        spans
             .get(node)
             .into_iter()
             .flatten()
@@ -1070,7 +1101,9 @@ pub fn check(events: &[Event]) -> Report {
     //    stored before the one sent again, so (for two copies, and for more
     //    when the lost one was delivered first) no later than `before`, the
     //    first delivery of the copy before this one: some copy's owner was
-    //    down between the produce and `ANSWER_LOST_SLACK_MS` after that.
+    //    down (or, restarted, still opening its partitions: a commit then
+    //    can outlast its call's deadline) between the produce and
+    //    `ANSWER_LOST_SLACK_MS` after that.
     //    The same when the accepting node's process was down (paused)
     //    then: its call's deadline passed while it waited, so it could not
     //    tell that the commit landed (a cut link between it and the owner
@@ -1083,7 +1116,7 @@ pub fn check(events: &[Event]) -> Report {
             || copies.iter().any(|(copy, _)| {
                 owners_of(copy)
                     .iter()
-                    .any(|owner| downtime.down_between(owner, produced_ms, until))
+                    .any(|owner| downtime.down_or_opening_between(owner, produced_ms, until))
             })
     };
     // The owner of `d`'s partition went down (which ends its leases)

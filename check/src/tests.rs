@@ -432,6 +432,10 @@ fn an_owner_that_lost_a_commits_answer_explains_a_copy_sent_again() {
     // Down before the produce, and back before it.
     let report = stored_twice(&[(100, Pause, "n2"), (900, Resume, "n2")]);
     assert_eq!(unexplained(&report), 1, "{}", report.summary());
+    // Restarted just before the produce: its partitions were still opening
+    // when the commit came, which could outlast the call's deadline.
+    let report = stored_twice(&[(100, Kill, "n2"), (900, Start, "n2")]);
+    assert_eq!(unexplained(&report), 0, "{}", report.summary());
 }
 
 /// [`stored_twice`] with links cut and healed: (when, from, to, cut).
