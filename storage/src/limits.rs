@@ -33,6 +33,9 @@ pub const BATCH_BYTES_MAX: u64 = 64 * 1024 * 1024;
 /// Messages appended behind wait in memory, to be written as one batch,
 /// until they would make a batch larger than this (or a sync comes).
 pub const BEHIND_WRITE_BYTES_MAX: u64 = 1024 * 1024;
+/// An owner reading back its partition's recent idempotency keys at open
+/// reads neighbouring batches together, up to this many bytes at a time.
+pub const KEYS_READ_BYTES: u64 = 1024 * 1024;
 
 /// Acks reach the OS within this interval (`storage.ack_flush_interval_ms`).
 pub const ACK_FLUSH_INTERVAL_MS_DEFAULT: u64 = 100;

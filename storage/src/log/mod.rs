@@ -37,7 +37,7 @@ use crate::codec::{crc_of, get_u32, get_u64, put_u32, put_u64, round_up, set_u32
 use crate::error::{Result, StorageError};
 use crate::io::{FileSystem, OpenMode, StorageFile};
 use crate::limits::{
-    BATCH_BYTES_MAX, BATCH_RECORDS_MAX, BEHIND_WRITE_BYTES_MAX, BLOCK_BYTES,
+    BATCH_BYTES_MAX, BATCH_RECORDS_MAX, BEHIND_WRITE_BYTES_MAX, BLOCK_BYTES, KEYS_READ_BYTES,
     RECOVERY_READ_CHUNK_BYTES, SEGMENT_BYTES_DEFAULT, SEGMENT_PREALLOC_FIRST_BYTES,
     SEGMENT_PREALLOC_STEP_BYTES_DEFAULT,
 };
@@ -1549,72 +1549,101 @@ impl<F: FileSystem> PartitionLog<F> {
     /// The idempotency keys of the newest records, oldest first, each with
     /// its batch's append time: records of batches appended at `since_ms`
     /// or later, among the last `max_records` records. How an owner
-    /// rebuilds its table of recent keys at open. Reads each batch's first
-    /// block and, if it has keys, the blocks of its keys area, not its
-    /// records. A keys area that fails its checksum gives no keys.
+    /// rebuilds its table of recent keys at open. Neighbouring batches are
+    /// read together, up to [`KEYS_READ_BYTES`] at a time (one read per
+    /// batch would make an open wait on thousands of reads); a batch larger
+    /// than that is read only in its first block and the blocks of its keys
+    /// area. A keys area that fails its checksum gives no keys.
     pub async fn idempotency_keys_since(
         &self,
         since_ms: u64,
         max_records: usize,
     ) -> Result<Vec<RecentIdempotencyKey>> {
-        let plan: Vec<(Rc<F::File>, PathBuf, BatchEntry)> = {
+        // The batches to read, per segment, oldest first.
+        let plan: Vec<(Rc<F::File>, PathBuf, Vec<BatchEntry>)> = {
             let state = self.state.borrow();
             let mut plan = Vec::new();
             let mut planned = 0usize;
             'segments: for segment in state.segments.iter().rev() {
+                let mut entries = Vec::new();
                 for entry in segment.batches.iter().rev() {
                     if entry.appended_at_ms < since_ms || planned >= max_records {
+                        if !entries.is_empty() {
+                            entries.reverse();
+                            plan.push((segment.file.clone(), segment.path.clone(), entries));
+                        }
                         break 'segments;
                     }
                     planned += entry.count as usize;
-                    plan.push((segment.file.clone(), segment.path.clone(), *entry));
+                    entries.push(*entry);
+                }
+                if !entries.is_empty() {
+                    entries.reverse();
+                    plan.push((segment.file.clone(), segment.path.clone(), entries));
                 }
             }
             plan.reverse();
             plan
         };
         let mut keys = Vec::new();
-        for (file, path, entry) in plan {
+        for (file, path, entries) in plan {
             let read = |pos: u64, len: u64| {
                 let file = file.clone();
                 let path = path.clone();
                 async move {
                     let len = usize::try_from(len).unwrap_or(usize::MAX);
-                    file.read_at(entry.pos + pos, len)
+                    file.read_at(pos, len)
                         .await
                         .map_err(|e| StorageError::io("read", &path, e))
                 }
             };
-            let header = read(0, BLOCK_BYTES.min(entry.len)).await?;
-            let Some((at, len)) = batch::keys_area_of(&header) else {
-                continue;
-            };
-            let (at, len) = (at as u64, len as u64);
-            if at + len > entry.len {
-                continue;
+            let mut next = 0;
+            while let Some(first) = entries.get(next) {
+                if first.len > KEYS_READ_BYTES {
+                    next += 1;
+                    let header = read(first.pos, BLOCK_BYTES.min(first.len)).await?;
+                    let Some((at, len)) = batch::keys_area_of(&header) else {
+                        continue;
+                    };
+                    let (at, len) = (at as u64, len as u64);
+                    if at + len > first.len {
+                        continue;
+                    }
+                    let from = at - at % BLOCK_BYTES;
+                    let blocks = read(
+                        first.pos + from,
+                        round_up(at + len, BLOCK_BYTES).min(first.len) - from,
+                    )
+                    .await?;
+                    let area = usize::try_from(at - from)
+                        .ok()
+                        .and_then(|at| blocks.get(at..at + len as usize));
+                    keys_of_area(&mut keys, area, first, &path);
+                    continue;
+                }
+                // Neighbours that fit one read with the first.
+                let mut last = next;
+                while entries.get(last + 1).is_some_and(|e| {
+                    e.len <= KEYS_READ_BYTES && e.pos + e.len - first.pos <= KEYS_READ_BYTES
+                }) {
+                    last += 1;
+                }
+                let end = entries[last].pos + entries[last].len;
+                let bytes = read(first.pos, end - first.pos).await?;
+                for entry in &entries[next..=last] {
+                    let Some(batch) = usize::try_from(entry.pos - first.pos)
+                        .ok()
+                        .and_then(|from| bytes.get(from..from + entry.len as usize))
+                    else {
+                        continue;
+                    };
+                    let Some((at, len)) = batch::keys_area_of(batch) else {
+                        continue;
+                    };
+                    keys_of_area(&mut keys, batch.get(at..at + len), entry, &path);
+                }
+                next = last + 1;
             }
-            let first = at - at % BLOCK_BYTES;
-            let blocks = read(
-                first,
-                round_up(at + len, BLOCK_BYTES).min(entry.len) - first,
-            )
-            .await?;
-            let from = usize::try_from(at - first).unwrap_or(usize::MAX);
-            let area = blocks.get(from..from + len as usize);
-            let count = entry.count as usize;
-            let Some(found) = area.and_then(|area| batch::decode_keys_area(area, count)) else {
-                tracing::warn!(path = %path.display(), offset = entry.base_offset, "a batch's idempotency keys are damaged; its messages are served without them");
-                continue;
-            };
-            keys.extend(
-                found
-                    .into_iter()
-                    .flatten()
-                    .map(|stored| RecentIdempotencyKey {
-                        key: stored.key,
-                        since_ms: stored.since_ms,
-                    }),
-            );
         }
         Ok(keys)
     }
@@ -1766,6 +1795,32 @@ enum Values {
     Shared,
 }
 
+/// The keys a batch's keys area holds (`None`: the area lies past the
+/// batch), added to `keys`; a damaged area gives none, with a warning.
+fn keys_of_area(
+    keys: &mut Vec<RecentIdempotencyKey>,
+    area: Option<&[u8]>,
+    entry: &BatchEntry,
+    path: &Path,
+) {
+    let Some(area) = area else {
+        return;
+    };
+    let Some(found) = batch::decode_keys_area(area, entry.count as usize) else {
+        tracing::warn!(path = %path.display(), offset = entry.base_offset, "a batch's idempotency keys are damaged; its messages are served without them");
+        return;
+    };
+    keys.extend(
+        found
+            .into_iter()
+            .flatten()
+            .map(|stored| RecentIdempotencyKey {
+                key: stored.key,
+                since_ms: stored.since_ms,
+            }),
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1854,10 +1909,23 @@ mod tests {
         };
         let other = open(&SimFs::new(13));
         block_on(other.append(&[big(1), message(3), big(2)])).expect("append");
+        // A batch larger than one read of many batches, between others.
+        let huge = Message {
+            value: vec![2u8; KEYS_READ_BYTES as usize + 5_000].into(),
+            idempotency_key: Some(Bytes::from("huge")),
+            ..message(5)
+        };
+        block_on(other.append(&[huge])).expect("append");
+        block_on(other.append(&[message(6)])).expect("append");
         let far = block_on(other.idempotency_keys_since(0, usize::MAX)).expect("scan");
         assert_eq!(
             far.iter().map(|k| k.key.clone()).collect::<Vec<_>>(),
-            vec![Bytes::from("big1"), Bytes::from("big2")]
+            vec![
+                Bytes::from("big1"),
+                Bytes::from("big2"),
+                Bytes::from("huge"),
+                Bytes::from("k6")
+            ]
         );
         // Each window starts at its record's accept time (1 here), not at
         // the append.
