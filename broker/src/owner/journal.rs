@@ -11,6 +11,15 @@
 //! committed, so a visible message is always in at least one verified place.
 //! After a crash the shard appends journal records the log lacks at their
 //! own offsets before the partition opens (`Shard::open_owner`).
+//!
+//! A batch whose messages carry idempotency keys is judged against the
+//! keys the partition holds under the same turn, before it gets offsets:
+//! one holding a key the partition holds (or twice) is refused, and takes
+//! the usual path, whose commit drops the copy. The keys of a batch taken
+//! are remembered at once, before its copies are durable: a commit judging
+//! a later copy against them first syncs what the journal wrote behind
+//! (`PartitionOwner::commit`), so a copy is only ever dropped for one a
+//! power cut cannot take.
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -103,7 +112,8 @@ impl<F: FileSystem> PartitionOwner<F> {
     /// batch behind. The batch is not visible until
     /// [`Self::journal_durable`]. Appends made this way and by
     /// [`Self::commit`] take turns; the journal copy of each is appended in
-    /// offset order.
+    /// offset order. A batch with an idempotency key the partition holds
+    /// within the window, or with one key twice, is refused.
     pub async fn journal_append(
         &self,
         messages: &[Message],
@@ -113,6 +123,14 @@ impl<F: FileSystem> PartitionOwner<F> {
         let _turn = self.take_append_turn().await;
         if self.frozen.get() || self.journal.broken() || self.journal.wal.borrow().is_none() {
             return Err(JournalError::Refused);
+        }
+        if messages.iter().any(|m| m.idempotency_key.is_some()) {
+            let window = self.idempotency_window_ms.get();
+            let mut keys = self.keys.borrow_mut();
+            keys.expire(window, now_ms);
+            if keys.judge(messages, window, now_ms).keep.len() != messages.len() {
+                return Err(JournalError::Refused);
+            }
         }
         let base = self.log.high_watermark();
         let end = base + messages.len() as u64;
@@ -151,10 +169,8 @@ impl<F: FileSystem> PartitionOwner<F> {
     }
 
     /// The recent ids, the tail cache, the commit times and the idempotency
-    /// keys of an append. Keys are remembered here for every path: a
-    /// journal append of a keyed message would need its duplicates to wait
-    /// for the journal copy to be durable, so keyed messages do not take it
-    /// (`Shard::produce`).
+    /// keys of an append, for every path (a journal batch's as soon as it
+    /// is written behind: see the module's notes).
     pub(super) fn remember_appended(&self, base: u64, messages: &[Message], now_ms: u64) {
         {
             let mut recent = self.recent.ids.borrow_mut();

@@ -16,10 +16,11 @@
 //! table is rebuilt from the log's tail: the keys of batches appended
 //! within the window, among the last [`OWNER_IDEMPOTENCY_KEYS_MAX`] records.
 //!
-//! A key is only ever remembered once its copy is durable in the log (the
-//! owner inserts after a synced append; the journal does not take keyed
-//! messages), so a dropped copy's commit never answers done for a first
-//! copy a power cut could still take away.
+//! A copy is only ever dropped for one durable in the log: a commit's keys
+//! are remembered after its synced append, and a journal batch's as it is
+//! written behind, but every commit syncs what the journal wrote behind
+//! before it judges (`owner/journal.rs`). So a dropped copy's commit never
+//! answers done for a first copy a power cut could still take away.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 

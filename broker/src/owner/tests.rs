@@ -440,3 +440,56 @@ fn a_journal_batch_shows_once_durable_and_its_records_go_once_the_log_verified_i
         3
     );
 }
+
+/// Keyed messages through the journal: a batch holding a key the partition
+/// holds is refused (it takes the usual path); a commit carrying another
+/// copy of a key a journal batch took before its copy was durable drops
+/// that copy, and a power cut just after keeps the first (the commit
+/// synced it before it judged).
+#[test]
+fn a_journal_batch_with_keys_is_judged_and_its_keys_drop_later_copies_safely() {
+    let fs = SimFs::new(9);
+    let clock = ManualClock::new(1_000);
+    let owner = open(&fs, &clock, CONFIG);
+    let config = narad_storage::wal::WalConfig {
+        ring_bytes: 64 * 1024,
+        ..narad_storage::wal::WalConfig::default()
+    };
+    let (wal, _) = block_on(narad_storage::wal::Wal::open(
+        &fs,
+        Path::new("/data/wal/shard-0"),
+        config,
+    ))
+    .expect("wal");
+    owner.use_journal(wal);
+    let journal = |batch: &[Message]| {
+        block_on(owner.journal_append(batch, 1_000, |_| Ok(Vec::new()))).map(|t| t.base)
+    };
+    assert!(matches!(journal(&[keyed(1, "a"), keyed(2, "b")]), Ok(0)));
+    assert!(
+        matches!(journal(&[keyed(3, "a")]), Err(JournalError::Refused)),
+        "a copy of a key the partition holds"
+    );
+    assert!(
+        matches!(
+            journal(&[keyed(4, "c"), keyed(5, "c")]),
+            Err(JournalError::Refused)
+        ),
+        "one key twice in a batch"
+    );
+    // Only the copy: the commit appends nothing of its own.
+    let again = block_on(owner.commit(&[keyed(6, "a")], 1_001)).expect("commit");
+    assert_eq!(again.duplicates, 1, "the journal batch's key held");
+    drop(owner);
+    fs.power_loss();
+    let owner = open(&fs, &clock, CONFIG);
+    let read = block_on(owner.read(0, 10, usize::MAX)).expect("read");
+    let ids: Vec<u128> = read.iter().map(|s| s.message.id).collect();
+    assert_eq!(ids, vec![1, 2], "the first copy outlived the power cut");
+    block_on(owner.load_idempotency_keys(clock.now_ms())).expect("keys");
+    let retry = block_on(owner.commit(&[keyed(8, "b")], clock.now_ms())).expect("retry");
+    assert_eq!(
+        retry.duplicates, 1,
+        "the journal batch's keys came back from the log"
+    );
+}

@@ -118,6 +118,17 @@ pub struct Produce {
     pub topic: TopicRef,
     pub partition: u32,
     pub messages: Vec<Record>,
+    /// The idempotency keys of messages that carry one (claimed in the
+    /// node's table by the sender), with when each key's window ends.
+    pub keys: Vec<ProduceKey>,
+}
+
+/// The idempotency key of `messages[index]` of a [`Produce`].
+#[derive(Debug, Clone, PartialEq, Eq, Archive, Serialize, Deserialize)]
+pub struct ProduceKey {
+    pub index: u32,
+    pub key: Vec<u8>,
+    pub expires_ms: u64,
 }
 /// Whether the receiver committed them (durable and visible); `false`:
 /// nothing was written, and the sender takes the WAL path.

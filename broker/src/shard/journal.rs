@@ -2,8 +2,12 @@
 //! request whose messages all go to one partition of this shard, open and
 //! not moving, is committed with one fdatasync (the WAL's) before its 202,
 //! and is consumable as the 202 leaves. Everything else takes the path of
-//! `produce.rs` (WAL, then the dispatcher's commit to the owner), and so do
-//! messages with idempotency keys (see `Shard::produce`).
+//! `produce.rs` (WAL, then the dispatcher's commit to the owner). Messages
+//! with idempotency keys go through the journal too: their WAL records
+//! carry the keys (the node's table marks them written in the same step),
+//! and the owner judges the keys under its append turn, refusing a batch
+//! with a key it holds (that batch takes the WAL path, where the owner's
+//! commit drops the copy).
 
 use super::*;
 use crate::dispatcher::DispatchRecord;
@@ -13,6 +17,9 @@ use crate::owner::{JournalAppend, JournalError};
 /// A produce waiting for its partition's next journal batch.
 pub(super) struct JournalRequest {
     messages: Vec<Message>,
+    /// Each message's idempotency key as the node's table knows it (empty
+    /// when none has one).
+    keys: Vec<Option<Keyed>>,
     answer: futures_channel::oneshot::Sender<Result<(), JournalOutcome>>,
 }
 
@@ -73,6 +80,18 @@ impl<F: FileSystem> Shard<F> {
                             value: p.value.clone(),
                         })
                         .collect(),
+                    keys: placed
+                        .iter()
+                        .enumerate()
+                        .filter_map(|(index, p)| {
+                            let keyed = p.idempotency.as_ref()?;
+                            Some(ProduceKey {
+                                index: u32::try_from(index).ok()?,
+                                key: keyed.key.key.clone(),
+                                expires_ms: keyed.expires_ms,
+                            })
+                        })
+                        .collect(),
                 };
                 // No answer (the node is stopping) may follow a commit:
                 // an error then, never a second copy through the WAL.
@@ -92,7 +111,7 @@ impl<F: FileSystem> Shard<F> {
         }
         self.refuse_if_stopping()?;
         let topic = self.topic_at(&op.topic)?;
-        let placed: Vec<Placed> = op
+        let mut placed: Vec<Placed> = op
             .messages
             .into_iter()
             .map(|r| Placed {
@@ -103,6 +122,26 @@ impl<F: FileSystem> Shard<F> {
                 idempotency: None,
             })
             .collect();
+        if !op.keys.is_empty() {
+            let name: Arc<str> = Arc::from(topic.name.as_str());
+            for key in op.keys {
+                let index = usize::try_from(key.index).unwrap_or(usize::MAX);
+                let Some(item) = placed.get_mut(index) else {
+                    return Err(ApiError::new(
+                        ErrorCode::Internal,
+                        "a produce between shards named a key of a message it lacks",
+                    ));
+                };
+                item.idempotency = Some(Keyed {
+                    key: Arc::new(KeyId {
+                        topic: name.clone(),
+                        incarnation: topic.incarnation,
+                        key: key.key,
+                    }),
+                    expires_ms: key.expires_ms,
+                });
+            }
+        }
         let Some(owner) = self.journal_owner(&topic, &placed) else {
             return Ok(false);
         };
@@ -149,17 +188,22 @@ impl<F: FileSystem> Shard<F> {
         let partition = placed.first().map_or(0, |p| p.partition);
         let messages: Vec<Message> = placed
             .iter()
-            .map(|p| {
-                debug_assert!(p.idempotency.is_none(), "keyed messages take the WAL path");
-                Message {
-                    id: p.id,
-                    produced_at_ms: accept_ms,
-                    key: p.key.clone(),
-                    value: p.value.clone(),
-                    idempotency_key: None,
-                }
+            .map(|p| Message {
+                id: p.id,
+                produced_at_ms: accept_ms,
+                key: p.key.clone(),
+                value: p.value.clone(),
+                idempotency_key: p
+                    .idempotency
+                    .as_ref()
+                    .map(|k| bytes::Bytes::copy_from_slice(&k.key.key)),
             })
             .collect();
+        let keys: Vec<Option<Keyed>> = if placed.iter().any(|p| p.idempotency.is_some()) {
+            placed.iter().map(|p| p.idempotency.clone()).collect()
+        } else {
+            Vec::new()
+        };
         let key = (topic.name.clone(), topic.incarnation, partition);
         let (answer, answered) = futures_channel::oneshot::channel();
         self.flow
@@ -168,9 +212,11 @@ impl<F: FileSystem> Shard<F> {
         let start = {
             let mut queues = self.journal_queues.borrow_mut();
             let queue = queues.entry(key.clone()).or_default();
-            queue
-                .requests
-                .push_back(JournalRequest { messages, answer });
+            queue.requests.push_back(JournalRequest {
+                messages,
+                keys,
+                answer,
+            });
             !std::mem::replace(&mut queue.draining, true)
         };
         if start {
@@ -261,13 +307,28 @@ impl<F: FileSystem> Shard<F> {
             .iter()
             .flat_map(|r| r.messages.iter().cloned())
             .collect();
+        let keys: Vec<Option<&Keyed>> = batch
+            .iter()
+            .flat_map(|r| {
+                let none = if r.keys.is_empty() {
+                    r.messages.len()
+                } else {
+                    0
+                };
+                r.keys
+                    .iter()
+                    .map(Option::as_ref)
+                    .chain(std::iter::repeat_n(None, none))
+            })
+            .collect();
         let wal = self.wal.clone();
         let taken = owner
             .journal_append(&messages, self.now(), |base| {
                 let records: Vec<WalRecordRef<'_>> = messages
                     .iter()
+                    .zip(&keys)
                     .zip(base..)
-                    .map(|(message, offset)| WalRecordRef {
+                    .map(|((message, keyed), offset)| WalRecordRef {
                         id: message.id,
                         topic,
                         partition,
@@ -276,13 +337,23 @@ impl<F: FileSystem> Shard<F> {
                         accept_ms: message.produced_at_ms,
                         topic_incarnation: Some(incarnation),
                         offset: Some(offset),
-                        idempotency: None,
+                        idempotency: keyed.map(Keyed::as_wal),
                         key_only: false,
                     })
                     .collect();
-                wal.append_batch(&records)
+                let appended = wal.append_batch(&records)?;
+                // In the same step as the append, as on the WAL path.
+                self.mark_keys_written(
+                    appended
+                        .iter()
+                        .zip(&messages)
+                        .zip(&keys)
+                        .map(|((a, m), keyed)| (a.end, m.id, *keyed)),
+                );
+                Ok(appended)
             })
             .await;
+        drop(keys);
         let Some(shard) = self.me.upgrade() else {
             return;
         };

@@ -59,9 +59,9 @@ use crate::route::{
 };
 use crate::rpc::{
     Address, Available, CallError, Collect, Collected, Commit, Committed, CopyFigures, Delivery,
-    Envelope, Figures, Gained, Gauges, KeyAt, KeyedCommit, Links, Operation, Produce, Produced,
-    Reach, Record, Settle, SettleOutcome, Settled, ShardGauges, Stats, TopicFigures, TopicRef,
-    Transport, Wake,
+    Envelope, Figures, Gained, Gauges, KeyAt, KeyedCommit, Links, Operation, Produce, ProduceKey,
+    Produced, Reach, Record, Settle, SettleOutcome, Settled, ShardGauges, Stats, TopicFigures,
+    TopicRef, Transport, Wake,
 };
 use crate::runtime::SharedRuntime;
 use crate::schemas::CompiledSchemas;
@@ -88,8 +88,8 @@ mod topics;
 
 pub use crate::limits::MAX_MESSAGE_BYTES_DEFAULT;
 pub use children::{child_statuses, ChildStatus};
-use produce::Placed;
 pub use produce::{Incoming, ProduceOutcome};
+use produce::{Keyed, Placed};
 pub use redrive::RedriveStatus;
 
 type OwnerKey = (String, u64, u32);

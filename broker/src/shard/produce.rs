@@ -252,16 +252,20 @@ impl<F: FileSystem> Shard<F> {
                     }
                 }
             }
-            // Keyed messages take the WAL path: there a message reaches its
-            // partition's log only after its WAL record, key and all, is
-            // durable. The owner journal writes the log behind, beside the
-            // WAL, and a power cut can keep that copy while it takes the WAL
-            // record: the copy would outlive its key, and a retry be stored
-            // again.
+            // Through the owner journal where it takes them (the records'
+            // keys are marked written as its task appends them, whatever
+            // becomes of this request), else the WAL path, appended before
+            // its first await: either way the claims are written by the
+            // time the guard could drop, or taken again when written. A
+            // power cut may keep the journal's copy in the log and take its
+            // WAL record: the owner reads the key back from the log, and
+            // drops a retry's copy there.
             if !to_write.is_empty() {
-                // Appended before the first await: the claims are written
-                // by the time the guard could drop.
-                let written = self.write_through_wal(topic, to_write).await;
+                let written = match self.produce_at_owning_shard(topic, &to_write).await {
+                    Ok(true) => Ok(()),
+                    Ok(false) => self.write_through_wal(topic, to_write).await,
+                    Err(error) => Err(error),
+                };
                 written.map_err(|e| if wrote { stored_in_part(&e) } else { e })?;
                 wrote = true;
             }
