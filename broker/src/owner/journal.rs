@@ -160,6 +160,17 @@ impl<F: FileSystem> PartitionOwner<F> {
             }
             Err(error) => {
                 self.journal.waiting.borrow_mut().remove(&base);
+                // A failed write gives back what was waiting to be written:
+                // batches before this one, whose offsets (and keys) the
+                // journal gave out, may be gone from the log too.
+                let end = self.log.high_watermark();
+                if end < base {
+                    self.break_journal(&format!("the log went back from {base} to {end}"));
+                    return Err(JournalError::LogFailed {
+                        appended,
+                        error: OwnerError::JournalBroken,
+                    });
+                }
                 Err(JournalError::LogFailed {
                     appended,
                     error: error.into(),

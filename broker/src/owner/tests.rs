@@ -493,3 +493,56 @@ fn a_journal_batch_with_keys_is_judged_and_its_keys_drop_later_copies_safely() {
         "the journal batch's keys came back from the log"
     );
 }
+
+/// A log that loses a journal batch written behind (its write fails, and
+/// so does the synced append of the next batch) breaks the journal: a
+/// later commit is refused rather than judged against the lost batch's
+/// keys, which would drop a retry of a message the log no longer holds.
+#[test]
+fn a_log_that_went_back_under_a_failed_journal_append_breaks_the_journal() {
+    use narad_storage::io::sim::{FaultError, FaultOp, FaultRule};
+
+    let fs = SimFs::new(21);
+    let clock = ManualClock::new(1_000);
+    let owner = open(&fs, &clock, CONFIG);
+    let config = narad_storage::wal::WalConfig {
+        ring_bytes: 64 * 1024,
+        ..narad_storage::wal::WalConfig::default()
+    };
+    let (wal, _) = block_on(narad_storage::wal::Wal::open(
+        &fs,
+        Path::new("/data/wal/shard-0"),
+        config,
+    ))
+    .expect("wal");
+    owner.use_journal(wal);
+    let journal = |batch: &[Message]| {
+        block_on(owner.journal_append(batch, 1_000, |_| Ok(Vec::new()))).map(|t| t.base)
+    };
+    assert!(matches!(journal(&[keyed(1, "a")]), Ok(0)));
+    // The next batch does not fit beside the first in one write: writing
+    // the first fails, and so does the synced append that follows.
+    fs.inject(FaultRule::always(
+        FaultOp::Write,
+        "partitions/orders/0",
+        FaultError::Eio,
+    ));
+    let big = Message {
+        value: vec![5u8; 1_100_000].into(),
+        ..keyed(2, "b")
+    };
+    assert!(matches!(
+        journal(&[big]),
+        Err(JournalError::LogFailed { .. })
+    ));
+    fs.clear_faults();
+    let lost = owner.high_watermark() == 0
+        && block_on(owner.read(0, 10, usize::MAX)).map_or(true, |r| r.is_empty());
+    assert!(lost, "the log lost the first batch in this failure");
+    // A retry of the first message, from another node.
+    let retry = block_on(owner.commit(&[keyed(3, "a")], 1_001));
+    assert!(
+        retry.is_err(),
+        "a commit judged against a batch the log lost: {retry:?}"
+    );
+}
