@@ -34,8 +34,11 @@ pub const BATCH_BYTES_MAX: u64 = 64 * 1024 * 1024;
 /// until they would make a batch larger than this (or a sync comes).
 pub const BEHIND_WRITE_BYTES_MAX: u64 = 1024 * 1024;
 /// An owner reading back its partition's recent idempotency keys at open
-/// reads neighbouring batches together, up to this many bytes at a time.
+/// reads neighbouring batches of at most `KEYS_GROUP_BATCH_BYTES_MAX`
+/// together, up to this many bytes at a time; a larger batch is read only
+/// in its header and keys, not its values.
 pub const KEYS_READ_BYTES: u64 = 1024 * 1024;
+pub const KEYS_GROUP_BATCH_BYTES_MAX: u64 = 4 * BLOCK_BYTES;
 
 /// Acks reach the OS within this interval (`storage.ack_flush_interval_ms`).
 pub const ACK_FLUSH_INTERVAL_MS_DEFAULT: u64 = 100;

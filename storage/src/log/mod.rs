@@ -37,9 +37,9 @@ use crate::codec::{crc_of, get_u32, get_u64, put_u32, put_u64, round_up, set_u32
 use crate::error::{Result, StorageError};
 use crate::io::{FileSystem, OpenMode, StorageFile};
 use crate::limits::{
-    BATCH_BYTES_MAX, BATCH_RECORDS_MAX, BEHIND_WRITE_BYTES_MAX, BLOCK_BYTES, KEYS_READ_BYTES,
-    RECOVERY_READ_CHUNK_BYTES, SEGMENT_BYTES_DEFAULT, SEGMENT_PREALLOC_FIRST_BYTES,
-    SEGMENT_PREALLOC_STEP_BYTES_DEFAULT,
+    BATCH_BYTES_MAX, BATCH_RECORDS_MAX, BEHIND_WRITE_BYTES_MAX, BLOCK_BYTES,
+    KEYS_GROUP_BATCH_BYTES_MAX, KEYS_READ_BYTES, RECOVERY_READ_CHUNK_BYTES, SEGMENT_BYTES_DEFAULT,
+    SEGMENT_PREALLOC_FIRST_BYTES, SEGMENT_PREALLOC_STEP_BYTES_DEFAULT,
 };
 use crate::metric_names::STORAGE_CORRUPT_RECORDS_TOTAL;
 use crate::util_fs::{
@@ -1549,11 +1549,13 @@ impl<F: FileSystem> PartitionLog<F> {
     /// The idempotency keys of the newest records, oldest first, each with
     /// its batch's append time: records of batches appended at `since_ms`
     /// or later, among the last `max_records` records. How an owner
-    /// rebuilds its table of recent keys at open. Neighbouring batches are
-    /// read together, up to [`KEYS_READ_BYTES`] at a time (one read per
-    /// batch would make an open wait on thousands of reads); a batch larger
-    /// than that is read only in its first block and the blocks of its keys
-    /// area. A keys area that fails its checksum gives no keys.
+    /// rebuilds its table of recent keys at open. Neighbouring small
+    /// batches (at most [`KEYS_GROUP_BATCH_BYTES_MAX`] each, a few records
+    /// whose values cost little to read along) are read together, up to
+    /// [`KEYS_READ_BYTES`] at a time: one read per batch would make an open
+    /// wait on thousands of reads. A larger batch is read only in its first
+    /// block and the blocks of its keys area, not its values. A keys area
+    /// that fails its checksum gives no keys.
     pub async fn idempotency_keys_since(
         &self,
         since_ms: u64,
@@ -1599,7 +1601,7 @@ impl<F: FileSystem> PartitionLog<F> {
             };
             let mut next = 0;
             while let Some(first) = entries.get(next) {
-                if first.len > KEYS_READ_BYTES {
+                if first.len > KEYS_GROUP_BATCH_BYTES_MAX {
                     next += 1;
                     let header = read(first.pos, BLOCK_BYTES.min(first.len)).await?;
                     let Some((at, len)) = batch::keys_area_of(&header) else {
@@ -1624,7 +1626,8 @@ impl<F: FileSystem> PartitionLog<F> {
                 // Neighbours that fit one read with the first.
                 let mut last = next;
                 while entries.get(last + 1).is_some_and(|e| {
-                    e.len <= KEYS_READ_BYTES && e.pos + e.len - first.pos <= KEYS_READ_BYTES
+                    e.len <= KEYS_GROUP_BATCH_BYTES_MAX
+                        && e.pos + e.len - first.pos <= KEYS_READ_BYTES
                 }) {
                     last += 1;
                 }
@@ -1909,9 +1912,9 @@ mod tests {
         };
         let other = open(&SimFs::new(13));
         block_on(other.append(&[big(1), message(3), big(2)])).expect("append");
-        // A batch larger than one read of many batches, between others.
+        // A batch too large to be read along with others, between others.
         let huge = Message {
-            value: vec![2u8; KEYS_READ_BYTES as usize + 5_000].into(),
+            value: vec![2u8; KEYS_GROUP_BATCH_BYTES_MAX as usize + 5_000].into(),
             idempotency_key: Some(Bytes::from("huge")),
             ..message(5)
         };
