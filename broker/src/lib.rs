@@ -24,6 +24,7 @@ pub mod controller;
 pub mod dispatcher;
 pub mod errors;
 pub mod idempotency;
+pub mod kafka;
 pub mod leases;
 pub mod limits;
 pub mod mesh;
