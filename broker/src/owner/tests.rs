@@ -326,6 +326,27 @@ fn a_repeated_commit_is_dropped_but_the_same_id_written_again_later_is_kept() {
     );
 }
 
+/// A shard's WAL for journal tests (a small ring).
+fn open_wal(fs: &SimFs) -> Rc<narad_storage::wal::Wal<SimFs>> {
+    let config = narad_storage::wal::WalConfig {
+        ring_bytes: 64 * 1024,
+        ..narad_storage::wal::WalConfig::default()
+    };
+    block_on(narad_storage::wal::Wal::open(
+        fs,
+        Path::new("/data/wal/shard-0"),
+        config,
+    ))
+    .expect("wal")
+    .0
+}
+
+/// Appends `batch` through the journal without writing journal records:
+/// the base offset it got, or why it was not taken.
+fn journal_base(owner: &PartitionOwner<SimFs>, batch: &[Message]) -> Result<u64, JournalError> {
+    block_on(owner.journal_append(batch, 1_000, |_| Ok(Vec::new()))).map(|t| t.base)
+}
+
 fn keyed(id: u128, key: &str) -> Message {
     Message {
         id,
@@ -378,16 +399,12 @@ fn a_copy_of_a_committed_key_is_dropped_across_a_reopen_until_the_window_ends() 
 /// was synced and read back.
 #[test]
 fn a_journal_batch_shows_once_durable_and_its_records_go_once_the_log_verified_it() {
-    use narad_storage::wal::{Wal, WalConfig, WalRecordRef};
+    use narad_storage::wal::WalRecordRef;
 
     let fs = SimFs::new(5);
     let clock = ManualClock::new(1_000);
     let owner = open(&fs, &clock, CONFIG);
-    let config = WalConfig {
-        ring_bytes: 64 * 1024,
-        ..WalConfig::default()
-    };
-    let (wal, _) = block_on(Wal::open(&fs, Path::new("/data/wal/shard-0"), config)).expect("wal");
+    let wal = open_wal(&fs);
     owner.use_journal(wal.clone());
     let batch = messages(3);
     let taken = block_on(owner.journal_append(&batch, 1_000, |base| {
@@ -451,20 +468,8 @@ fn a_journal_batch_with_keys_is_judged_and_its_keys_drop_later_copies_safely() {
     let fs = SimFs::new(9);
     let clock = ManualClock::new(1_000);
     let owner = open(&fs, &clock, CONFIG);
-    let config = narad_storage::wal::WalConfig {
-        ring_bytes: 64 * 1024,
-        ..narad_storage::wal::WalConfig::default()
-    };
-    let (wal, _) = block_on(narad_storage::wal::Wal::open(
-        &fs,
-        Path::new("/data/wal/shard-0"),
-        config,
-    ))
-    .expect("wal");
-    owner.use_journal(wal);
-    let journal = |batch: &[Message]| {
-        block_on(owner.journal_append(batch, 1_000, |_| Ok(Vec::new()))).map(|t| t.base)
-    };
+    owner.use_journal(open_wal(&fs));
+    let journal = |batch: &[Message]| journal_base(&owner, batch);
     assert!(matches!(journal(&[keyed(1, "a"), keyed(2, "b")]), Ok(0)));
     assert!(
         matches!(journal(&[keyed(3, "a")]), Err(JournalError::Refused)),
@@ -505,20 +510,8 @@ fn a_log_that_went_back_under_a_failed_journal_append_breaks_the_journal() {
     let fs = SimFs::new(21);
     let clock = ManualClock::new(1_000);
     let owner = open(&fs, &clock, CONFIG);
-    let config = narad_storage::wal::WalConfig {
-        ring_bytes: 64 * 1024,
-        ..narad_storage::wal::WalConfig::default()
-    };
-    let (wal, _) = block_on(narad_storage::wal::Wal::open(
-        &fs,
-        Path::new("/data/wal/shard-0"),
-        config,
-    ))
-    .expect("wal");
-    owner.use_journal(wal);
-    let journal = |batch: &[Message]| {
-        block_on(owner.journal_append(batch, 1_000, |_| Ok(Vec::new()))).map(|t| t.base)
-    };
+    owner.use_journal(open_wal(&fs));
+    let journal = |batch: &[Message]| journal_base(&owner, batch);
     assert!(matches!(journal(&[keyed(1, "a")]), Ok(0)));
     // The next batch does not fit beside the first in one write: writing
     // the first fails, and so does the synced append that follows.
