@@ -189,6 +189,9 @@ struct Clients {
     /// some id, and those delivered in each child.
     accepted_values: RefCell<HashSet<String>>,
     settled_values: RefCell<HashSet<String>>,
+    /// Ids delivered on the topic: each copy stored is acked in the end,
+    /// a retry's copy rerouted to a sibling partition too.
+    delivered_ids: RefCell<HashSet<String>>,
     child_values: RefCell<std::collections::BTreeMap<&'static str, HashSet<String>>>,
     stop: Cell<bool>,
 }
@@ -484,6 +487,10 @@ async fn consumer(clients: Rc<Clients>, name: String) {
             }
         };
         clients.record(&name, start, op);
+        clients
+            .delivered_ids
+            .borrow_mut()
+            .extend(messages.iter().map(|m| format!("{:032x}", m.id)));
         for message in messages {
             if clients.dead_letters && message.delivery_count > MAX_DELIVERIES {
                 let over = format!(
@@ -925,6 +932,7 @@ fn run(seed: u64, scenario: &Scenario) -> Vec<Event> {
         over_delivered: RefCell::default(),
         accepted_values: RefCell::default(),
         settled_values: RefCell::default(),
+        delivered_ids: RefCell::default(),
         child_values: RefCell::default(),
         stop: Cell::new(false),
     });
@@ -1185,7 +1193,14 @@ fn run(seed: u64, scenario: &Scenario) -> Vec<Event> {
                         .get(child)
                         .is_some_and(|seen| accepted.is_subset(seen))
                 });
-            copied && accepted.is_subset(&clients.settled_values.borrow())
+            let (acked, maybe) = (clients.acked.borrow(), clients.maybe_acked.borrow());
+            let dead = clients.dead_lettered.borrow();
+            let every_copy = clients
+                .delivered_ids
+                .borrow()
+                .iter()
+                .all(|id| acked.contains(id) || maybe.contains(id) || dead.contains(id));
+            copied && every_copy && accepted.is_subset(&clients.settled_values.borrow())
         })
     };
     // Nothing stays behind in a WAL: every record a shard took in was
