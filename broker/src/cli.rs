@@ -391,7 +391,7 @@ pub fn cluster(args: &ClientArgs, action: &ClusterAction) -> Result<(), String> 
                             nodes
                                 .iter()
                                 .map(|n| {
-                                    ["id", "addr", "state", "partitions"]
+                                    ["id", "addr", "kafka_addr", "state", "partitions"]
                                         .iter()
                                         .map(|k| cell(&n[*k]))
                                         .collect()
@@ -399,7 +399,7 @@ pub fn cluster(args: &ClientArgs, action: &ClusterAction) -> Result<(), String> 
                                 .collect()
                         })
                         .unwrap_or_default();
-                    print_table(&["ID", "ADDR", "STATE", "PARTITIONS"], &rows);
+                    print_table(&["ID", "ADDR", "KAFKA", "STATE", "PARTITIONS"], &rows);
                 }
             }
         }

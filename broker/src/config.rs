@@ -289,6 +289,9 @@ const KEYS: &[(&str, Kind, Option<&str>)] = &[
     ("http.tls.cert_file", Kind::Text, None),
     ("http.tls.key_file", Kind::Text, None),
     ("http.tls.client_ca_file", Kind::Text, None),
+    // The Kafka protocol listener (docs/kafka-clients.md).
+    ("kafka.listen", Kind::Addr, None),
+    ("kafka.advertised_address", Kind::Addr, None),
     // Authentication and grants (docs/security.md).
     ("auth.enabled", Kind::Bool, Some("false")),
     ("auth.admin_password", Kind::Text, None),
@@ -595,6 +598,16 @@ impl Config {
                 ))
             }
             _ => {}
+        }
+        if self.text("kafka.advertised_address").is_some() && self.text("kafka.listen").is_none() {
+            return Err(ConfigError::Inconsistent(
+                "kafka.advertised_address needs kafka.listen (the Kafka listener it names)".into(),
+            ));
+        }
+        if self.text("kafka.listen").is_some() && self.text("auth.enabled") == Some("true") {
+            return Err(ConfigError::Inconsistent(
+                "kafka.listen with auth.enabled: the Kafka listener has no TLS and no SASL yet, so it would let anyone in; leave kafka.listen unset while auth.enabled is true".into(),
+            ));
         }
         if self.text("peers").is_some() && self.text("join").is_some() {
             return Err(ConfigError::Inconsistent(

@@ -254,6 +254,28 @@ pub const REDRIVE_PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
 /// A redrive batch that failed is tried again after this.
 pub const REDRIVE_RETRY: Duration = Duration::from_millis(500);
 
+// ------------------------------------------------------------ Kafka listener
+
+/// The largest request frame the Kafka listener reads (a Produce request
+/// of many partitions included); a longer length prefix closes the
+/// connection before its body is read. Kafka's own default
+/// (`socket.request.max.bytes`) is 100 MiB; clients send at most
+/// `message.max.bytes`, 1 MB by default.
+pub const KAFKA_REQUEST_BYTES_MAX: usize = 64 * 1024 * 1024;
+/// Requests of one connection answered side by side (Kafka clients send up
+/// to 5 without waiting); beyond it the listener reads no more until the
+/// oldest is answered, and answers always go out in request order.
+pub const KAFKA_IN_FLIGHT_PER_CONNECTION: usize = 16;
+/// A connection with no request under way this long is closed (Kafka's
+/// `connections.max.idle.ms` default; clients connect again).
+pub const KAFKA_IDLE_TIMEOUT: Duration = Duration::from_secs(600);
+/// The throttle time a Produce answer asks for when the node sheds load
+/// (HTTP's `429 overloaded`).
+pub const KAFKA_OVERLOAD_THROTTLE_MS: i32 = 100;
+/// How often a node that has not yet recorded its Kafka address in the
+/// metastore tries again (no quorum, no leader yet).
+pub const KAFKA_ADDRESS_RETRY: Duration = Duration::from_secs(1);
+
 // ------------------------------------------------------------ relations
 
 // A message id is exactly 128 bits.

@@ -180,6 +180,9 @@ struct ServeArgs {
     /// Shared secret that lets development nodes trust each other (`cluster.secret`).
     #[arg(long, value_name = "SECRET")]
     cluster_secret: Option<String>,
+    /// Kafka protocol address; port 0 picks a free one (`kafka.listen`).
+    #[arg(long, value_name = "HOST:PORT")]
+    kafka_listen: Option<String>,
     /// Shards (cores) to run; 0 = every core (`shards`).
     #[arg(long, value_name = "N")]
     shards: Option<String>,
@@ -200,6 +203,7 @@ impl ServeArgs {
             ("join", &self.join),
             ("cluster.secret", &self.cluster_secret),
             ("shards", &self.shards),
+            ("kafka.listen", &self.kafka_listen),
         ];
         for (key, value) in named {
             if let Some(value) = value {

@@ -46,6 +46,8 @@ pub const HTTP_BUFFERED_BODY_BYTES: &str = "narad_http_buffered_body_bytes";
 pub const HTTP_REQUESTS_TOTAL: &str = "narad_http_requests_total";
 /// Request latency (histogram).
 pub const HTTP_REQUEST_SECONDS: &str = "narad_http_request_seconds";
+/// Kafka protocol requests answered, by API and error.
+pub const KAFKA_REQUESTS_TOTAL: &str = "narad_kafka_requests_total";
 /// 1 once an ingress WAL failed.
 pub const INGRESS_WAL_FAILED: &str = "narad_ingress_wal_failed";
 /// Each member as this node's controller sees it.
@@ -111,6 +113,7 @@ pub const ALL: &[(&str, Kind, &str)] = &[
     (HTTP_BUFFERED_BODY_BYTES, Kind::Gauge, "Request-body bytes held by the node."),
     (HTTP_REQUESTS_TOTAL, Kind::Counter, "Requests answered, by route and status."),
     (HTTP_REQUEST_SECONDS, Kind::Histogram, "Request latency."),
+    (KAFKA_REQUESTS_TOTAL, Kind::Counter, "Kafka protocol requests answered, by API and error (none when it succeeded)."),
     (INGRESS_WAL_FAILED, Kind::Gauge, "1 once an ingress WAL failed."),
     (NODE_ALIVE, Kind::Gauge, "Each member as this node's controller sees it."),
     (PARTITION_AVAILABLE_MESSAGES, Kind::Gauge, "Messages neither leased nor acked."),

@@ -32,6 +32,7 @@ pub struct Settings {
     pub raft: Raft,
     pub http: Http,
     pub auth: Auth,
+    pub kafka: Kafka,
     pub children: Children,
     pub testing: Testing,
 }
@@ -45,6 +46,15 @@ pub struct Children {
     pub remote_ca_file: Option<String>,
     /// Requests in flight per node to each remote child.
     pub remote_max_in_flight: u64,
+}
+
+/// The Kafka protocol listener: off unless `listen` is set.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Kafka {
+    pub listen: Option<String>,
+    /// What Metadata tells clients to connect to (default: `listen`).
+    pub advertised_address: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -220,20 +230,22 @@ mod tests {
         assert_eq!(settings.cluster.secret.as_deref(), Some("s"));
     }
 
+    /// The settings of these flags, or the refusal.
+    fn resolve(pairs: &[(&str, &str)]) -> Result<Settings, String> {
+        let pairs = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect::<Vec<_>>();
+        Config::resolve(None, Vec::new(), &pairs)
+            .map_err(|e| e.to_string())
+            .and_then(|c| Settings::from_config(&c))
+    }
+
     #[test]
     fn the_admin_password_comes_from_its_key_or_its_file_and_never_shows() {
         let dir = tempfile::tempdir().expect("dir");
         let file = dir.path().join("admin-password");
         std::fs::write(&file, "from-file\n").expect("write");
-        let resolve = |pairs: &[(&str, &str)]| {
-            let pairs = pairs
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect::<Vec<_>>();
-            Config::resolve(None, Vec::new(), &pairs)
-                .map_err(|e| e.to_string())
-                .and_then(|c| Settings::from_config(&c))
-        };
         let settings = resolve(&[
             ("auth.enabled", "true"),
             ("auth.admin_password_file", file.to_str().expect("utf8")),
@@ -262,6 +274,40 @@ mod tests {
                 vec![("auth.admin_password_file", "/nonexistent/pw")],
                 "/nonexistent/pw",
             ),
+        ] {
+            let error = resolve(&pairs).expect_err("refused");
+            assert!(error.contains(says), "{error}");
+        }
+    }
+
+    #[test]
+    fn the_kafka_listener_is_off_unless_asked_and_never_open_with_auth() {
+        let off = resolve(&[]).expect("defaults");
+        assert!(off.kafka.listen.is_none() && off.kafka.advertised_address.is_none());
+        let on = resolve(&[
+            ("kafka.listen", "0.0.0.0:9092"),
+            ("kafka.advertised_address", "broker-1.example:9092"),
+        ])
+        .expect("settings");
+        assert_eq!(on.kafka.listen.as_deref(), Some("0.0.0.0:9092"));
+        assert_eq!(
+            on.kafka.advertised_address.as_deref(),
+            Some("broker-1.example:9092")
+        );
+        for (pairs, says) in [
+            (
+                vec![("kafka.advertised_address", "h:9092")],
+                "kafka.advertised_address needs kafka.listen",
+            ),
+            (
+                vec![
+                    ("kafka.listen", "127.0.0.1:9092"),
+                    ("auth.enabled", "true"),
+                    ("auth.admin_password", "p"),
+                ],
+                "kafka.listen with auth.enabled",
+            ),
+            (vec![("kafka.listen", "no-port")], "kafka.listen"),
         ] {
             let error = resolve(&pairs).expect_err("refused");
             assert!(error.contains(says), "{error}");

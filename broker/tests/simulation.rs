@@ -399,6 +399,7 @@ async fn produce_once(
                         key,
                         value: body,
                         idempotency_key,
+                        partition: None,
                     };
                     shard.produce(&topic, vec![message]).await
                 })

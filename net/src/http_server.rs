@@ -102,7 +102,9 @@ impl NodeBudget {
         self.buffered_body_bytes.load(Ordering::SeqCst)
     }
 
-    fn try_connection(self: &Arc<Self>) -> Option<Permit> {
+    /// A connection's share, if the node has one left (the Kafka listener
+    /// counts its connections here too).
+    pub fn try_connection(self: &Arc<Self>) -> Option<Permit> {
         let taken = self
             .connections
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |open| {
@@ -115,7 +117,8 @@ impl NodeBudget {
         })
     }
 
-    fn try_body(self: &Arc<Self>, bytes: u64) -> Option<Permit> {
+    /// A share of `bytes` of request bodies, if the node has that left.
+    pub fn try_body(self: &Arc<Self>, bytes: u64) -> Option<Permit> {
         let taken = self
             .buffered_body_bytes
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |held| {
@@ -138,7 +141,7 @@ enum PermitKind {
 
 /// A share of the [`NodeBudget`], given back on drop.
 #[derive(Debug)]
-struct Permit {
+pub struct Permit {
     budget: Arc<NodeBudget>,
     kind: PermitKind,
 }

@@ -437,6 +437,7 @@ impl MetaState {
             });
         }
         self.nodes.remove(&id);
+        self.kafka_addrs.remove(&id);
         self.removed_nodes.insert(id);
         Ok(Applied::ClusterChanged)
     }

@@ -287,6 +287,12 @@ pub enum Command {
         alive: bool,
         now_ms: u64,
     },
+    /// Where a node's Kafka listener takes clients (`None`: it has none),
+    /// for Metadata answers on every node.
+    SetKafkaAddress {
+        id: NodeId,
+        addr: Option<String>,
+    },
     /// Creates a user or changes its password; with `if_absent`, only
     /// creates (the bootstrap of `admin` from every node's configuration).
     PutUser {
@@ -603,6 +609,9 @@ pub struct MetaState {
     /// them again (until one is admitted anew).
     #[serde(default)]
     pub removed_nodes: std::collections::BTreeSet<NodeId>,
+    /// The Kafka listener's advertised address of each node that has one.
+    #[serde(default)]
+    pub kafka_addrs: BTreeMap<NodeId, String>,
 }
 
 impl MetaState {
@@ -644,6 +653,17 @@ impl MetaState {
                         Ok(Applied::ClusterChanged)
                     }
                 }
+            }
+            Command::SetKafkaAddress { id, addr } => {
+                let changed = match addr {
+                    Some(addr) => self.kafka_addrs.insert(*id, addr.clone()).as_ref() != Some(addr),
+                    None => self.kafka_addrs.remove(id).is_some(),
+                };
+                Ok(if changed {
+                    Applied::ClusterChanged
+                } else {
+                    Applied::Nothing
+                })
             }
             Command::PutUser {
                 name,

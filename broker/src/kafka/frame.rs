@@ -23,7 +23,15 @@ pub const LENGTH_BYTES: usize = 4;
 const HEADER_FIXED_BYTES: usize = 2 + 2 + 4;
 
 /// The APIs the listener serves, with the versions of each it takes.
-pub const SERVED: &[(ApiKey, i16, i16)] = &[(ApiKey::ApiVersions, 0, 4)];
+/// Fetch is listed and answered `UNSUPPORTED_VERSION` (see `serve.rs`).
+pub const SERVED: &[(ApiKey, i16, i16)] = &[
+    (ApiKey::Produce, 3, 12),
+    (ApiKey::Fetch, 4, 12),
+    (ApiKey::Metadata, 0, 12),
+    (ApiKey::FindCoordinator, 0, 4),
+    (ApiKey::ApiVersions, 0, 4),
+    (ApiKey::InitProducerId, 0, 5),
+];
 
 /// The versions of `key` the listener serves.
 pub fn served_versions(key: ApiKey) -> Option<(i16, i16)> {

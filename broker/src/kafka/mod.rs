@@ -1,9 +1,13 @@
-//! The Kafka protocol, for the Kafka listener: framing and request headers
-//! ([`frame`]), the answer to ApiVersions ([`versions`]), and a producer's
-//! record batches as messages ([`records`]). Sans-IO, tested on its own;
-//! the listener that serves them on each shard comes with the APIs a stock
-//! producer needs.
+//! The Kafka protocol listener: framing and request headers ([`frame`]),
+//! the answer to ApiVersions ([`versions`]), a producer's record batches as
+//! messages ([`records`]), the one mapping of API errors to Kafka's
+//! ([`errors`]), the answers of each served API on the shard's own code
+//! paths ([`serve`]), and the sockets ([`listener`]). All but the last are
+//! sans-IO and tested on their own.
 
+pub mod errors;
 pub mod frame;
+pub mod listener;
 pub mod records;
+pub mod serve;
 pub mod versions;

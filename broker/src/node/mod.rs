@@ -114,8 +114,12 @@ fn handle_signals(
 
 /// What a starting shard tells the main thread.
 enum Startup {
-    /// The client listener is bound here (the other shards share the port).
-    Bound(SocketAddr),
+    /// The client listener is bound here, and the Kafka listener there if
+    /// the node has one (the other shards share the ports).
+    Bound {
+        client: SocketAddr,
+        kafka: Option<SocketAddr>,
+    },
     Serving,
     Failed(String),
     /// Shard N's thread ended before the shard ran: glommio could not make
@@ -215,6 +219,7 @@ struct ShardStart {
     index: usize,
     common: ShardCommon,
     listen: SocketAddr,
+    kafka_listen: Option<SocketAddr>,
     ends: MeshEnds,
     startup: mpsc::Sender<Startup>,
     inbox: Option<UnboundedReceiver<Envelope>>,
@@ -274,6 +279,19 @@ pub fn run(config: Config) -> Result<(), String> {
     let _lock = lock_data_dir(&data_dir)?;
     let client_listen = bind_address("listen", &settings.listen)?;
     refuse_port_in_use(client_listen)?;
+    let kafka_listen = match &settings.kafka.listen {
+        Some(value) => {
+            let addr = bind_address("kafka.listen", value)?;
+            if addr.ip().is_unspecified() && settings.kafka.advertised_address.is_none() {
+                return Err(format!(
+                    "kafka.listen {value} is not an address Kafka clients can be told to connect to; set kafka.advertised_address too"
+                ));
+            }
+            refuse_port_in_use(addr)?;
+            Some(addr)
+        }
+        None => None,
+    };
     let incarnation = draw_incarnation()?;
     let shards = shard_count(&settings);
     let node_id = settings.node_id;
@@ -404,6 +422,7 @@ pub fn run(config: Config) -> Result<(), String> {
     let cpus = std::thread::available_parallelism().map_or(1, usize::from);
     let (startup, started) = mpsc::channel();
     let mut listen = client_listen;
+    let mut kafka_bound = kafka_listen;
     let mut handles = Vec::with_capacity(shards);
     let mut inboxes = inbox.wire(shards).into_iter();
     let common = ShardCommon {
@@ -430,6 +449,7 @@ pub fn run(config: Config) -> Result<(), String> {
             index,
             common: common.clone(),
             listen,
+            kafka_listen: kafka_bound,
             ends,
             startup: startup.clone(),
             inbox: inboxes.next(),
@@ -468,7 +488,10 @@ pub fn run(config: Config) -> Result<(), String> {
             // Port 0 picks a free port: every other shard joins the one
             // shard 0 got.
             match started.recv() {
-                Ok(Startup::Bound(addr)) => listen = addr,
+                Ok(Startup::Bound { client, kafka }) => {
+                    listen = client;
+                    kafka_bound = kafka;
+                }
                 Ok(Startup::Failed(error)) => return Err(error),
                 Ok(Startup::NoExecutor(index)) => {
                     let ended = handles.pop().map_or(Ok(Ok(())), |h| h.join());
@@ -484,7 +507,7 @@ pub fn run(config: Config) -> Result<(), String> {
     while serving < shards {
         match started.recv() {
             Ok(Startup::Serving) => serving += 1,
-            Ok(Startup::Bound(_)) => {}
+            Ok(Startup::Bound { .. }) => {}
             // A shard that failed leaves the others waiting for it: the
             // caller exits the process.
             Ok(Startup::Failed(error)) => return Err(error),
@@ -501,7 +524,10 @@ pub fn run(config: Config) -> Result<(), String> {
     }
     // The documented listening line: scripts and tests parse it.
     let peer_addr = endpoint.as_ref().map_or(peer, |e| e.local_addr());
-    println!("listening client={listen} peer={peer_addr}");
+    match kafka_bound {
+        Some(kafka) => println!("listening client={listen} peer={peer_addr} kafka={kafka}"),
+        None => println!("listening client={listen} peer={peer_addr}"),
+    }
     let _ = std::io::stdout().flush();
     tracing::info!(client = %listen, shards, "serving");
     // Leadership moves while the shards drain: the successor takes over

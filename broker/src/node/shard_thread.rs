@@ -4,13 +4,17 @@
 
 use super::telemetry::METRICS_UPKEEP_INTERVAL;
 use super::*;
-use crate::limits::{CLIENT_LISTEN_BACKLOG, STOP_DISPATCHER_WAIT};
+use crate::kafka::listener::serve_kafka;
+use crate::kafka::serve::{Advertised, Answerer};
+use crate::limits::{CLIENT_LISTEN_BACKLOG, KAFKA_ADDRESS_RETRY, STOP_DISPATCHER_WAIT};
+use narad_raft::state::Command;
 
 pub(super) async fn run_shard(start: ShardStart) -> Result<(), String> {
     let ShardStart {
         index,
         common,
         listen,
+        kafka_listen,
         ends,
         startup,
         inbox: remote_inbox,
@@ -33,7 +37,19 @@ pub(super) async fn run_shard(start: ShardStart) -> Result<(), String> {
     let connecting = glommio::spawn_local(ends.connect());
     let listener = client_listener(listen).map_err(|e| format!("listening on {listen}: {e}"))?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
-    let _ = startup.send(Startup::Bound(local));
+    let kafka = match kafka_listen {
+        Some(addr) => {
+            let listener =
+                client_listener(addr).map_err(|e| format!("kafka.listen {addr}: {e}"))?;
+            let bound = listener.local_addr().map_err(|e| e.to_string())?;
+            Some((listener, bound))
+        }
+        None => None,
+    };
+    let _ = startup.send(Startup::Bound {
+        client: local,
+        kafka: kafka.as_ref().map(|(_, bound)| *bound),
+    });
     let (mesh, inbox) = connecting.await;
 
     let disk = GlommioFs::new(&data_dir)
@@ -154,11 +170,39 @@ pub(super) async fn run_shard(start: ShardStart) -> Result<(), String> {
         node.http_budget.clone(),
         tls,
     ));
+    let advertised = kafka
+        .as_ref()
+        .map(|(_, bound)| kafka_advertised(&settings, *bound));
+    let kafka_server = kafka.map(|(listener, bound)| {
+        let me = advertised
+            .as_deref()
+            .and_then(|addr| Advertised::parse(u64::from(identity.node_id), addr))
+            .unwrap_or(Advertised {
+                node_id: i32::from(identity.node_id),
+                host: bound.ip().to_string(),
+                port: i32::from(bound.port()),
+            });
+        glommio::spawn_local(serve_kafka(
+            listener,
+            Rc::new(Answerer::new(shard.clone(), me)),
+            node.http_budget.clone(),
+        ))
+    });
+    if index == 0 {
+        glommio::spawn_local(record_kafka_address(
+            shard.clone(),
+            identity.node_id,
+            advertised,
+            node.stop.clone(),
+        ))
+        .detach();
+    }
     let _ = startup.send(Startup::Serving);
     while !node.stop.load(Ordering::SeqCst) {
         glommio::timer::sleep(STOP_POLL_INTERVAL).await;
     }
     drop(server);
+    drop(kafka_server);
     shard.drain().await;
     node.barrier(&node.drained, "dispatchers drained").await;
     shard.finish().await;
@@ -187,6 +231,42 @@ pub(super) async fn run_shard(start: ShardStart) -> Result<(), String> {
     }
     tracing::info!(shard = index, "stopped");
     Ok(())
+}
+
+/// What Metadata tells Kafka clients to connect to for this node:
+/// `kafka.advertised_address`, else `kafka.listen` as given (a DNS name
+/// stays a name), with the port bound when it was 0.
+fn kafka_advertised(settings: &Settings, bound: SocketAddr) -> String {
+    match (&settings.kafka.advertised_address, &settings.kafka.listen) {
+        (Some(advertised), _) => advertised.clone(),
+        (None, Some(listen)) if !listen.ends_with(":0") => listen.clone(),
+        _ => bound.to_string(),
+    }
+}
+
+/// Records this node's Kafka address in the metastore (or that it has
+/// none), so that every node's Metadata names it; tries again until the
+/// metastore has it or the node stops.
+async fn record_kafka_address(
+    shard: Rc<Shard>,
+    node_id: u16,
+    addr: Option<String>,
+    stop: Arc<AtomicBool>,
+) {
+    let id = u64::from(node_id);
+    while !stop.load(Ordering::SeqCst) {
+        if shard.meta().view().state.kafka_addrs.get(&id) == addr.as_ref() {
+            return;
+        }
+        let command = Command::SetKafkaAddress {
+            id,
+            addr: addr.clone(),
+        };
+        if let Err(error) = shard.meta().propose(command).await {
+            tracing::debug!(%error, "the Kafka address is not recorded yet");
+            glommio::timer::sleep(KAFKA_ADDRESS_RETRY).await;
+        }
+    }
 }
 
 /// WAL folders of shards beyond the current count (the node ran with more

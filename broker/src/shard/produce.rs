@@ -13,6 +13,9 @@ pub struct Incoming {
     pub value: bytes::Bytes,
     /// The producer's idempotency key (already checked).
     pub idempotency_key: Option<Vec<u8>>,
+    /// The partition the producer chose (a Kafka client does; checked
+    /// against the topic's count); `None`: by key, else round robin.
+    pub partition: Option<u32>,
 }
 
 impl Incoming {
@@ -22,6 +25,7 @@ impl Incoming {
             key: None,
             value,
             idempotency_key: None,
+            partition: None,
         }
     }
 }
@@ -142,6 +146,17 @@ impl<F: FileSystem> Shard<F> {
         self.refuse_if_stopping()?;
         self.refuse_if_wal_failed()?;
         for (index, message) in messages.iter().enumerate() {
+            if let Some(partition) = message.partition {
+                if partition >= topic.config.partitions {
+                    return Err(ApiError::new(
+                        ErrorCode::NotFound,
+                        format!(
+                            "topic {} has no partition {partition} (it has {})",
+                            topic.name, topic.config.partitions
+                        ),
+                    ));
+                }
+            }
             let size = message.value.len();
             if size as u64 > topic.config.max_message_bytes {
                 return Err(ApiError::new(
@@ -194,7 +209,9 @@ impl<F: FileSystem> Shard<F> {
                     .as_deref()
                     .or(idempotency.as_ref().map(|k| &k.key.key[..]));
                 Placed {
-                    partition: self.pick_partition(topic, routing),
+                    partition: message
+                        .partition
+                        .unwrap_or_else(|| self.pick_partition(topic, routing)),
                     id: self.next_id(),
                     key: message.key,
                     value: message.value,

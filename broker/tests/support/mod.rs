@@ -72,6 +72,8 @@ const POLL_INTERVAL: Duration = Duration::from_millis(10);
 pub struct Node {
     pub data_dir: PathBuf,
     pub addr: String,
+    /// The Kafka listener's address, when the node has one.
+    pub kafka_addr: Option<String>,
     access: Option<Access>,
     extra: Vec<String>,
     /// A command that runs the node's process (`ip netns exec ...`), or
@@ -93,6 +95,7 @@ impl Node {
         let mut node = Self {
             data_dir: data_dir.to_path_buf(),
             addr: String::new(),
+            kafka_addr: None,
             access: None,
             extra: extra.iter().map(|s| s.to_string()).collect(),
             launcher,
@@ -140,18 +143,18 @@ impl Node {
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
                 if let Some(rest) = line.strip_prefix("listening client=") {
-                    let addr = rest
-                        .split_whitespace()
-                        .next()
-                        .unwrap_or_default()
-                        .to_string();
-                    let _ = sender.send(addr);
+                    let _ = sender.send(rest.to_string());
                 }
             }
         });
-        self.addr = receiver
+        let listening = receiver
             .recv_timeout(START_DEADLINE)
             .unwrap_or_else(|_| panic!("node did not start: {}", self.stderr()));
+        let mut words = listening.split_whitespace();
+        self.addr = words.next().unwrap_or_default().to_string();
+        self.kafka_addr = words
+            .find_map(|word| word.strip_prefix("kafka="))
+            .map(str::to_string);
         self.child = Some(child);
         if let (Some(access), Ok(mut accesses)) = (&self.access, accesses().lock()) {
             accesses.insert(self.addr.clone(), access.clone());

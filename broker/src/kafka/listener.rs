@@ -1,0 +1,135 @@
+//! The Kafka listener's sockets: each shard accepts on the shared port (as
+//! for HTTP) and serves its connections. A connection's requests run side
+//! by side, up to [`KAFKA_IN_FLIGHT_PER_CONNECTION`], and are answered in
+//! the order they came, as Kafka clients require. Connections count against
+//! the node's `http.max_connections`, and requests being handled against
+//! `http.max_buffered_body_bytes`, as HTTP's do.
+//!
+//! A request that is dropped with its connection (the client went away)
+//! is dropped at an await of its handler, which leaves nothing half done:
+//! a produce is followed through once its WAL append started.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use bytes::BytesMut;
+use futures_lite::{AsyncReadExt, AsyncWriteExt};
+use futures_util::stream::{FuturesOrdered, StreamExt};
+use glommio::net::{TcpListener, TcpStream};
+use narad_net::http_server::NodeBudget;
+
+use super::frame::split_frame;
+use super::serve::{Answer, Answerer};
+use crate::limits::{KAFKA_IDLE_TIMEOUT, KAFKA_IN_FLIGHT_PER_CONNECTION, KAFKA_REQUEST_BYTES_MAX};
+
+/// Bytes read from the socket at a time.
+const READ_CHUNK_BYTES: usize = 64 * 1024;
+
+/// Accepts connections until dropped.
+pub async fn serve_kafka(listener: TcpListener, answerer: Rc<Answerer>, budget: Arc<NodeBudget>) {
+    loop {
+        let stream = match listener.accept().await {
+            Ok(stream) => stream,
+            Err(error) => {
+                tracing::debug!(%error, "a Kafka connection was not accepted");
+                continue;
+            }
+        };
+        let Some(permit) = budget.try_connection() else {
+            tracing::debug!("a Kafka connection over http.max_connections was closed");
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let answerer = answerer.clone();
+        let budget = budget.clone();
+        glommio::spawn_local(async move {
+            connection(stream, &answerer, &budget).await;
+            drop(permit);
+        })
+        .detach();
+    }
+}
+
+/// What woke a connection.
+enum Event {
+    Read(std::io::Result<usize>),
+    Answered(Option<Answer>),
+    Idle,
+}
+
+type Pending<'a> = FuturesOrdered<Pin<Box<dyn Future<Output = Answer> + 'a>>>;
+
+async fn connection(mut stream: TcpStream, answerer: &Answerer, budget: &Arc<NodeBudget>) {
+    let mut buf = BytesMut::new();
+    let mut chunk = vec![0u8; READ_CHUNK_BYTES];
+    let mut pending: Pending<'_> = FuturesOrdered::new();
+    let mut reading = true;
+    loop {
+        while reading && pending.len() < KAFKA_IN_FLIGHT_PER_CONNECTION {
+            match split_frame(&mut buf, KAFKA_REQUEST_BYTES_MAX) {
+                Ok(Some(frame)) => {
+                    let Some(permit) = budget.try_body(frame.len() as u64) else {
+                        // The node holds all the request bytes it may: a
+                        // client retries on a new connection.
+                        tracing::debug!(
+                            "closing a Kafka connection: http.max_buffered_body_bytes reached"
+                        );
+                        return;
+                    };
+                    pending.push_back(Box::pin(async move {
+                        let answer = answerer.answer(frame).await;
+                        drop(permit);
+                        answer
+                    }));
+                }
+                Ok(None) => break,
+                Err(error) => {
+                    tracing::debug!(%error, "closing a Kafka connection");
+                    reading = false;
+                    // Nothing after a bad frame can be read: what came
+                    // before it is still answered.
+                    buf.clear();
+                }
+            }
+        }
+        if !reading && pending.is_empty() {
+            return;
+        }
+        let room = reading && pending.len() < KAFKA_IN_FLIGHT_PER_CONNECTION;
+        let event = if room && pending.is_empty() {
+            futures_lite::future::or(
+                async { Event::Read(stream.read(&mut chunk).await) },
+                async {
+                    glommio::timer::sleep(KAFKA_IDLE_TIMEOUT).await;
+                    Event::Idle
+                },
+            )
+            .await
+        } else if room {
+            futures_lite::future::or(
+                async { Event::Read(stream.read(&mut chunk).await) },
+                async { Event::Answered(pending.next().await) },
+            )
+            .await
+        } else {
+            Event::Answered(pending.next().await)
+        };
+        match event {
+            Event::Read(Ok(0)) => reading = false,
+            Event::Read(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
+            Event::Read(Err(_)) | Event::Idle => return,
+            Event::Answered(Some(Answer::Frame(frame))) => {
+                if stream.write_all(&frame).await.is_err() {
+                    return;
+                }
+            }
+            Event::Answered(Some(Answer::Nothing)) | Event::Answered(None) => {}
+            Event::Answered(Some(Answer::Close(why))) => {
+                tracing::debug!(why, "closing a Kafka connection");
+                return;
+            }
+        }
+    }
+}

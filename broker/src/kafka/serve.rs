@@ -1,0 +1,712 @@
+//! The answers of the Kafka listener: each served API on the shard's own
+//! code paths (a Produce is [`Shard::produce`], as over HTTP), its errors
+//! through [`kafka_error`], and a count per API and error.
+//!
+//! Every node answers Metadata with every alive node that has a Kafka
+//! listener as a broker (broker id = node id) and each partition's owner as
+//! its leader (this node when the owner has no listener): a producer then
+//! sends each partition's records where they are committed without a hop,
+//! and any node still takes any partition, so a client is never told it
+//! asked the wrong broker.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+
+use bytes::Bytes;
+use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
+use kafka_protocol::messages::find_coordinator_response::Coordinator;
+use kafka_protocol::messages::metadata_response::{
+    MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
+};
+use kafka_protocol::messages::produce_response::{
+    BatchIndexAndErrorMessage, PartitionProduceResponse, TopicProduceResponse,
+};
+use kafka_protocol::messages::{
+    ApiKey, BrokerId, FetchRequest, FetchResponse, FindCoordinatorRequest, FindCoordinatorResponse,
+    InitProducerIdRequest, InitProducerIdResponse, MetadataRequest, MetadataResponse,
+    ProduceRequest, ProduceResponse, ProducerId, TopicName,
+};
+use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
+use kafka_protocol::ResponseError;
+use narad_net::ApiError;
+use narad_raft::state::Topic;
+
+use super::errors::kafka_error;
+use super::frame::{decode_request, encode_response, FrameError, Request};
+use super::records::{records_of, RecordsError};
+use super::versions::{api_versions, FALLBACK_VERSION};
+use crate::limits::KAFKA_OVERLOAD_THROTTLE_MS;
+use crate::metric_names::KAFKA_REQUESTS_TOTAL;
+use crate::shard::{Incoming, Shard};
+
+/// A node's Kafka listener as clients reach it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Advertised {
+    pub node_id: i32,
+    pub host: String,
+    pub port: i32,
+}
+
+impl Advertised {
+    /// `HOST:PORT` (an IPv6 host in brackets) as a broker of Metadata.
+    pub fn parse(node_id: u64, addr: &str) -> Option<Self> {
+        let (host, port) = addr.rsplit_once(':')?;
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        Some(Self {
+            node_id: i32::try_from(node_id).ok()?,
+            host: host.to_string(),
+            port: i32::from(port.parse::<u16>().ok()?),
+        })
+    }
+}
+
+/// What the listener does with a request once answered.
+#[derive(Debug)]
+pub enum Answer {
+    /// Write this frame (length included).
+    Frame(Bytes),
+    /// Nothing to write (a Produce with `acks=0`).
+    Nothing,
+    /// Close the connection: the request cannot be answered in its
+    /// protocol (a frame that does not decode, an API not served), or an
+    /// `acks=0` produce failed (Kafka's way of telling such a producer).
+    Close(String),
+}
+
+/// What the listener asks of a Produce's `acks`.
+const ACKS_NONE: i16 = 0;
+const ACKS_LEADER: i16 = 1;
+const ACKS_ALL: i16 = -1;
+
+/// The error label of a request that succeeded.
+const NO_ERROR: &str = "none";
+
+/// The answers of one shard's Kafka listener.
+pub struct Answerer {
+    shard: Rc<Shard>,
+    me: Advertised,
+}
+
+impl Answerer {
+    pub fn new(shard: Rc<Shard>, me: Advertised) -> Self {
+        Self { shard, me }
+    }
+
+    /// Answers one request frame (without its length).
+    pub async fn answer(&self, frame: Bytes) -> Answer {
+        let request = match decode_request(frame) {
+            Ok(request) => request,
+            Err(FrameError::Unsupported {
+                api_key,
+                api_version,
+                correlation_id,
+            }) if api_key == ApiKey::ApiVersions as i16 => {
+                count("api_versions", "unsupported_version");
+                tracing::debug!(api_version, "ApiVersions in a version not served");
+                return frame_of(encode_response(
+                    ApiKey::ApiVersions,
+                    FALLBACK_VERSION,
+                    correlation_id,
+                    &api_versions(true),
+                ));
+            }
+            Err(error) => {
+                count("unknown", "invalid_request");
+                return Answer::Close(error.to_string());
+            }
+        };
+        let key = request.api_key;
+        let version = request.api_version;
+        let correlation_id = request.header.correlation_id;
+        let label = api_label(key);
+        let answered = match key {
+            ApiKey::ApiVersions => Ok(Some((encode(&request, &api_versions(false)), NO_ERROR))),
+            ApiKey::Metadata => self
+                .metadata(&request)
+                .map(|r| Some((encode(&request, &r), NO_ERROR))),
+            ApiKey::InitProducerId => self
+                .init_producer_id(&request)
+                .map(|(r, e)| Some((encode(&request, &r), e))),
+            ApiKey::FindCoordinator => self
+                .find_coordinator(&request)
+                .map(|(r, e)| Some((encode(&request, &r), e))),
+            ApiKey::Fetch => {
+                fetch(&request).map(|r| Some((encode(&request, &r), "unsupported_version")))
+            }
+            ApiKey::Produce => self
+                .produce(&request)
+                .await
+                .map(|answer| answer.map(|(r, e)| (encode(&request, &r), e))),
+            _ => Err(format!("API {key:?} is not served")),
+        };
+        match answered {
+            Ok(Some((Ok(frame), error))) => {
+                count(label, error);
+                Answer::Frame(frame)
+            }
+            Ok(None) => {
+                count(label, NO_ERROR);
+                Answer::Nothing
+            }
+            Ok(Some((Err(error), _))) => {
+                count(label, "unknown_server_error");
+                tracing::warn!(api = label, version, correlation_id, %error, "a Kafka answer did not encode");
+                Answer::Close(error.to_string())
+            }
+            Err(why) => {
+                count(label, "invalid_request");
+                tracing::debug!(
+                    api = label,
+                    version,
+                    correlation_id,
+                    why,
+                    "closing a Kafka connection"
+                );
+                Answer::Close(why)
+            }
+        }
+    }
+
+    fn node_id(&self) -> i32 {
+        self.me.node_id
+    }
+
+    /// The brokers Metadata names: this node, and every other alive node
+    /// that recorded a Kafka listener.
+    fn brokers(&self) -> Vec<Advertised> {
+        let meta = self.shard.meta();
+        let view = meta.view();
+        let members = meta.members();
+        let mut brokers = vec![self.me.clone()];
+        for (id, addr) in &view.state.kafka_addrs {
+            if i32::try_from(*id).ok() == Some(self.me.node_id) {
+                continue;
+            }
+            let alive = view.state.nodes.get(id).is_none_or(|node| node.alive);
+            let member = members.iter().any(|(member, _)| member == id);
+            if !alive || !member {
+                continue;
+            }
+            if let Some(broker) = Advertised::parse(*id, addr) {
+                brokers.push(broker);
+            }
+        }
+        brokers.sort_by_key(|b| b.node_id);
+        brokers
+    }
+
+    fn metadata(&self, request: &Request) -> Result<MetadataResponse, String> {
+        let version = request.api_version;
+        let body = decode::<MetadataRequest>(request)?;
+        let view = self.shard.meta().view();
+        let cluster_id = view.state.cluster_id.clone().unwrap_or_default();
+        let brokers = self.brokers();
+        let leader_of = |owner: u64| -> i32 {
+            match i32::try_from(owner) {
+                Ok(owner) if brokers.iter().any(|b| b.node_id == owner) => owner,
+                _ => self.node_id(),
+            }
+        };
+        let described = |topic: &Topic| -> MetadataResponseTopic {
+            let partitions = (0..topic.config.partitions)
+                .map(|p| {
+                    let owner = topic.owners.get(p as usize).copied().unwrap_or_default();
+                    let leader = BrokerId(leader_of(owner));
+                    MetadataResponsePartition::default()
+                        .with_partition_index(i32::try_from(p).unwrap_or(i32::MAX))
+                        .with_leader_id(leader)
+                        .with_replica_nodes(vec![leader])
+                        .with_isr_nodes(vec![leader])
+                })
+                .collect();
+            MetadataResponseTopic::default()
+                .with_name(Some(TopicName(StrBytes::from_string(topic.name.clone()))))
+                .with_topic_id(topic_id(&cluster_id, topic))
+                .with_partitions(partitions)
+        };
+        let all = body.topics.is_none()
+            || (version == 0 && body.topics.as_ref().is_some_and(Vec::is_empty));
+        let topics: Vec<MetadataResponseTopic> = if all {
+            view.state.topics.values().map(described).collect()
+        } else {
+            body.topics
+                .unwrap_or_default()
+                .into_iter()
+                .map(|wanted| {
+                    match wanted
+                        .name
+                        .as_ref()
+                        .filter(|n| !n.0.is_empty() || wanted.topic_id.is_nil())
+                    {
+                        Some(name) => match view.state.topics.get(name.0.as_str()) {
+                            Some(topic) => described(topic),
+                            None => MetadataResponseTopic::default()
+                                .with_name(Some(name.clone()))
+                                .with_error_code(ResponseError::UnknownTopicOrPartition.code()),
+                        },
+                        None => match view
+                            .state
+                            .topics
+                            .values()
+                            .find(|t| topic_id(&cluster_id, t) == wanted.topic_id)
+                        {
+                            Some(topic) => described(topic),
+                            None => MetadataResponseTopic::default()
+                                .with_topic_id(wanted.topic_id)
+                                .with_error_code(ResponseError::UnknownTopicId.code()),
+                        },
+                    }
+                })
+                .collect()
+        };
+        let controller = self
+            .shard
+            .meta()
+            .leader()
+            .and_then(|id| i32::try_from(id).ok())
+            .unwrap_or(-1);
+        Ok(MetadataResponse::default()
+            .with_brokers(
+                brokers
+                    .into_iter()
+                    .map(|b| {
+                        MetadataResponseBroker::default()
+                            .with_node_id(BrokerId(b.node_id))
+                            .with_host(StrBytes::from_string(b.host))
+                            .with_port(b.port)
+                    })
+                    .collect(),
+            )
+            .with_cluster_id(Some(StrBytes::from_string(cluster_id.clone())))
+            .with_controller_id(BrokerId(controller))
+            .with_topics(topics))
+    }
+
+    /// A producer id for an idempotent producer: this node's id in the
+    /// high bits and random low bits, so that ids stay unique across nodes
+    /// and restarts (a retry's copy is dropped by (producer id, partition,
+    /// sequence), so a reused id would drop a new producer's messages).
+    fn init_producer_id(
+        &self,
+        request: &Request,
+    ) -> Result<(InitProducerIdResponse, &'static str), String> {
+        let body = decode::<InitProducerIdRequest>(request)?;
+        if body.transactional_id.is_some() {
+            return Ok((
+                InitProducerIdResponse::default()
+                    .with_error_code(ResponseError::TransactionalIdAuthorizationFailed.code())
+                    .with_producer_id(ProducerId(-1))
+                    .with_producer_epoch(-1),
+                "transactional_id_authorization_failed",
+            ));
+        }
+        let random = crate::auth::random_bytes::<8>().map_err(|e| format!("no randomness: {e}"))?;
+        let low = u64::from_le_bytes(random) & PRODUCER_ID_LOW_MASK;
+        let id = (u64::from(self.me.node_id as u16) << PRODUCER_ID_LOW_BITS) | low;
+        Ok((
+            InitProducerIdResponse::default()
+                .with_producer_id(ProducerId(i64::try_from(id).unwrap_or(i64::MAX)))
+                .with_producer_epoch(0),
+            NO_ERROR,
+        ))
+    }
+
+    /// Every node coordinates every group: the answer is this node.
+    /// Transactions have none (Narad has no transactions).
+    fn find_coordinator(
+        &self,
+        request: &Request,
+    ) -> Result<(FindCoordinatorResponse, &'static str), String> {
+        let body = decode::<FindCoordinatorRequest>(request)?;
+        let transactions = body.key_type == COORDINATOR_KEY_TRANSACTION;
+        let (error, message, label) = if transactions {
+            (
+                ResponseError::TransactionalIdAuthorizationFailed.code(),
+                Some(StrBytes::from_static_str("Narad has no transactions")),
+                "transactional_id_authorization_failed",
+            )
+        } else {
+            (0, None, NO_ERROR)
+        };
+        let host = StrBytes::from_string(self.me.host.clone());
+        let answer = if request.api_version >= FIND_COORDINATOR_BATCHED {
+            let coordinators = body
+                .coordinator_keys
+                .into_iter()
+                .map(|key| {
+                    let found = Coordinator::default()
+                        .with_key(key)
+                        .with_error_code(error)
+                        .with_error_message(message.clone());
+                    if transactions {
+                        found.with_node_id(BrokerId(-1)).with_port(-1)
+                    } else {
+                        found
+                            .with_node_id(BrokerId(self.node_id()))
+                            .with_host(host.clone())
+                            .with_port(self.me.port)
+                    }
+                })
+                .collect();
+            FindCoordinatorResponse::default().with_coordinators(coordinators)
+        } else if transactions {
+            FindCoordinatorResponse::default()
+                .with_error_code(error)
+                .with_error_message(message)
+                .with_node_id(BrokerId(-1))
+                .with_port(-1)
+        } else {
+            FindCoordinatorResponse::default()
+                .with_node_id(BrokerId(self.node_id()))
+                .with_host(host)
+                .with_port(self.me.port)
+        };
+        Ok((answer, label))
+    }
+
+    /// A Produce: each partition's records checked whole, then produced
+    /// as over HTTP (answered once durable in this node's WAL), all the
+    /// partitions side by side. `None`: `acks=0`, answered with nothing.
+    async fn produce(
+        &self,
+        request: &Request,
+    ) -> Result<Option<(ProduceResponse, &'static str)>, String> {
+        let version = request.api_version;
+        let body = decode::<ProduceRequest>(request)?;
+        let acks = body.acks;
+        let refused = if body.transactional_id.is_some() {
+            Some((
+                ResponseError::TransactionalIdAuthorizationFailed,
+                "Narad has no transactions".to_string(),
+            ))
+        } else if ![ACKS_NONE, ACKS_LEADER, ACKS_ALL].contains(&acks) {
+            Some((
+                ResponseError::InvalidRequiredAcks,
+                format!("acks={acks}: Narad takes 0, 1 or -1 (all)"),
+            ))
+        } else {
+            None
+        };
+        let mut work = Vec::new();
+        for topic_data in body.topic_data {
+            let name = topic_data.name.0.to_string();
+            let topic = self.shard.topic(&name);
+            for partition in topic_data.partition_data {
+                let outcome = match (&refused, &topic) {
+                    (Some((error, message)), _) => {
+                        PartitionOutcome::failed(*error, message.clone())
+                    }
+                    (None, Err(error)) => PartitionOutcome::api(error),
+                    (None, Ok(topic)) => PartitionOutcome::Pending(topic.clone()),
+                };
+                work.push((name.clone(), partition.index, partition.records, outcome));
+            }
+        }
+        let produced = futures_util::future::join_all(work.into_iter().map(
+            |(name, index, records, outcome)| async move {
+                let outcome = match outcome {
+                    PartitionOutcome::Pending(topic) => {
+                        self.produce_partition(&topic, index, records).await
+                    }
+                    done => done,
+                };
+                (name, index, outcome)
+            },
+        ))
+        .await;
+        let mut first_error = NO_ERROR;
+        let mut throttle = 0;
+        let mut responses: Vec<TopicProduceResponse> = Vec::new();
+        for (name, index, outcome) in produced {
+            let PartitionOutcome::Done { error, message } = outcome else {
+                continue;
+            };
+            if let Some(error) = error {
+                if first_error == NO_ERROR {
+                    first_error = error_label(error);
+                }
+                if error == ResponseError::NotEnoughReplicas {
+                    throttle = KAFKA_OVERLOAD_THROTTLE_MS;
+                }
+            }
+            let mut partition = PartitionProduceResponse::default()
+                .with_index(index)
+                .with_error_code(error.map_or(0, |e| e.code()))
+                // The offset is the owner's to give, after the answer.
+                .with_base_offset(-1)
+                .with_log_append_time_ms(-1)
+                .with_log_start_offset(-1);
+            if let Some(message) = message {
+                if version >= PRODUCE_RECORD_ERRORS && error == Some(ResponseError::InvalidRecord) {
+                    partition =
+                        partition.with_record_errors(vec![BatchIndexAndErrorMessage::default()
+                            .with_batch_index(0)
+                            .with_batch_index_error_message(Some(StrBytes::from_string(
+                                message.clone(),
+                            )))]);
+                }
+                if version >= PRODUCE_RECORD_ERRORS {
+                    partition = partition.with_error_message(Some(StrBytes::from_string(message)));
+                }
+            }
+            match responses.iter_mut().find(|t| t.name.0.as_str() == name) {
+                Some(topic) => topic.partition_responses.push(partition),
+                None => responses.push(
+                    TopicProduceResponse::default()
+                        .with_name(TopicName(StrBytes::from_string(name)))
+                        .with_partition_responses(vec![partition]),
+                ),
+            }
+        }
+        if acks == ACKS_NONE {
+            if first_error != NO_ERROR {
+                return Err(format!("an acks=0 produce failed ({first_error})"));
+            }
+            return Ok(None);
+        }
+        Ok(Some((
+            ProduceResponse::default()
+                .with_responses(responses)
+                .with_throttle_time_ms(throttle),
+            first_error,
+        )))
+    }
+
+    async fn produce_partition(
+        &self,
+        topic: &Topic,
+        index: i32,
+        records: Option<Bytes>,
+    ) -> PartitionOutcome {
+        let partition = match u32::try_from(index) {
+            Ok(p) if p < topic.config.partitions => p,
+            _ => {
+                return PartitionOutcome::failed(
+                    ResponseError::UnknownTopicOrPartition,
+                    format!(
+                        "topic {} has no partition {index} (it has {})",
+                        topic.name, topic.config.partitions
+                    ),
+                )
+            }
+        };
+        let records = match records_of(index, records.unwrap_or_default()) {
+            Ok(records) => records,
+            Err(error) => return PartitionOutcome::records(&error),
+        };
+        if records.is_empty() {
+            return PartitionOutcome::ok();
+        }
+        let messages = records
+            .into_iter()
+            .map(|r| Incoming {
+                key: r.key,
+                value: r.value,
+                idempotency_key: r.idempotency_key,
+                partition: Some(partition),
+            })
+            .collect();
+        match self.shard.produce(topic, messages).await {
+            Ok(_) => PartitionOutcome::ok(),
+            Err(error) => PartitionOutcome::api(&error),
+        }
+    }
+}
+
+/// A partition of a Produce: to be produced, or answered.
+enum PartitionOutcome {
+    Pending(Rc<Topic>),
+    Done {
+        error: Option<ResponseError>,
+        message: Option<String>,
+    },
+}
+
+impl PartitionOutcome {
+    fn ok() -> Self {
+        Self::Done {
+            error: None,
+            message: None,
+        }
+    }
+
+    fn failed(error: ResponseError, message: String) -> Self {
+        Self::Done {
+            error: Some(error),
+            message: Some(message),
+        }
+    }
+
+    fn api(error: &ApiError) -> Self {
+        Self::failed(kafka_error(error.code), error.message.clone())
+    }
+
+    fn records(error: &RecordsError) -> Self {
+        let code = error.code();
+        let error_code = match code {
+            c if c == ResponseError::CorruptMessage.code() => ResponseError::CorruptMessage,
+            c if c == ResponseError::UnsupportedCompressionType.code() => {
+                ResponseError::UnsupportedCompressionType
+            }
+            _ => ResponseError::InvalidRecord,
+        };
+        Self::failed(error_code, error.to_string())
+    }
+}
+
+/// FindCoordinator's key type of a transaction.
+const COORDINATOR_KEY_TRANSACTION: i8 = 1;
+/// FindCoordinator answers a list of keys from this version.
+const FIND_COORDINATOR_BATCHED: i16 = 4;
+/// Produce answers carry per-batch errors and a message from this version.
+const PRODUCE_RECORD_ERRORS: i16 = 8;
+/// Low bits of a producer id drawn at random (the node id is above them).
+const PRODUCER_ID_LOW_BITS: u32 = 47;
+const PRODUCER_ID_LOW_MASK: u64 = (1 << PRODUCER_ID_LOW_BITS) - 1;
+
+/// Fetch is advertised (clients take record batches v2 and zstd only from
+/// a broker that lists it) and answered `UNSUPPORTED_VERSION`: classic
+/// consumers are not served; share groups are.
+fn fetch(request: &Request) -> Result<FetchResponse, String> {
+    let body = decode::<FetchRequest>(request)?;
+    let unsupported = ResponseError::UnsupportedVersion.code();
+    let responses = body
+        .topics
+        .into_iter()
+        .map(|topic| {
+            FetchableTopicResponse::default()
+                .with_topic(topic.topic)
+                .with_topic_id(topic.topic_id)
+                .with_partitions(
+                    topic
+                        .partitions
+                        .into_iter()
+                        .map(|p| {
+                            PartitionData::default()
+                                .with_partition_index(p.partition)
+                                .with_error_code(unsupported)
+                        })
+                        .collect(),
+                )
+        })
+        .collect();
+    Ok(FetchResponse::default()
+        .with_error_code(unsupported)
+        .with_responses(responses))
+}
+
+/// A topic's Kafka id: stable for the topic's life, new when a topic of
+/// the same name is created again (its incarnation), and different in
+/// another cluster.
+pub fn topic_id(cluster_id: &str, topic: &Topic) -> uuid::Uuid {
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(b"narad kafka topic id\0");
+    hasher.update(cluster_id.as_bytes());
+    hasher.update(b"\0");
+    hasher.update(topic.name.as_bytes());
+    hasher.update(&topic.incarnation.to_le_bytes());
+    let hash = hasher.finalize();
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&hash.as_bytes()[..16]);
+    uuid::Uuid::from_bytes(bytes)
+}
+
+fn decode<M: Decodable>(request: &Request) -> Result<M, String> {
+    M::decode(&mut request.body.clone(), request.api_version)
+        .map_err(|e| format!("a {:?} request that does not decode: {e}", request.api_key))
+}
+
+fn encode<M: Encodable>(request: &Request, body: &M) -> Result<Bytes, FrameError> {
+    encode_response(
+        request.api_key,
+        request.api_version,
+        request.header.correlation_id,
+        body,
+    )
+}
+
+fn frame_of(encoded: Result<Bytes, FrameError>) -> Answer {
+    match encoded {
+        Ok(frame) => Answer::Frame(frame),
+        Err(error) => Answer::Close(error.to_string()),
+    }
+}
+
+/// The `api` label of `narad_kafka_requests_total`.
+fn api_label(key: ApiKey) -> &'static str {
+    match key {
+        ApiKey::ApiVersions => "api_versions",
+        ApiKey::Metadata => "metadata",
+        ApiKey::Produce => "produce",
+        ApiKey::InitProducerId => "init_producer_id",
+        ApiKey::FindCoordinator => "find_coordinator",
+        ApiKey::Fetch => "fetch",
+        _ => "other",
+    }
+}
+
+/// The `error` label of a Kafka error: its name in snake case.
+fn error_label(error: ResponseError) -> &'static str {
+    match error {
+        ResponseError::UnknownTopicOrPartition => "unknown_topic_or_partition",
+        ResponseError::MessageTooLarge => "message_too_large",
+        ResponseError::InvalidRecord => "invalid_record",
+        ResponseError::CorruptMessage => "corrupt_message",
+        ResponseError::UnsupportedCompressionType => "unsupported_compression_type",
+        ResponseError::KafkaStorageError => "kafka_storage_error",
+        ResponseError::NotEnoughReplicas => "not_enough_replicas",
+        ResponseError::NotLeaderOrFollower => "not_leader_or_follower",
+        ResponseError::TopicAuthorizationFailed => "topic_authorization_failed",
+        ResponseError::InvalidRequiredAcks => "invalid_required_acks",
+        ResponseError::TransactionalIdAuthorizationFailed => {
+            "transactional_id_authorization_failed"
+        }
+        ResponseError::InvalidRequest => "invalid_request",
+        ResponseError::RequestTimedOut => "request_timed_out",
+        _ => "other",
+    }
+}
+
+type RequestCounters = HashMap<(&'static str, &'static str), metrics::Counter>;
+
+thread_local! {
+    /// Counter handles by (api, error): a registry lookup per request
+    /// costs allocations and hashing.
+    static REQUEST_COUNTERS: RefCell<RequestCounters> = RefCell::default();
+}
+
+fn count(api: &'static str, error: &'static str) {
+    REQUEST_COUNTERS.with(|cache| {
+        cache
+            .borrow_mut()
+            .entry((api, error))
+            .or_insert_with(
+                || metrics::counter!(KAFKA_REQUESTS_TOTAL, "api" => api, "error" => error),
+            )
+            .increment(1);
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_advertised_address_is_split_into_host_and_port() {
+        assert_eq!(
+            Advertised::parse(3, "10.0.0.7:9092"),
+            Some(Advertised {
+                node_id: 3,
+                host: "10.0.0.7".into(),
+                port: 9092
+            })
+        );
+        assert_eq!(
+            Advertised::parse(1, "[::1]:19092").map(|a| a.host),
+            Some("::1".to_string())
+        );
+        assert_eq!(Advertised::parse(1, "no-port"), None);
+        assert_eq!(Advertised::parse(1, "host:99999"), None);
+    }
+}

@@ -1,0 +1,701 @@
+//! The Kafka listener from outside: requests encoded as a Kafka client
+//! encodes them, against a real node, and stock Kafka clients (installed by
+//! `ops/install-check-tools.sh`; required where `NARAD_OPS_CHECKS=required`,
+//! as in `.ci/run`) producing to it, their messages consumed over HTTP.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use kafka_protocol::indexmap::IndexMap;
+use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
+use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+use kafka_protocol::messages::{
+    ApiKey, ApiVersionsRequest, ApiVersionsResponse, FetchRequest, FetchResponse,
+    FindCoordinatorRequest, FindCoordinatorResponse, InitProducerIdRequest, InitProducerIdResponse,
+    MetadataRequest, MetadataResponse, ProduceRequest, ProduceResponse, RequestHeader,
+    ResponseHeader, TopicName, TransactionalId,
+};
+use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
+use kafka_protocol::records::{
+    Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
+};
+use serde_json::{json, Value};
+use support::cluster::Cluster;
+use support::{eventually, Node, REQUEST_DEADLINE};
+
+const KAFKA_LISTEN: [&str; 2] = ["--kafka-listen", "127.0.0.1:0"];
+
+/// One connection speaking the Kafka protocol.
+struct Conn {
+    stream: TcpStream,
+    next_correlation: i32,
+}
+
+impl Conn {
+    fn connect(addr: &str) -> Self {
+        let stream = TcpStream::connect(addr).expect("connect to the Kafka listener");
+        stream
+            .set_read_timeout(Some(REQUEST_DEADLINE))
+            .expect("timeout");
+        Self {
+            stream,
+            next_correlation: 1,
+        }
+    }
+
+    /// Sends a request; returns its correlation id.
+    fn send<M: Encodable>(&mut self, key: ApiKey, version: i16, body: &M) -> i32 {
+        let mut encoded = BytesMut::new();
+        body.encode(&mut encoded, version).expect("body");
+        self.send_raw(key, version, &encoded)
+    }
+
+    /// Sends a request whose body is `body` as it is.
+    fn send_raw(&mut self, key: ApiKey, version: i16, body: &[u8]) -> i32 {
+        let correlation_id = self.next_correlation;
+        self.next_correlation += 1;
+        let header = RequestHeader::default()
+            .with_request_api_key(key as i16)
+            .with_request_api_version(version)
+            .with_correlation_id(correlation_id)
+            .with_client_id(Some(StrBytes::from_static_str("narad-test")));
+        let mut out = BytesMut::new();
+        out.put_i32(0);
+        let header_version = if version > key.valid_versions().max {
+            key.request_header_version(key.valid_versions().max)
+        } else {
+            key.request_header_version(version)
+        };
+        header.encode(&mut out, header_version).expect("header");
+        out.put_slice(body);
+        let len = (out.len() - 4) as i32;
+        out[..4].copy_from_slice(&len.to_be_bytes());
+        self.stream.write_all(&out).expect("send");
+        correlation_id
+    }
+
+    /// Reads one answer frame; `None` when the node closed the connection.
+    fn frame(&mut self) -> Option<Bytes> {
+        let mut len = [0u8; 4];
+        self.stream.read_exact(&mut len).ok()?;
+        let mut body = vec![0u8; i32::from_be_bytes(len) as usize];
+        self.stream.read_exact(&mut body).ok()?;
+        Some(Bytes::from(body))
+    }
+
+    fn receive<R: Decodable>(&mut self, key: ApiKey, version: i16) -> (i32, R) {
+        let mut frame = self.frame().expect("an answer");
+        let header = ResponseHeader::decode(&mut frame, key.response_header_version(version))
+            .expect("response header");
+        let body = R::decode(&mut frame, version).expect("response body");
+        assert!(!frame.has_remaining(), "bytes left after the answer");
+        (header.correlation_id, body)
+    }
+
+    fn call<M: Encodable, R: Decodable>(&mut self, key: ApiKey, version: i16, body: &M) -> R {
+        let sent = self.send(key, version, body);
+        let (got, answer) = self.receive(key, version);
+        assert_eq!(got, sent, "the answer's correlation id");
+        answer
+    }
+
+    /// Whether the node closed the connection (it answers nothing more).
+    fn closed(&mut self) -> bool {
+        let mut byte = [0u8; 1];
+        matches!(self.stream.read(&mut byte), Ok(0) | Err(_))
+    }
+}
+
+fn record(key: Option<&str>, value: &str, producer_id: i64, sequence: i32) -> Record {
+    Record {
+        transactional: false,
+        control: false,
+        delete_horizon: false,
+        partition_leader_epoch: -1,
+        producer_id,
+        producer_epoch: if producer_id >= 0 { 0 } else { -1 },
+        timestamp_type: TimestampType::Creation,
+        offset: i64::from(sequence.max(0)),
+        sequence,
+        timestamp: 1,
+        key: key.map(|k| Bytes::copy_from_slice(k.as_bytes())),
+        value: Some(Bytes::copy_from_slice(value.as_bytes())),
+        headers: IndexMap::new(),
+    }
+}
+
+fn batch(records: &[Record]) -> Bytes {
+    let mut out = BytesMut::new();
+    let options = RecordEncodeOptions {
+        version: 2,
+        compression: Compression::None,
+    };
+    RecordBatchEncoder::encode(&mut out, records.iter(), &options).expect("encode");
+    out.freeze()
+}
+
+fn produce_request(topic: &str, partition: i32, records: Bytes, acks: i16) -> ProduceRequest {
+    ProduceRequest::default()
+        .with_acks(acks)
+        .with_timeout_ms(30_000)
+        .with_topic_data(vec![TopicProduceData::default()
+            .with_name(TopicName(StrBytes::from_string(topic.to_string())))
+            .with_partition_data(vec![PartitionProduceData::default()
+                .with_index(partition)
+                .with_records(Some(records))])])
+}
+
+/// The error code of the one partition a Produce answer holds.
+fn partition_error(answer: &ProduceResponse) -> (i16, Option<String>) {
+    let partition = &answer.responses[0].partition_responses[0];
+    (
+        partition.error_code,
+        partition.error_message.as_ref().map(|m| m.to_string()),
+    )
+}
+
+fn kafka_node(dir: &Path) -> Node {
+    Node::start(&dir.join("node"), &KAFKA_LISTEN)
+}
+
+/// Every message of `topic` over HTTP, consumed and acked, as (key, value).
+fn drain_over_http(node: &Node, topic: &str) -> Vec<(Option<String>, String)> {
+    let mut got = Vec::new();
+    let emptied = eventually(REQUEST_DEADLINE * 4, || {
+        let messages = node.consume(topic, json!({"max_messages": 1000, "wait_ms": 200}));
+        if !messages.is_empty() {
+            support::ack_batch(node, topic, &messages);
+            for message in &messages {
+                got.push((
+                    message["key"].as_str().map(str::to_string),
+                    message["value"].as_str().expect("a text value").to_string(),
+                ));
+            }
+            return false;
+        }
+        let (_, stats) = node.request("GET", &format!("/v1/topics/{topic}"), b"");
+        stats["partition_stats"].as_array().is_some_and(|parts| {
+            parts
+                .iter()
+                .all(|p| p["available"] == 0 && p["in_flight"] == 0)
+        })
+    });
+    assert!(emptied, "{topic} did not empty");
+    got
+}
+
+/// What an idempotent producer sends first (no transactional id).
+fn idempotent_init() -> InitProducerIdRequest {
+    InitProducerIdRequest::default()
+        .with_transactional_id(None)
+        .with_transaction_timeout_ms(60_000)
+}
+
+/// The sum of a metric over all its labels.
+fn labelled_sum(node: &Node, name: &str) -> f64 {
+    let (_, _, body) = support::raw_request(&node.addr, "GET", "/metrics", &[], b"");
+    String::from_utf8_lossy(&body)
+        .lines()
+        .filter(|line| line.starts_with(&format!("{name}{{")))
+        .filter_map(|line| line.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
+#[test]
+fn the_listener_answers_what_a_kafka_client_asks_first() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let node = kafka_node(tmp.path());
+    let addr = node
+        .kafka_addr
+        .clone()
+        .expect("the node names its Kafka address");
+    node.create_topic("orders", json!({"partitions": 3}));
+    let mut conn = Conn::connect(&addr);
+
+    // ApiVersions lists what is served; a version too new is answered in
+    // version 0 with UNSUPPORTED_VERSION and the list (KIP-511).
+    let versions: ApiVersionsResponse =
+        conn.call(ApiKey::ApiVersions, 3, &ApiVersionsRequest::default());
+    assert_eq!(versions.error_code, 0);
+    let listed: BTreeMap<i16, (i16, i16)> = versions
+        .api_keys
+        .iter()
+        .map(|k| (k.api_key, (k.min_version, k.max_version)))
+        .collect();
+    assert_eq!(listed.get(&(ApiKey::Produce as i16)), Some(&(3, 12)));
+    assert_eq!(listed.get(&(ApiKey::Fetch as i16)), Some(&(4, 12)));
+    assert_eq!(listed.get(&(ApiKey::InitProducerId as i16)), Some(&(0, 5)));
+    let sent = conn.send_raw(ApiKey::ApiVersions, 99, &[]);
+    let (got, old): (i32, ApiVersionsResponse) = conn.receive(ApiKey::ApiVersions, 0);
+    assert_eq!(got, sent);
+    assert_eq!(old.error_code, 35, "UNSUPPORTED_VERSION");
+    assert_eq!(old.api_keys.len(), versions.api_keys.len());
+
+    // Metadata: this node is the broker and leads every partition; a
+    // topic's id finds it again; a missing topic is UNKNOWN_TOPIC_OR_PARTITION.
+    let request = MetadataRequest::default().with_topics(Some(vec![
+        MetadataRequestTopic::default()
+            .with_name(Some(TopicName(StrBytes::from_static_str("orders")))),
+        MetadataRequestTopic::default()
+            .with_name(Some(TopicName(StrBytes::from_static_str("nope")))),
+    ]));
+    let metadata: MetadataResponse = conn.call(ApiKey::Metadata, 12, &request);
+    assert_eq!(metadata.brokers.len(), 1);
+    let broker = &metadata.brokers[0];
+    assert_eq!(
+        format!("{}:{}", broker.host.as_str(), broker.port),
+        addr,
+        "the broker is the listener"
+    );
+    assert_eq!(*broker.node_id, 1);
+    let orders = &metadata.topics[0];
+    assert_eq!(orders.error_code, 0);
+    assert_eq!(orders.partitions.len(), 3);
+    assert!(orders.partitions.iter().all(|p| *p.leader_id == 1));
+    assert!(!orders.topic_id.is_nil());
+    assert_eq!(metadata.topics[1].error_code, 3);
+    let by_id: MetadataResponse = conn.call(
+        ApiKey::Metadata,
+        12,
+        &MetadataRequest::default().with_topics(Some(vec![MetadataRequestTopic::default()
+            .with_name(None)
+            .with_topic_id(orders.topic_id)])),
+    );
+    assert_eq!(
+        by_id.topics[0].name.as_ref().map(|n| n.0.to_string()),
+        Some("orders".to_string())
+    );
+    let all: MetadataResponse = conn.call(
+        ApiKey::Metadata,
+        1,
+        &MetadataRequest::default().with_topics(None),
+    );
+    assert_eq!(all.topics.len(), 1, "null topics: all of them");
+
+    // A topic created again is another topic: another id.
+    assert_eq!(node.request("DELETE", "/v1/topics/orders", b"").0, 204);
+    node.create_topic("orders", json!({"partitions": 3}));
+    let again: MetadataResponse = conn.call(ApiKey::Metadata, 12, &request);
+    assert_ne!(again.topics[0].topic_id, orders.topic_id);
+
+    // Idempotent producers get distinct ids; transactions are refused.
+    let first: InitProducerIdResponse = conn.call(ApiKey::InitProducerId, 4, &idempotent_init());
+    let second: InitProducerIdResponse = conn.call(ApiKey::InitProducerId, 4, &idempotent_init());
+    assert_eq!(first.error_code, 0);
+    assert!(*first.producer_id >= 0 && *second.producer_id >= 0);
+    assert_ne!(first.producer_id, second.producer_id);
+    let transactional: InitProducerIdResponse = conn.call(
+        ApiKey::InitProducerId,
+        4,
+        &idempotent_init()
+            .with_transactional_id(Some(TransactionalId(StrBytes::from_static_str("tx")))),
+    );
+    assert_ne!(transactional.error_code, 0, "no transactions");
+
+    // Every node coordinates every group: this one.
+    let coordinator: FindCoordinatorResponse = conn.call(
+        ApiKey::FindCoordinator,
+        2,
+        &FindCoordinatorRequest::default().with_key(StrBytes::from_static_str("group-a")),
+    );
+    assert_eq!((coordinator.error_code, *coordinator.node_id), (0, 1));
+    let batched: FindCoordinatorResponse = conn.call(
+        ApiKey::FindCoordinator,
+        4,
+        &FindCoordinatorRequest::default()
+            .with_coordinator_keys(vec![StrBytes::from_static_str("g1")]),
+    );
+    assert_eq!(batched.coordinators.len(), 1);
+    assert_eq!(batched.coordinators[0].port, broker.port);
+
+    // Fetch is listed, not served.
+    let fetch: FetchResponse = conn.call(ApiKey::Fetch, 12, &FetchRequest::default());
+    assert_eq!(fetch.error_code, 35);
+    let metric = labelled_sum(&node, "narad_kafka_requests_total");
+    assert!(metric >= 12.0, "requests counted: {metric}");
+}
+
+#[test]
+fn records_are_stored_once_whole_or_not_at_all() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let node = kafka_node(tmp.path());
+    let addr = node.kafka_addr.clone().expect("kafka address");
+    node.create_topic(
+        "orders",
+        json!({"partitions": 2, "max_message_bytes": 1024}),
+    );
+    let mut conn = Conn::connect(&addr);
+    let pid: InitProducerIdResponse = conn.call(ApiKey::InitProducerId, 4, &idempotent_init());
+    let pid = *pid.producer_id;
+
+    // An idempotent producer's retry of a batch is stored once.
+    let records = batch(&[
+        record(Some("k0"), "zero", pid, 0),
+        record(Some("k1"), "one", pid, 1),
+        record(None, "two", pid, 2),
+    ]);
+    for _ in 0..2 {
+        let answer: ProduceResponse = conn.call(
+            ApiKey::Produce,
+            9,
+            &produce_request("orders", 1, records.clone(), -1),
+        );
+        assert_eq!(partition_error(&answer).0, 0, "{answer:?}");
+        assert_eq!(answer.responses[0].partition_responses[0].base_offset, -1);
+    }
+
+    // A batch with a bad CRC, one with headers, a record over the topic's
+    // limit, a partition or topic that does not exist: refused whole.
+    let mut corrupt = BytesMut::from(&batch(&[record(None, "bad", -1, -1)])[..]);
+    let last = corrupt.len() - 1;
+    corrupt[last] ^= 0xff;
+    let answer: ProduceResponse = conn.call(
+        ApiKey::Produce,
+        9,
+        &produce_request("orders", 0, corrupt.freeze(), -1),
+    );
+    assert_eq!(partition_error(&answer).0, 2, "CORRUPT_MESSAGE");
+    let mut with_header = record(None, "h", -1, -1);
+    with_header.headers.insert(
+        StrBytes::from_static_str("h"),
+        Some(Bytes::from_static(b"v")),
+    );
+    let answer: ProduceResponse = conn.call(
+        ApiKey::Produce,
+        9,
+        &produce_request(
+            "orders",
+            0,
+            batch(&[record(None, "fine", -1, -1), with_header]),
+            -1,
+        ),
+    );
+    let (code, message) = partition_error(&answer);
+    assert_eq!(code, 87, "INVALID_RECORD");
+    assert!(message.is_some_and(|m| m.contains("headers")));
+    let big = "x".repeat(2048);
+    let answer: ProduceResponse = conn.call(
+        ApiKey::Produce,
+        9,
+        &produce_request(
+            "orders",
+            0,
+            batch(&[record(None, "fine", -1, -1), record(None, &big, -1, -1)]),
+            -1,
+        ),
+    );
+    assert_eq!(partition_error(&answer).0, 10, "MESSAGE_TOO_LARGE");
+    let answer: ProduceResponse = conn.call(
+        ApiKey::Produce,
+        9,
+        &produce_request("orders", 7, batch(&[record(None, "x", -1, -1)]), -1),
+    );
+    assert_eq!(partition_error(&answer).0, 3);
+    let answer: ProduceResponse = conn.call(
+        ApiKey::Produce,
+        9,
+        &produce_request("missing", 0, batch(&[record(None, "x", -1, -1)]), -1),
+    );
+    assert_eq!(
+        partition_error(&answer).0,
+        3,
+        "no topic is created implicitly"
+    );
+    assert_eq!(node.request("GET", "/v1/topics/missing", b"").0, 404);
+
+    // acks=0 is not answered: the next answer is the next request's.
+    conn.send(
+        ApiKey::Produce,
+        9,
+        &produce_request("orders", 0, batch(&[record(None, "quiet", -1, -1)]), 0),
+    );
+    let sent = conn.send(ApiKey::ApiVersions, 3, &ApiVersionsRequest::default());
+    let (got, _): (i32, ApiVersionsResponse) = conn.receive(ApiKey::ApiVersions, 3);
+    assert_eq!(got, sent);
+
+    let mut stored = drain_over_http(&node, "orders");
+    stored.sort();
+    assert_eq!(
+        stored,
+        vec![
+            (None, "quiet".to_string()),
+            (None, "two".to_string()),
+            (Some("k0".to_string()), "zero".to_string()),
+            (Some("k1".to_string()), "one".to_string()),
+        ]
+    );
+}
+
+#[test]
+fn a_bad_frame_closes_its_connection_and_the_listener_serves_on() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let node = kafka_node(tmp.path());
+    let addr = node.kafka_addr.clone().expect("kafka address");
+    // A length over the limit: closed before the body is read.
+    let mut conn = Conn::connect(&addr);
+    conn.stream
+        .write_all(&(1i32 << 30).to_be_bytes())
+        .expect("send");
+    assert!(conn.closed());
+    // A negative length.
+    let mut conn = Conn::connect(&addr);
+    conn.stream.write_all(&(-5i32).to_be_bytes()).expect("send");
+    assert!(conn.closed());
+    // Too short for a header.
+    let mut conn = Conn::connect(&addr);
+    conn.stream
+        .write_all(&[0, 0, 0, 3, 0, 18, 0])
+        .expect("send");
+    assert!(conn.closed());
+    // An API that is not served (DeleteTopics), after a good request that
+    // is still answered.
+    let mut conn = Conn::connect(&addr);
+    let sent = conn.send(ApiKey::ApiVersions, 3, &ApiVersionsRequest::default());
+    conn.send_raw(ApiKey::DeleteTopics, 4, &[0, 0, 0, 0]);
+    let (got, _): (i32, ApiVersionsResponse) = conn.receive(ApiKey::ApiVersions, 3);
+    assert_eq!(got, sent);
+    assert!(conn.closed());
+    // A Produce body that does not decode.
+    let mut conn = Conn::connect(&addr);
+    conn.send_raw(ApiKey::Produce, 9, &[1, 2, 3]);
+    assert!(conn.closed());
+    // The listener still serves.
+    let mut conn = Conn::connect(&addr);
+    let versions: ApiVersionsResponse =
+        conn.call(ApiKey::ApiVersions, 3, &ApiVersionsRequest::default());
+    assert_eq!(versions.error_code, 0);
+    assert!(node.stderr().lines().all(|l| !l.contains("panicked")));
+}
+
+#[test]
+fn every_node_names_every_listener_and_each_partition_s_owner() {
+    let cluster = Cluster::start_with(3, &KAFKA_LISTEN);
+    cluster.wait_ready(Duration::from_secs(60));
+    cluster.nodes[0].create_topic("spread", json!({"partitions": 6}));
+    let owners = cluster.owners("spread");
+    for node in &cluster.nodes {
+        let addr = node.kafka_addr.clone().expect("kafka address");
+        let mut seen = String::new();
+        let named = eventually(Duration::from_secs(30), || {
+            let mut conn = Conn::connect(&addr);
+            let metadata: MetadataResponse = conn.call(
+                ApiKey::Metadata,
+                12,
+                &MetadataRequest::default().with_topics(None),
+            );
+            let brokers: Vec<(i32, String)> = metadata
+                .brokers
+                .iter()
+                .map(|b| (*b.node_id, format!("{}:{}", b.host.as_str(), b.port)))
+                .collect();
+            let expected: Vec<(i32, String)> = cluster
+                .nodes
+                .iter()
+                .enumerate()
+                .map(|(i, n)| (i as i32 + 1, n.kafka_addr.clone().expect("kafka")))
+                .collect();
+            let leaders: Vec<usize> = metadata
+                .topics
+                .first()
+                .map(|t| {
+                    let mut parts: Vec<_> = t.partitions.iter().collect();
+                    parts.sort_by_key(|p| p.partition_index);
+                    parts.iter().map(|p| *p.leader_id as usize - 1).collect()
+                })
+                .unwrap_or_default();
+            seen = format!(
+                "brokers {brokers:?} (want {expected:?}), leaders {leaders:?} (want {owners:?})"
+            );
+            brokers == expected && leaders == owners
+        });
+        assert!(
+            named,
+            "node {} names every listener and owner: {seen}",
+            node.addr
+        );
+    }
+    // The CLI shows each node's listener.
+    let (ok, out, err) = support::narad(&cluster.nodes[1], &["cluster", "status"]);
+    assert!(ok, "{err}");
+    for node in &cluster.nodes {
+        let kafka = node.kafka_addr.as_deref().expect("kafka");
+        assert!(out.contains(kafka), "{kafka} in {out}");
+    }
+}
+
+/// The Python that has the stock Kafka clients, or `None` (the test is
+/// skipped, unless `NARAD_OPS_CHECKS=required`).
+fn python_with_clients() -> Option<PathBuf> {
+    let python = PathBuf::from("python3");
+    let found = Command::new(&python)
+        .args(["-c", "import confluent_kafka, kafka, aiokafka"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if found {
+        return Some(python);
+    }
+    assert!(
+        std::env::var("NARAD_OPS_CHECKS").map_or(true, |v| v != "required"),
+        "the Kafka clients are missing: run ops/install-check-tools.sh"
+    );
+    eprintln!("skipped: the Kafka clients are not installed (ops/install-check-tools.sh)");
+    None
+}
+
+fn run_client(python: &Path, script: &str, args: &[&str]) -> Value {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests")
+        .join("kafka")
+        .join(script);
+    let output = support::run_to_exit(
+        {
+            let mut command = Command::new(python);
+            command.arg(path).args(args);
+            command
+        },
+        Duration::from_secs(120),
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{script} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_str(stdout.lines().last().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("{script} printed no JSON line ({e}): {stdout}"))
+}
+
+#[test]
+fn stock_kafka_producers_deliver_every_message_once() {
+    let Some(python) = python_with_clients() else {
+        return;
+    };
+    let tmp = tempfile::tempdir().expect("tmp");
+    let node = kafka_node(tmp.path());
+    let addr = node.kafka_addr.clone().expect("kafka address");
+    node.create_topic("orders", json!({"partitions": 4}));
+    let mut expected = Vec::new();
+    // librdkafka (confluent-kafka), idempotent, acks=all, in each codec.
+    for codec in ["none", "gzip", "snappy", "lz4", "zstd"] {
+        let prefix = format!("rd-{codec}");
+        let report = run_client(
+            &python,
+            "produce_confluent.py",
+            &[&addr, "orders", &prefix, "2000", codec],
+        );
+        assert_eq!(report["delivered"], 2000, "{report}");
+        assert_eq!(report["errors"], json!([]), "{report}");
+        expected.extend(
+            (0..2000).map(|i| (Some(format!("{prefix}-{i}")), format!("{prefix} value {i}"))),
+        );
+    }
+    for (script, prefix) in [
+        ("produce_kafka_python.py", "kp"),
+        ("produce_aiokafka.py", "ai"),
+    ] {
+        let report = run_client(&python, script, &[&addr, "orders", prefix, "500"]);
+        assert_eq!(report["delivered"], 500, "{report}");
+        expected.extend(
+            (0..500).map(|i| (Some(format!("{prefix}-{i}")), format!("{prefix} value {i}"))),
+        );
+    }
+    let mut stored = drain_over_http(&node, "orders");
+    stored.sort();
+    expected.sort();
+    assert_eq!(stored.len(), expected.len(), "each message stored once");
+    assert!(stored == expected, "keys and values intact");
+}
+
+#[test]
+fn a_listener_on_every_interface_needs_an_address_to_advertise() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_narad"));
+    command
+        .args(["serve", "--data-dir"])
+        .arg(tmp.path().join("node"))
+        .args(["--listen", "127.0.0.1:0", "--kafka-listen", "0.0.0.0:0"]);
+    let output = support::run_to_exit(command, Duration::from_secs(60));
+    assert!(!output.status.success());
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        said.contains("kafka.listen") && said.contains("kafka.advertised_address"),
+        "{said}"
+    );
+}
+
+/// A few bytes that claim an array of two billion items (or a record with
+/// two billion headers) are refused without making room for them: the
+/// node does not run out of memory, and serves on.
+#[test]
+fn a_request_that_claims_a_huge_array_does_not_take_the_node_down() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let node = kafka_node(tmp.path());
+    let addr = node.kafka_addr.clone().expect("kafka address");
+    node.create_topic("orders", json!({"partitions": 1}));
+    // Metadata v1: topics, an array of i32::MAX names, and no more bytes.
+    let mut conn = Conn::connect(&addr);
+    conn.send_raw(ApiKey::Metadata, 1, &i32::MAX.to_be_bytes());
+    assert!(conn.closed());
+    // Produce v3 whose topic array claims i32::MAX topics.
+    let mut body = BytesMut::new();
+    body.put_i16(-1); // transactional id: null
+    body.put_i16(-1); // acks
+    body.put_i32(30_000); // timeout
+    body.put_i32(i32::MAX); // topics
+    let mut conn = Conn::connect(&addr);
+    conn.send_raw(ApiKey::Produce, 3, &body);
+    assert!(conn.closed());
+    // A record that claims i32::MAX headers (a varint), in a valid batch.
+    let mut records = BytesMut::from(&batch(&[record(None, "v", -1, -1)])[..]);
+    // The record's last byte is its header count (0); claim i32::MAX.
+    let at = records.len() - 1;
+    assert_eq!(records[at], 0);
+    records.truncate(at);
+    let zigzag = (u64::from(i32::MAX as u32) << 1) as u32;
+    let mut value = zigzag;
+    while value >= 0x80 {
+        records.put_u8((value as u8) | 0x80);
+        value >>= 7;
+    }
+    records.put_u8(value as u8);
+    let grown = records.len() - at - 1;
+    // Fix the batch and record lengths and the CRC around the longer count.
+    let batch_len = i32::from_be_bytes(records[8..12].try_into().expect("len")) + grown as i32;
+    records[8..12].copy_from_slice(&batch_len.to_be_bytes());
+    let record_at = 61;
+    assert_eq!(records[record_at] as usize % 2, 0);
+    let record_len = (records[record_at] >> 1) as usize + grown;
+    records[record_at] = (record_len << 1) as u8;
+    let crc = crc32c::crc32c(&records[21..]);
+    records[17..21].copy_from_slice(&crc.to_be_bytes());
+    let mut conn = Conn::connect(&addr);
+    let answer: ProduceResponse = conn.call(
+        ApiKey::Produce,
+        9,
+        &produce_request("orders", 0, records.freeze(), -1),
+    );
+    assert_ne!(partition_error(&answer).0, 0);
+    // The node never held much memory for them.
+    let status = std::fs::read_to_string(format!("/proc/{}/status", node.pid())).expect("status");
+    let peak_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM");
+    assert!(
+        peak_kib < 512 * 1024,
+        "the node's peak memory: {peak_kib} KiB"
+    );
+    // The node still serves.
+    let mut conn = Conn::connect(&addr);
+    let versions: ApiVersionsResponse =
+        conn.call(ApiKey::ApiVersions, 3, &ApiVersionsRequest::default());
+    assert_eq!(versions.error_code, 0);
+}

@@ -1,0 +1,40 @@
+"""Produces COUNT messages with librdkafka (confluent-kafka): an idempotent
+producer, acks=all, in the codec asked for. Keys PREFIX-i, values
+"PREFIX value i". Prints one JSON line: delivered, errors."""
+import json
+import sys
+
+from confluent_kafka import Producer
+
+addr, topic, prefix, count, codec = sys.argv[1:6]
+producer = Producer({
+    "bootstrap.servers": addr,
+    "enable.idempotence": True,
+    "acks": "all",
+    "compression.type": codec,
+    "linger.ms": 5,
+    "message.timeout.ms": 60000,
+})
+delivered = 0
+errors = []
+
+
+def on_delivery(error, message):
+    global delivered
+    if error is not None:
+        errors.append(str(error))
+    else:
+        delivered += 1
+
+
+for i in range(int(count)):
+    while True:
+        try:
+            producer.produce(topic, key=f"{prefix}-{i}", value=f"{prefix} value {i}",
+                             on_delivery=on_delivery)
+            break
+        except BufferError:
+            producer.poll(0.1)
+    producer.poll(0)
+left = producer.flush(90)
+print(json.dumps({"delivered": delivered, "errors": errors[:5], "undelivered": left}))
