@@ -1216,7 +1216,7 @@ async fn get_topic(shard: &Shard, name: &str) -> Result<HttpResponse, ApiError> 
 }
 
 /// The retention floor and the largest `max_message_bytes` a topic takes.
-fn topic_bounds(shard: &Shard) -> (u64, u64) {
+pub(crate) fn topic_bounds(shard: &Shard) -> (u64, u64) {
     let settings = shard.settings();
     (
         settings.topics.retention_floor_ms,

@@ -580,7 +580,18 @@ fn stock_kafka_producers_deliver_every_message_once() {
     let tmp = tempfile::tempdir().expect("tmp");
     let node = kafka_node(tmp.path());
     let addr = node.kafka_addr.clone().expect("kafka address");
-    node.create_topic("orders", json!({"partitions": 4}));
+    // The topic made by librdkafka's admin client.
+    let created = run_client(
+        &python,
+        "create_topic_confluent.py",
+        &[&addr, "orders", "4"],
+    );
+    assert_eq!(created["created"], true, "{created}");
+    let (_, topic) = node.request("GET", "/v1/topics/orders", b"");
+    assert_eq!(
+        (&topic["partitions"], &topic["retention_ms"]),
+        (&json!(4), &json!(0))
+    );
     let mut expected = Vec::new();
     // librdkafka (confluent-kafka), idempotent, acks=all, in each codec.
     for codec in ["none", "gzip", "snappy", "lz4", "zstd"] {
@@ -698,4 +709,82 @@ fn a_request_that_claims_a_huge_array_does_not_take_the_node_down() {
     let versions: ApiVersionsResponse =
         conn.call(ApiKey::ApiVersions, 3, &ApiVersionsRequest::default());
     assert_eq!(versions.error_code, 0);
+}
+
+#[test]
+fn create_topics_makes_topics_with_the_settings_narad_knows() {
+    use kafka_protocol::messages::create_topics_request::{CreatableTopic, CreatableTopicConfig};
+    use kafka_protocol::messages::{CreateTopicsRequest, CreateTopicsResponse};
+    let tmp = tempfile::tempdir().expect("tmp");
+    let node = kafka_node(tmp.path());
+    let addr = node.kafka_addr.clone().expect("kafka address");
+    let mut conn = Conn::connect(&addr);
+    let topic = |name: &str, partitions: i32, replication: i16, configs: &[(&str, &str)]| {
+        CreatableTopic::default()
+            .with_name(TopicName(StrBytes::from_string(name.to_string())))
+            .with_num_partitions(partitions)
+            .with_replication_factor(replication)
+            .with_configs(
+                configs
+                    .iter()
+                    .map(|(k, v)| {
+                        CreatableTopicConfig::default()
+                            .with_name(StrBytes::from_string(k.to_string()))
+                            .with_value(Some(StrBytes::from_string(v.to_string())))
+                    })
+                    .collect(),
+            )
+    };
+    let request = CreateTopicsRequest::default()
+        .with_timeout_ms(30_000)
+        .with_topics(vec![
+            topic(
+                "made",
+                3,
+                -1,
+                &[("retention.ms", "-1"), ("visibility_timeout_ms", "5000")],
+            ),
+            topic("kafkaish", -1, 1, &[("cleanup.policy", "compact")]),
+            topic("copies", 2, 3, &[]),
+        ]);
+    let answer: CreateTopicsResponse = conn.call(ApiKey::CreateTopics, 7, &request);
+    let codes: Vec<i16> = answer.topics.iter().map(|t| t.error_code).collect();
+    assert_eq!(codes, vec![0, 40, 38], "{answer:?}");
+    assert!(answer.topics[1]
+        .error_message
+        .as_ref()
+        .is_some_and(|m| m.contains("cleanup.policy")));
+    assert_eq!(answer.topics[0].num_partitions, 3);
+    assert!(!answer.topics[0].topic_id.is_nil());
+    let (status, made) = node.request("GET", "/v1/topics/made", b"");
+    assert_eq!(status, 200);
+    assert_eq!(
+        (
+            &made["partitions"],
+            &made["retention_ms"],
+            &made["visibility_timeout_ms"]
+        ),
+        (&json!(3), &json!(0), &json!(5000))
+    );
+    for name in ["kafkaish", "copies"] {
+        assert_eq!(
+            node.request("GET", &format!("/v1/topics/{name}"), b"").0,
+            404
+        );
+    }
+    // Again: it exists. Validating only creates nothing.
+    let again: CreateTopicsResponse = conn.call(ApiKey::CreateTopics, 7, &request);
+    assert_eq!(again.topics[0].error_code, 36, "TOPIC_ALREADY_EXISTS");
+    let check: CreateTopicsResponse = conn.call(
+        ApiKey::CreateTopics,
+        5,
+        &CreateTopicsRequest::default()
+            .with_validate_only(true)
+            .with_topics(vec![topic("checked", 4, 1, &[])]),
+    );
+    assert_eq!(
+        (check.topics[0].error_code, check.topics[0].num_partitions),
+        (0, 4)
+    );
+    assert_eq!(node.request("GET", "/v1/topics/checked", b"").0, 404);
 }

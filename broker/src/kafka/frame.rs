@@ -31,6 +31,7 @@ pub const SERVED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::FindCoordinator, 0, 4),
     (ApiKey::ApiVersions, 0, 4),
     (ApiKey::InitProducerId, 0, 5),
+    (ApiKey::CreateTopics, 2, 7),
 ];
 
 /// The versions of `key` the listener serves.

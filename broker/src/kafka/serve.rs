@@ -14,6 +14,8 @@ use std::collections::HashMap;
 use std::rc::Rc;
 
 use bytes::Bytes;
+use kafka_protocol::messages::create_topics_request::CreatableTopic;
+use kafka_protocol::messages::create_topics_response::CreatableTopicResult;
 use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
 use kafka_protocol::messages::find_coordinator_response::Coordinator;
 use kafka_protocol::messages::metadata_response::{
@@ -23,13 +25,14 @@ use kafka_protocol::messages::produce_response::{
     BatchIndexAndErrorMessage, PartitionProduceResponse, TopicProduceResponse,
 };
 use kafka_protocol::messages::{
-    ApiKey, BrokerId, FetchRequest, FetchResponse, FindCoordinatorRequest, FindCoordinatorResponse,
-    InitProducerIdRequest, InitProducerIdResponse, MetadataRequest, MetadataResponse,
-    ProduceRequest, ProduceResponse, ProducerId, TopicName,
+    ApiKey, BrokerId, CreateTopicsRequest, CreateTopicsResponse, FetchRequest, FetchResponse,
+    FindCoordinatorRequest, FindCoordinatorResponse, InitProducerIdRequest, InitProducerIdResponse,
+    MetadataRequest, MetadataResponse, ProduceRequest, ProduceResponse, ProducerId, TopicName,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 use kafka_protocol::ResponseError;
-use narad_net::ApiError;
+use narad_net::types::TopicPatch;
+use narad_net::{ApiError, ErrorCode};
 use narad_raft::state::Topic;
 
 use super::errors::kafka_error;
@@ -134,6 +137,10 @@ impl Answerer {
             ApiKey::Fetch => {
                 fetch(&request).map(|r| Some((encode(&request, &r), "unsupported_version")))
             }
+            ApiKey::CreateTopics => self
+                .create_topics(&request)
+                .await
+                .map(|(r, e)| Some((encode(&request, &r), e))),
             ApiKey::Produce => self
                 .produce(&request)
                 .await
@@ -514,6 +521,166 @@ impl Answerer {
     }
 }
 
+impl Answerer {
+    /// CreateTopics: each topic created as `PUT /v1/topics/{topic}` creates
+    /// it, with the topic settings Narad knows (its own names, and Kafka's
+    /// `retention.ms` and `max.message.bytes`); anything else is refused
+    /// naming it. A topic that exists is `TOPIC_ALREADY_EXISTS` (Kafka
+    /// never changes one this way).
+    async fn create_topics(
+        &self,
+        request: &Request,
+    ) -> Result<(CreateTopicsResponse, &'static str), String> {
+        let version = request.api_version;
+        let body = decode::<CreateTopicsRequest>(request)?;
+        let cluster_id = self
+            .shard
+            .meta()
+            .view()
+            .state
+            .cluster_id
+            .clone()
+            .unwrap_or_default();
+        let mut results = Vec::with_capacity(body.topics.len());
+        let mut first_error = NO_ERROR;
+        for wanted in body.topics {
+            let mut result = CreatableTopicResult::default()
+                .with_name(wanted.name.clone())
+                .with_error_message(None)
+                .with_configs(None);
+            match self.create_topic(&wanted, body.validate_only).await {
+                Ok((partitions, topic)) => {
+                    if version >= CREATE_TOPICS_DETAILS {
+                        result = result
+                            .with_num_partitions(i32::try_from(partitions).unwrap_or(i32::MAX))
+                            .with_replication_factor(1);
+                    }
+                    if let Some(topic) = topic.filter(|_| version >= CREATE_TOPICS_TOPIC_ID) {
+                        result = result.with_topic_id(topic_id(&cluster_id, &topic));
+                    }
+                }
+                Err((error, message)) => {
+                    if first_error == NO_ERROR {
+                        first_error = error_label(error);
+                    }
+                    result = result
+                        .with_error_code(error.code())
+                        .with_error_message(Some(StrBytes::from_string(message)));
+                }
+            }
+            results.push(result);
+        }
+        Ok((
+            CreateTopicsResponse::default().with_topics(results),
+            first_error,
+        ))
+    }
+
+    /// One topic of a CreateTopics: its partition count, and the topic
+    /// unless only validated.
+    async fn create_topic(
+        &self,
+        wanted: &CreatableTopic,
+        validate_only: bool,
+    ) -> Result<(u32, Option<Topic>), (ResponseError, String)> {
+        let name = wanted.name.0.as_str();
+        narad_net::names::validate_topic_name(name)
+            .map_err(|e| (ResponseError::InvalidTopicException, e.message))?;
+        if !matches!(wanted.replication_factor, -1 | 1) {
+            return Err((
+                ResponseError::InvalidReplicationFactor,
+                format!(
+                    "replication factor {}: Narad keeps one copy of each partition (give -1 or 1)",
+                    wanted.replication_factor
+                ),
+            ));
+        }
+        if !wanted.assignments.is_empty() {
+            return Err((
+                ResponseError::InvalidReplicaAssignment,
+                "Narad places partitions itself: give no replica assignment".to_string(),
+            ));
+        }
+        let exists = || {
+            (
+                ResponseError::TopicAlreadyExists,
+                format!("topic {name} exists"),
+            )
+        };
+        if self.shard.meta().view().state.topics.contains_key(name) {
+            return Err(exists());
+        }
+        let mut fields = serde_json::Map::new();
+        if wanted.num_partitions != -1 {
+            fields.insert(
+                "partitions".into(),
+                serde_json::Value::from(wanted.num_partitions),
+            );
+        }
+        for config in &wanted.configs {
+            let value = config.value.as_ref().map(|v| v.to_string());
+            let (field, value) = topic_setting(config.name.as_str(), value)
+                .map_err(|why| (ResponseError::InvalidConfig, why))?;
+            fields.insert(field.into(), value);
+        }
+        let body = serde_json::Value::Object(fields).to_string();
+        let (floor, max_message) = crate::api::topic_bounds(&self.shard);
+        let refused = |error: ApiError| match error.code {
+            ErrorCode::InvalidRequest | ErrorCode::UnknownField => {
+                (ResponseError::InvalidConfig, error.message)
+            }
+            code => (kafka_error(code), error.message),
+        };
+        let patch = TopicPatch::parse(body.as_bytes(), floor, max_message).map_err(refused)?;
+        if validate_only {
+            let (config, _) = self.shard.resolve_config(None, patch).map_err(refused)?;
+            return Ok((config.partitions, None));
+        }
+        match self.shard.put_topic(name, patch).await {
+            Ok((true, topic)) => Ok((topic.config.partitions, Some(topic))),
+            Ok((false, _)) => Err(exists()),
+            Err(error) => Err(refused(error)),
+        }
+    }
+}
+
+/// A CreateTopics config as the topic field it sets: Narad's own names,
+/// and Kafka's two that mean the same (`retention.ms`, where -1 is
+/// forever, and `max.message.bytes`).
+fn topic_setting(
+    key: &str,
+    value: Option<String>,
+) -> Result<(&'static str, serde_json::Value), String> {
+    let Some(value) = value else {
+        return Err(format!("config {key} has no value"));
+    };
+    let number = |field: &'static str| -> Result<(&'static str, serde_json::Value), String> {
+        let parsed: u64 = value
+            .trim()
+            .parse()
+            .map_err(|_| format!("config {key} = {value:?} is not a whole number"))?;
+        Ok((field, serde_json::Value::from(parsed)))
+    };
+    match key {
+        "retention.ms" if value.trim() == "-1" => Ok(("retention_ms", serde_json::Value::from(0))),
+        "retention.ms" | "retention_ms" => number("retention_ms"),
+        "max.message.bytes" | "max_message_bytes" => number("max_message_bytes"),
+        "visibility_timeout_ms" => number("visibility_timeout_ms"),
+        "max_deliveries" => number("max_deliveries"),
+        "idempotency_window_ms" => number("idempotency_window_ms"),
+        "dead_letter_topic" => Ok(("dead_letter_topic", serde_json::Value::from(value))),
+        "schema" => Ok(("schema", serde_json::Value::from(value))),
+        other => Err(format!(
+            "config {other} is not a Narad topic setting (Narad takes retention.ms, max.message.bytes, visibility_timeout_ms, max_deliveries, dead_letter_topic, schema and idempotency_window_ms)"
+        )),
+    }
+}
+
+/// CreateTopics answers partitions and replication from this version, and
+/// the topic id from version 7.
+const CREATE_TOPICS_DETAILS: i16 = 5;
+const CREATE_TOPICS_TOPIC_ID: i16 = 7;
+
 /// A partition of a Produce: to be produced, or answered.
 enum PartitionOutcome {
     Pending(Rc<Topic>),
@@ -642,6 +809,7 @@ fn api_label(key: ApiKey) -> &'static str {
         ApiKey::InitProducerId => "init_producer_id",
         ApiKey::FindCoordinator => "find_coordinator",
         ApiKey::Fetch => "fetch",
+        ApiKey::CreateTopics => "create_topics",
         _ => "other",
     }
 }
@@ -664,6 +832,11 @@ fn error_label(error: ResponseError) -> &'static str {
         }
         ResponseError::InvalidRequest => "invalid_request",
         ResponseError::RequestTimedOut => "request_timed_out",
+        ResponseError::TopicAlreadyExists => "topic_already_exists",
+        ResponseError::InvalidConfig => "invalid_config",
+        ResponseError::InvalidReplicationFactor => "invalid_replication_factor",
+        ResponseError::InvalidReplicaAssignment => "invalid_replica_assignment",
+        ResponseError::InvalidTopicException => "invalid_topic_exception",
         _ => "other",
     }
 }

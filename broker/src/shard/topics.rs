@@ -81,7 +81,7 @@ impl<F: FileSystem> Shard<F> {
     /// A topic's config after `patch` (on the existing topic's, or on the
     /// defaults), checked as far as this node can, and how many partitions
     /// it adds.
-    pub(super) fn resolve_config(
+    pub(crate) fn resolve_config(
         &self,
         existing: Option<&Topic>,
         patch: TopicPatch,
