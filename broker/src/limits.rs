@@ -272,6 +272,22 @@ pub const KAFKA_IDLE_TIMEOUT: Duration = Duration::from_secs(600);
 /// The throttle time a Produce answer asks for when the node sheds load
 /// (HTTP's `429 overloaded`).
 pub const KAFKA_OVERLOAD_THROTTLE_MS: i32 = 100;
+/// Share-group members: the heartbeat interval a member is told, and how
+/// long a member may go unheard before it leaves (its records are given
+/// back). Kafka's defaults (`group.share.heartbeat.interval.ms`,
+/// `group.share.session.timeout.ms`).
+pub const SHARE_HEARTBEAT_INTERVAL_MS: i32 = 5_000;
+pub const SHARE_MEMBER_TIMEOUT: Duration = Duration::from_secs(45);
+/// Share sessions a node holds at once (Kafka's
+/// `group.share.max.share.sessions` default): beyond it a new session is
+/// `SHARE_SESSION_LIMIT_REACHED`.
+pub const SHARE_SESSIONS_MAX: usize = 2_000;
+/// Records one ShareFetch leases: what the client asks (`max.poll.records`),
+/// at most the most one consume takes; the default when it asks none.
+pub const SHARE_FETCH_RECORDS_MAX: u64 = 1_000;
+pub const SHARE_FETCH_RECORDS_DEFAULT: u64 = 500;
+/// The longest a ShareFetch waits for records (a consume's longest wait).
+pub const SHARE_FETCH_WAIT_MS_MAX: u64 = 20_000;
 /// How often a node that has not yet recorded its Kafka address in the
 /// metastore tries again (no quorum, no leader yet).
 pub const KAFKA_ADDRESS_RETRY: Duration = Duration::from_secs(1);

@@ -788,3 +788,354 @@ fn create_topics_makes_topics_with_the_settings_narad_knows() {
     );
     assert_eq!(node.request("GET", "/v1/topics/checked", b"").0, 404);
 }
+
+/// Runs a client script in the background; its JSON line when it ends.
+fn spawn_client(python: &Path, script: &str, args: &[&str]) -> std::thread::JoinHandle<Value> {
+    let python = python.to_path_buf();
+    let script = script.to_string();
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    std::thread::spawn(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        run_client(&python, &script, &args)
+    })
+}
+
+/// A share consumer's records: (key, value, delivery count, what it did).
+fn seen_records(report: &Value) -> Vec<(String, String, u64, String)> {
+    report
+        .as_array()
+        .expect("a list of records")
+        .iter()
+        .map(|r| {
+            (
+                r[0].as_str().expect("key").to_string(),
+                r[1].as_str().expect("value").to_string(),
+                r[2].as_u64().expect("delivery count"),
+                r[3].as_str().expect("action").to_string(),
+            )
+        })
+        .collect()
+}
+
+fn drained(node: &Node, topic: &str) -> bool {
+    let (_, stats) = node.request("GET", &format!("/v1/topics/{topic}"), b"");
+    stats["partition_stats"].as_array().is_some_and(|parts| {
+        parts
+            .iter()
+            .all(|p| p["available"] == 0 && p["in_flight"] == 0)
+    })
+}
+
+#[test]
+fn two_share_consumers_accept_every_message_a_kafka_producer_sent() {
+    let Some(python) = python_with_clients() else {
+        return;
+    };
+    let tmp = tempfile::tempdir().expect("tmp");
+    let node = Node::start(
+        &tmp.path().join("node"),
+        &["--kafka-listen", "127.0.0.1:0", "--shards", "2"],
+    );
+    let addr = node.kafka_addr.clone().expect("kafka address");
+    node.create_topic("jobs", json!({"partitions": 4}));
+    let sent = run_client(
+        &python,
+        "produce_confluent.py",
+        &[&addr, "jobs", "job", "10000", "lz4"],
+    );
+    assert_eq!(sent["delivered"], 10000, "{sent}");
+    let consumers: Vec<_> = (0..2)
+        .map(|_| {
+            spawn_client(
+                &python,
+                "share_consume.py",
+                &[&addr, "jobs", "workers", "--idle", "6", "--seconds", "100"],
+            )
+        })
+        .collect();
+    let mut accepted: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    let mut per_consumer = Vec::new();
+    for consumer in consumers {
+        let records = seen_records(&consumer.join().expect("consumer"));
+        per_consumer.push(records.len());
+        for (key, value, count, action) in records {
+            assert_eq!(value, format!("{} value {}", "job", &key["job-".len()..]));
+            assert_eq!(action, "accept");
+            accepted.entry(key).or_default().push(count);
+        }
+    }
+    assert_eq!(
+        accepted.len(),
+        10000,
+        "every message accepted ({per_consumer:?})"
+    );
+    // Accepted twice only when a lock ended before the first accept.
+    for (key, counts) in &accepted {
+        assert!(
+            counts.len() == 1 || counts.iter().any(|c| *c > 1),
+            "{key} accepted twice within one lock: {counts:?}"
+        );
+    }
+    assert!(
+        per_consumer.iter().all(|n| *n > 0),
+        "both consumers took records: {per_consumer:?}"
+    );
+    assert!(drained(&node, "jobs"), "nothing left unacked");
+}
+
+#[test]
+fn released_records_come_again_rejected_ones_are_dead_lettered_and_a_vanished_consumer_s_return() {
+    let Some(python) = python_with_clients() else {
+        return;
+    };
+    let tmp = tempfile::tempdir().expect("tmp");
+    let node = kafka_node(tmp.path());
+    let addr = node.kafka_addr.clone().expect("kafka address");
+    node.create_topic("dead", json!({"partitions": 1}));
+    node.create_topic(
+        "work",
+        json!({"partitions": 2, "dead_letter_topic": "dead", "visibility_timeout_ms": 3000}),
+    );
+    // Produced over HTTP, consumed over Kafka.
+    let produce = |from: usize, to: usize| {
+        let items: Vec<Value> = (from..to)
+            .map(|i| json!({"key": format!("k{i}"), "value": format!("value {i}")}))
+            .collect();
+        let (status, answer) = node.json(
+            "POST",
+            "/v1/topics/work/messages/batch",
+            json!({ "messages": items }),
+        );
+        assert_eq!(status, 202, "{answer}");
+    };
+    produce(0, 60);
+    let report = run_client(
+        &python,
+        "share_consume.py",
+        &[
+            &addr,
+            "work",
+            "g",
+            "--release-every",
+            "6",
+            "--reject-every",
+            "5",
+            "--idle",
+            "4",
+        ],
+    );
+    let records = seen_records(&report);
+    for (key, value, _, _) in &records {
+        assert_eq!(
+            value,
+            &format!("value {}", &key[1..]),
+            "key and value intact"
+        );
+    }
+    let released: Vec<&String> = records
+        .iter()
+        .filter(|r| r.3 == "release")
+        .map(|r| &r.0)
+        .collect();
+    let rejected: std::collections::BTreeSet<String> = records
+        .iter()
+        .filter(|r| r.3 == "reject")
+        .map(|r| r.0.clone())
+        .collect();
+    assert!(!released.is_empty() && !rejected.is_empty());
+    for key in &released {
+        assert!(
+            records
+                .iter()
+                .any(|r| &&r.0 == key && r.2 == 2 && r.3 == "accept"),
+            "{key} came again with delivery count 2"
+        );
+    }
+    let settled: std::collections::BTreeSet<&String> = records
+        .iter()
+        .filter(|r| r.3 != "release")
+        .map(|r| &r.0)
+        .collect();
+    assert_eq!(settled.len(), 60, "every record accepted or rejected");
+    assert!(drained(&node, "work"));
+    let dead: std::collections::BTreeSet<String> = drain_over_http(&node, "dead")
+        .into_iter()
+        .map(|(key, value)| {
+            let key = key.expect("a key");
+            assert_eq!(value, format!("value {}", &key[1..]));
+            key
+        })
+        .collect();
+    assert_eq!(
+        dead, rejected,
+        "the rejected records, in the dead-letter topic"
+    );
+
+    // A consumer that vanishes holding records: they come to the next one
+    // once their lock (the topic's visibility timeout) ends. This one
+    // leaves acknowledging to the client (implicit mode).
+    produce(60, 70);
+    let vanished = seen_records(&run_client(
+        &python,
+        "share_consume.py",
+        &[
+            &addr,
+            "work",
+            "g",
+            "--vanish-after",
+            "10",
+            "--seconds",
+            "30",
+        ],
+    ));
+    assert_eq!(vanished.len(), 10);
+    let next = seen_records(&run_client(
+        &python,
+        "share_consume.py",
+        &[
+            &addr,
+            "work",
+            "g",
+            "--mode",
+            "implicit",
+            "--count",
+            "10",
+            "--seconds",
+            "60",
+        ],
+    ));
+    let mut keys: Vec<&String> = next.iter().map(|r| &r.0).collect();
+    keys.sort();
+    let mut expected: Vec<&String> = vanished.iter().map(|r| &r.0).collect();
+    expected.sort();
+    assert_eq!(keys, expected);
+    assert!(next.iter().all(|r| r.2 == 2), "delivered again: {next:?}");
+    assert!(
+        eventually(Duration::from_secs(30), || drained(&node, "work")),
+        "implicit acknowledgements settled them"
+    );
+}
+
+#[test]
+fn share_sessions_answer_wrong_epochs_and_late_acknowledgements_with_their_errors() {
+    use kafka_protocol::messages::share_fetch_request::{
+        AcknowledgementBatch, FetchPartition, FetchTopic,
+    };
+    use kafka_protocol::messages::{
+        GroupId, ShareFetchRequest, ShareFetchResponse, ShareGroupHeartbeatRequest,
+        ShareGroupHeartbeatResponse,
+    };
+    let tmp = tempfile::tempdir().expect("tmp");
+    let node = kafka_node(tmp.path());
+    let addr = node.kafka_addr.clone().expect("kafka address");
+    node.create_topic(
+        "locks",
+        json!({"partitions": 1, "visibility_timeout_ms": 1000}),
+    );
+    node.produce("locks", "one");
+    let mut conn = Conn::connect(&addr);
+    let group = || Some(GroupId(StrBytes::from_static_str("g")));
+    let member = || Some(StrBytes::from_static_str("member-1"));
+
+    // Heartbeats: a join gets epoch 1 and every partition; an unknown
+    // member and a stale epoch get their errors, on a connection that stays.
+    let joined: ShareGroupHeartbeatResponse = conn.call(
+        ApiKey::ShareGroupHeartbeat,
+        1,
+        &ShareGroupHeartbeatRequest::default()
+            .with_group_id(GroupId(StrBytes::from_static_str("g")))
+            .with_member_id(StrBytes::from_static_str("member-1"))
+            .with_member_epoch(0)
+            .with_subscribed_topic_names(Some(vec![TopicName(StrBytes::from_static_str("locks"))])),
+    );
+    assert_eq!((joined.error_code, joined.member_epoch), (0, 1));
+    let assignment = joined.assignment.expect("an assignment");
+    assert_eq!(assignment.topic_partitions[0].partitions, vec![0]);
+    let topic_id = assignment.topic_partitions[0].topic_id;
+    let stale: ShareGroupHeartbeatResponse = conn.call(
+        ApiKey::ShareGroupHeartbeat,
+        1,
+        &ShareGroupHeartbeatRequest::default()
+            .with_group_id(GroupId(StrBytes::from_static_str("g")))
+            .with_member_id(StrBytes::from_static_str("member-1"))
+            .with_member_epoch(7)
+            .with_subscribed_topic_names(None),
+    );
+    assert_eq!(stale.error_code, 110, "FENCED_MEMBER_EPOCH");
+    let unknown: ShareGroupHeartbeatResponse = conn.call(
+        ApiKey::ShareGroupHeartbeat,
+        1,
+        &ShareGroupHeartbeatRequest::default()
+            .with_group_id(GroupId(StrBytes::from_static_str("g")))
+            .with_member_id(StrBytes::from_static_str("stranger"))
+            .with_member_epoch(3)
+            .with_subscribed_topic_names(None),
+    );
+    assert_eq!(unknown.error_code, 25, "UNKNOWN_MEMBER_ID");
+
+    let fetch = |epoch: i32, ack: Option<(i64, i8)>| {
+        let partition = FetchPartition::default()
+            .with_partition_index(0)
+            .with_acknowledgement_batches(
+                ack.map(|(offset, kind)| {
+                    vec![AcknowledgementBatch::default()
+                        .with_first_offset(offset)
+                        .with_last_offset(offset)
+                        .with_acknowledge_types(vec![kind])]
+                })
+                .unwrap_or_default(),
+            );
+        ShareFetchRequest::default()
+            .with_group_id(group())
+            .with_member_id(member())
+            .with_share_session_epoch(epoch)
+            .with_max_wait_ms(2000)
+            .with_max_records(10)
+            .with_topics(vec![FetchTopic::default()
+                .with_topic_id(topic_id)
+                .with_partitions(vec![partition])])
+    };
+    // A session that was never opened, then a wrong epoch.
+    let none: ShareFetchResponse = conn.call(ApiKey::ShareFetch, 1, &fetch(3, None));
+    assert_eq!(none.error_code, 122, "SHARE_SESSION_NOT_FOUND");
+    let opened: ShareFetchResponse = conn.call(ApiKey::ShareFetch, 1, &fetch(0, None));
+    assert_eq!(opened.error_code, 0);
+    assert_eq!(opened.acquisition_lock_timeout_ms, 1000);
+    let partition = &opened.responses[0].partitions[0];
+    assert_eq!(partition.acquired_records.len(), 1);
+    let acquired = &partition.acquired_records[0];
+    assert_eq!(acquired.delivery_count, 1);
+    let skipped: ShareFetchResponse = conn.call(ApiKey::ShareFetch, 1, &fetch(5, None));
+    assert_eq!(skipped.error_code, 123, "INVALID_SHARE_SESSION_EPOCH");
+
+    // The lock ends (the message is available again); a late ACCEPT is
+    // INVALID_RECORD_STATE, and the record comes again with count 2.
+    assert!(eventually(Duration::from_secs(10), || {
+        let (_, stats) = node.request("GET", "/v1/topics/locks", b"");
+        stats["partition_stats"][0]["in_flight"] == 0
+    }));
+    let late: ShareFetchResponse = conn.call(
+        ApiKey::ShareFetch,
+        1,
+        &fetch(1, Some((acquired.first_offset, 1))),
+    );
+    assert_eq!(late.error_code, 0);
+    let partition = &late.responses[0].partitions[0];
+    assert_eq!(
+        partition.acknowledge_error_code, 121,
+        "INVALID_RECORD_STATE"
+    );
+    assert_eq!(partition.acquired_records[0].delivery_count, 2);
+    // Accepted within its lock, it is gone.
+    let accepted: ShareFetchResponse = conn.call(
+        ApiKey::ShareFetch,
+        1,
+        &fetch(2, Some((partition.acquired_records[0].first_offset, 1))).with_max_wait_ms(0),
+    );
+    assert_eq!(accepted.error_code, 0);
+    assert!(accepted
+        .responses
+        .iter()
+        .all(|t| t.partitions.iter().all(|p| p.acknowledge_error_code == 0)));
+    assert!(drained(&node, "locks"));
+}

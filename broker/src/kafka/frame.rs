@@ -32,6 +32,9 @@ pub const SERVED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::ApiVersions, 0, 4),
     (ApiKey::InitProducerId, 0, 5),
     (ApiKey::CreateTopics, 2, 7),
+    (ApiKey::ShareGroupHeartbeat, 1, 1),
+    (ApiKey::ShareFetch, 1, 1),
+    (ApiKey::ShareAcknowledge, 1, 1),
 ];
 
 /// The versions of `key` the listener serves.

@@ -2,7 +2,8 @@
 //! the answer to ApiVersions ([`versions`]), a producer's record batches as
 //! messages ([`records`]), the one mapping of API errors to Kafka's
 //! ([`errors`]), the answers of each served API on the shard's own code
-//! paths ([`serve`]), and the sockets ([`listener`]). All but the last are
+//! paths ([`serve`]), share groups on Narad's leases ([`share`]), and the
+//! sockets ([`listener`]). All but the last are
 //! sans-IO and tested on their own.
 
 pub mod errors;
@@ -10,4 +11,5 @@ pub mod frame;
 pub mod listener;
 pub mod records;
 pub mod serve;
+pub mod share;
 pub mod versions;

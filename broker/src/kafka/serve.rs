@@ -12,6 +12,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use kafka_protocol::messages::create_topics_request::CreatableTopic;
@@ -38,6 +39,7 @@ use narad_raft::state::Topic;
 use super::errors::kafka_error;
 use super::frame::{decode_request, encode_response, FrameError, Request};
 use super::records::{records_of, RecordsError};
+use super::share::ShareGroups;
 use super::versions::{api_versions, FALLBACK_VERSION};
 use crate::limits::KAFKA_OVERLOAD_THROTTLE_MS;
 use crate::metric_names::KAFKA_REQUESTS_TOTAL;
@@ -83,17 +85,19 @@ const ACKS_LEADER: i16 = 1;
 const ACKS_ALL: i16 = -1;
 
 /// The error label of a request that succeeded.
-const NO_ERROR: &str = "none";
+pub(super) const NO_ERROR: &str = "none";
 
 /// The answers of one shard's Kafka listener.
 pub struct Answerer {
-    shard: Rc<Shard>,
+    pub(super) shard: Rc<Shard>,
     me: Advertised,
+    /// The node's share-group members and sessions (all shards').
+    pub(super) shares: Arc<ShareGroups>,
 }
 
 impl Answerer {
-    pub fn new(shard: Rc<Shard>, me: Advertised) -> Self {
-        Self { shard, me }
+    pub fn new(shard: Rc<Shard>, me: Advertised, shares: Arc<ShareGroups>) -> Self {
+        Self { shard, me, shares }
     }
 
     /// Answers one request frame (without its length).
@@ -137,6 +141,17 @@ impl Answerer {
             ApiKey::Fetch => {
                 fetch(&request).map(|r| Some((encode(&request, &r), "unsupported_version")))
             }
+            ApiKey::ShareGroupHeartbeat => self
+                .share_group_heartbeat(&request)
+                .map(|(r, e)| Some((encode(&request, &r), e))),
+            ApiKey::ShareFetch => self
+                .share_fetch(&request)
+                .await
+                .map(|(r, e)| Some((encode(&request, &r), e))),
+            ApiKey::ShareAcknowledge => self
+                .share_acknowledge(&request)
+                .await
+                .map(|(r, e)| Some((encode(&request, &r), e))),
             ApiKey::CreateTopics => self
                 .create_topics(&request)
                 .await
@@ -229,7 +244,7 @@ impl Answerer {
                 .collect();
             MetadataResponseTopic::default()
                 .with_name(Some(TopicName(StrBytes::from_string(topic.name.clone()))))
-                .with_topic_id(topic_id(&cluster_id, topic))
+                .with_topic_id(topic_id(topic))
                 .with_partitions(partitions)
         };
         let all = body.topics.is_none()
@@ -256,7 +271,7 @@ impl Answerer {
                             .state
                             .topics
                             .values()
-                            .find(|t| topic_id(&cluster_id, t) == wanted.topic_id)
+                            .find(|t| topic_id(t) == wanted.topic_id)
                         {
                             Some(topic) => described(topic),
                             None => MetadataResponseTopic::default()
@@ -533,14 +548,6 @@ impl Answerer {
     ) -> Result<(CreateTopicsResponse, &'static str), String> {
         let version = request.api_version;
         let body = decode::<CreateTopicsRequest>(request)?;
-        let cluster_id = self
-            .shard
-            .meta()
-            .view()
-            .state
-            .cluster_id
-            .clone()
-            .unwrap_or_default();
         let mut results = Vec::with_capacity(body.topics.len());
         let mut first_error = NO_ERROR;
         for wanted in body.topics {
@@ -556,7 +563,7 @@ impl Answerer {
                             .with_replication_factor(1);
                     }
                     if let Some(topic) = topic.filter(|_| version >= CREATE_TOPICS_TOPIC_ID) {
-                        result = result.with_topic_id(topic_id(&cluster_id, &topic));
+                        result = result.with_topic_id(topic_id(&topic));
                     }
                 }
                 Err((error, message)) => {
@@ -763,23 +770,24 @@ fn fetch(request: &Request) -> Result<FetchResponse, String> {
         .with_responses(responses))
 }
 
-/// A topic's Kafka id: stable for the topic's life, new when a topic of
-/// the same name is created again (its incarnation), and different in
-/// another cluster.
-pub fn topic_id(cluster_id: &str, topic: &Topic) -> uuid::Uuid {
+/// A topic's Kafka id: stable for the topic's life (it must not change
+/// when the cluster gets its id, which may come after the first requests),
+/// new when a topic of the same name is created again (its incarnation and
+/// creation time), and different in another cluster (the creation time).
+pub fn topic_id(topic: &Topic) -> uuid::Uuid {
     let mut hasher = blake3::Hasher::new();
     hasher.update(b"narad kafka topic id\0");
-    hasher.update(cluster_id.as_bytes());
-    hasher.update(b"\0");
     hasher.update(topic.name.as_bytes());
+    hasher.update(b"\0");
     hasher.update(&topic.incarnation.to_le_bytes());
+    hasher.update(&topic.created_at_ms.to_le_bytes());
     let hash = hasher.finalize();
     let mut bytes = [0u8; 16];
     bytes.copy_from_slice(&hash.as_bytes()[..16]);
     uuid::Uuid::from_bytes(bytes)
 }
 
-fn decode<M: Decodable>(request: &Request) -> Result<M, String> {
+pub(super) fn decode<M: Decodable>(request: &Request) -> Result<M, String> {
     M::decode(&mut request.body.clone(), request.api_version)
         .map_err(|e| format!("a {:?} request that does not decode: {e}", request.api_key))
 }
@@ -810,12 +818,15 @@ fn api_label(key: ApiKey) -> &'static str {
         ApiKey::FindCoordinator => "find_coordinator",
         ApiKey::Fetch => "fetch",
         ApiKey::CreateTopics => "create_topics",
+        ApiKey::ShareGroupHeartbeat => "share_group_heartbeat",
+        ApiKey::ShareFetch => "share_fetch",
+        ApiKey::ShareAcknowledge => "share_acknowledge",
         _ => "other",
     }
 }
 
 /// The `error` label of a Kafka error: its name in snake case.
-fn error_label(error: ResponseError) -> &'static str {
+pub(super) fn error_label(error: ResponseError) -> &'static str {
     match error {
         ResponseError::UnknownTopicOrPartition => "unknown_topic_or_partition",
         ResponseError::MessageTooLarge => "message_too_large",
@@ -833,6 +844,13 @@ fn error_label(error: ResponseError) -> &'static str {
         ResponseError::InvalidRequest => "invalid_request",
         ResponseError::RequestTimedOut => "request_timed_out",
         ResponseError::TopicAlreadyExists => "topic_already_exists",
+        ResponseError::InvalidRecordState => "invalid_record_state",
+        ResponseError::UnknownMemberId => "unknown_member_id",
+        ResponseError::FencedMemberEpoch => "fenced_member_epoch",
+        ResponseError::ShareSessionNotFound => "share_session_not_found",
+        ResponseError::InvalidShareSessionEpoch => "invalid_share_session_epoch",
+        ResponseError::ShareSessionLimitReached => "share_session_limit_reached",
+        ResponseError::InvalidGroupId => "invalid_group_id",
         ResponseError::InvalidConfig => "invalid_config",
         ResponseError::InvalidReplicationFactor => "invalid_replication_factor",
         ResponseError::InvalidReplicaAssignment => "invalid_replica_assignment",

@@ -197,6 +197,8 @@ struct NodeShared {
     http_budget: Arc<NodeBudget>,
     /// Where remote children's copies leave the node.
     ship: Arc<dyn crate::ship::Ship + Send + Sync>,
+    /// Kafka share-group members and sessions, all shards.
+    shares: Arc<crate::kafka::share::ShareGroups>,
 }
 
 impl NodeShared {
@@ -418,6 +420,7 @@ pub fn run(config: Config) -> Result<(), String> {
             settings.http.max_buffered_body_bytes,
         ),
         ship: Arc::new(ship),
+        shares: Arc::default(),
     });
     let cpus = std::thread::available_parallelism().map_or(1, usize::from);
     let (startup, started) = mpsc::channel();

@@ -184,7 +184,7 @@ pub(super) async fn run_shard(start: ShardStart) -> Result<(), String> {
             });
         glommio::spawn_local(serve_kafka(
             listener,
-            Rc::new(Answerer::new(shard.clone(), me)),
+            Rc::new(Answerer::new(shard.clone(), me, node.shares.clone())),
             node.http_budget.clone(),
         ))
     });

@@ -29,6 +29,18 @@ impl<F: FileSystem> Shard<F> {
         topic: &Topic,
         request: ConsumeRequest,
     ) -> Result<Vec<ConsumedMessage>, ApiError> {
+        self.consume_from(topic, request, None).await
+    }
+
+    /// [`Shard::consume`], from these partitions only (`None`: all, or the
+    /// request's pinned one): a Kafka share session takes the partitions
+    /// its client asked this node for.
+    pub async fn consume_from(
+        &self,
+        topic: &Topic,
+        request: ConsumeRequest,
+        only: Option<&[u32]>,
+    ) -> Result<Vec<ConsumedMessage>, ApiError> {
         self.check_consume(topic, &request)?;
         let visibility = request
             .visibility_timeout_ms
@@ -48,7 +60,9 @@ impl<F: FileSystem> Shard<F> {
                 .ok()
                 .filter(|t| t.incarnation == topic.incarnation);
             let topic = current.as_deref().unwrap_or(topic);
-            let got = self.collect_for_client(topic, request, visibility).await?;
+            let got = self
+                .collect_for_client(topic, request, visibility, only)
+                .await?;
             if let Some(woken) = woken.take() {
                 if got.is_empty() {
                     metrics::counter!(CONSUME_EMPTY_WAKES_TOTAL).increment(1);
@@ -84,11 +98,22 @@ impl<F: FileSystem> Shard<F> {
         topic: &Topic,
         request: ConsumeRequest,
         visibility_ms: u64,
+        only: Option<&[u32]>,
     ) -> Collected {
         let rotation = self.next_turn();
+        let partitions = match only {
+            Some(only) => rotated(
+                only.iter()
+                    .copied()
+                    .filter(|p| *p < topic.config.partitions)
+                    .collect(),
+                rotation,
+            ),
+            None => consume_order(topic.config.partitions, rotation, request.partition),
+        };
         let op = Collect {
             topic: TopicRef::of(topic),
-            partitions: consume_order(topic.config.partitions, rotation, request.partition),
+            partitions,
             max: request.max_messages,
             visibility_ms,
         };

@@ -305,7 +305,7 @@ impl<F: FileSystem> Shard<F> {
             partition: None,
         };
         let deliveries = self
-            .collect_for_client(&dlq, request, REDRIVE_VISIBILITY_MS)
+            .collect_for_client(&dlq, request, REDRIVE_VISIBILITY_MS, None)
             .await?;
         if deliveries.is_empty() {
             // Leased by a consumer (or by an earlier try of this redrive),

@@ -516,11 +516,39 @@ pub fn run_to_exit(mut command: Command, deadline: Duration) -> std::process::Ou
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn");
+    // Read as it comes: a child that writes more than a pipe holds would
+    // otherwise wait for us forever.
+    let drain = |pipe: Option<Box<dyn std::io::Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_end(&mut bytes);
+            }
+            bytes
+        })
+    };
+    let stdout = drain(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn std::io::Read + Send>),
+    );
+    let stderr = drain(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn std::io::Read + Send>),
+    );
     let exited = eventually(deadline, || matches!(child.try_wait(), Ok(Some(_))));
     if !exited {
         let _ = child.kill();
     }
-    let output = child.wait_with_output().expect("output");
+    let status = child.wait().expect("wait");
+    let output = std::process::Output {
+        status,
+        stdout: stdout.join().unwrap_or_default(),
+        stderr: stderr.join().unwrap_or_default(),
+    };
     assert!(exited, "{command:?} did not exit within {deadline:?}");
     output
 }
