@@ -1139,3 +1139,98 @@ fn share_sessions_answer_wrong_epochs_and_late_acknowledgements_with_their_error
         .all(|t| t.partitions.iter().all(|p| p.acknowledge_error_code == 0)));
     assert!(drained(&node, "locks"));
 }
+
+/// Three nodes: a Kafka producer on one, share consumers on the others,
+/// and one node SIGKILLed mid-run (then started again): every message the
+/// producer was told was stored is accepted by a consumer.
+#[test]
+fn a_node_killed_mid_run_loses_nothing_a_kafka_producer_was_told_was_stored() {
+    let Some(python) = python_with_clients() else {
+        return;
+    };
+    let mut cluster = Cluster::start_with(
+        3,
+        &[
+            "--kafka-listen",
+            "127.0.0.1:0",
+            "--set",
+            "cluster.node_dead_after_ms=3000",
+        ],
+    );
+    cluster.wait_ready(Duration::from_secs(60));
+    cluster.nodes[0].create_topic(
+        "orders",
+        json!({"partitions": 6, "visibility_timeout_ms": 5000}),
+    );
+    let kafka: Vec<String> = cluster
+        .nodes
+        .iter()
+        .map(|n| n.kafka_addr.clone().expect("kafka address"))
+        .collect();
+    let consumers: Vec<_> = [1, 2]
+        .iter()
+        .map(|i| {
+            spawn_client(
+                &python,
+                "share_consume.py",
+                &[
+                    &kafka[*i],
+                    "orders",
+                    "billing",
+                    "--idle",
+                    "20",
+                    "--seconds",
+                    "110",
+                ],
+            )
+        })
+        .collect();
+    let producer = spawn_client(
+        &python,
+        "produce_confluent.py",
+        &[&kafka[0], "orders", "order", "3000", "none", "600"],
+    );
+    let held = |node: &Node| -> u64 {
+        let (_, topic) = node.request("GET", "/v1/topics/orders", b"");
+        topic["partition_stats"].as_array().map_or(0, |parts| {
+            parts
+                .iter()
+                .filter_map(|p| p["high_watermark"].as_u64())
+                .sum()
+        })
+    };
+    assert!(
+        eventually(Duration::from_secs(30), || held(&cluster.nodes[0]) >= 600),
+        "the producer is under way"
+    );
+    cluster.nodes[2].kill();
+    let sent = producer.join().expect("producer");
+    cluster.nodes[2].restart();
+    let told_stored: std::collections::BTreeSet<String> = sent["keys"]
+        .as_array()
+        .expect("keys")
+        .iter()
+        .map(|k| k.as_str().expect("key").to_string())
+        .collect();
+    assert!(told_stored.len() > 600, "{}", sent["errors"]);
+    let mut accepted = std::collections::BTreeSet::new();
+    for consumer in consumers {
+        for (key, _, _, action) in seen_records(&consumer.join().expect("consumer")) {
+            if action == "accept" {
+                accepted.insert(key);
+            }
+        }
+    }
+    // What the consumers missed (the killed node's sessions went with it)
+    // is still in the topic: take it over HTTP.
+    for (key, _) in drain_over_http(&cluster.nodes[0], "orders") {
+        accepted.insert(key.expect("a key"));
+    }
+    let lost: Vec<&String> = told_stored.difference(&accepted).collect();
+    assert!(
+        lost.is_empty(),
+        "{} lost: {:?}",
+        lost.len(),
+        &lost[..lost.len().min(10)]
+    );
+}

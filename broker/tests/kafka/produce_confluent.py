@@ -1,12 +1,15 @@
 """Produces COUNT messages with librdkafka (confluent-kafka): an idempotent
-producer, acks=all, in the codec asked for. Keys PREFIX-i, values
-"PREFIX value i". Prints one JSON line: delivered, errors."""
+producer, acks=all, in the codec asked for, at most PER_SECOND a second if
+given. Keys PREFIX-i, values "PREFIX value i". Prints one JSON line:
+delivered (a count), errors, and keys (those the node said it stored)."""
 import json
 import sys
+import time
 
 from confluent_kafka import Producer
 
 addr, topic, prefix, count, codec = sys.argv[1:6]
+per_second = float(sys.argv[6]) if len(sys.argv) > 6 else 0
 producer = Producer({
     "bootstrap.servers": addr,
     "enable.idempotence": True,
@@ -17,6 +20,7 @@ producer = Producer({
 })
 delivered = 0
 errors = []
+keys = []
 
 
 def on_delivery(error, message):
@@ -25,9 +29,15 @@ def on_delivery(error, message):
         errors.append(str(error))
     else:
         delivered += 1
+        keys.append(message.key().decode())
 
 
+start = time.monotonic()
 for i in range(int(count)):
+    if per_second:
+        ahead = i / per_second - (time.monotonic() - start)
+        if ahead > 0:
+            producer.poll(ahead)
     while True:
         try:
             producer.produce(topic, key=f"{prefix}-{i}", value=f"{prefix} value {i}",
@@ -37,4 +47,5 @@ for i in range(int(count)):
             producer.poll(0.1)
     producer.poll(0)
 left = producer.flush(90)
-print(json.dumps({"delivered": delivered, "errors": errors[:5], "undelivered": left}))
+print(json.dumps({"delivered": delivered, "errors": errors[:5], "undelivered": left,
+                  "keys": keys}))
