@@ -286,6 +286,9 @@ pub const SHARE_SESSIONS_MAX: usize = 2_000;
 /// at most the most one consume takes; the default when it asks none.
 pub const SHARE_FETCH_RECORDS_MAX: u64 = 1_000;
 pub const SHARE_FETCH_RECORDS_DEFAULT: u64 = 500;
+/// Offsets the acknowledgement ranges of one request may cover in all (a
+/// range is walked offset by offset): far more than a session holds.
+pub const SHARE_ACK_OFFSETS_PER_REQUEST_MAX: u64 = 100_000;
 /// The longest a ShareFetch waits for records (a consume's longest wait).
 pub const SHARE_FETCH_WAIT_MS_MAX: u64 = 20_000;
 /// How often a node that has not yet recorded its Kafka address in the

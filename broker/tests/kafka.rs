@@ -1138,6 +1138,25 @@ fn share_sessions_answer_wrong_epochs_and_late_acknowledgements_with_their_error
         .iter()
         .all(|t| t.partitions.iter().all(|p| p.acknowledge_error_code == 0)));
     assert!(drained(&node, "locks"));
+    // A range of every offset there could be is answered (the node walks a
+    // bounded number of them), on the same connection.
+    let everything: ShareFetchResponse = conn.call(
+        ApiKey::ShareFetch,
+        1,
+        &fetch(3, Some((0, 1)))
+            .with_max_wait_ms(0)
+            .with_topics(vec![FetchTopic::default()
+                .with_topic_id(topic_id)
+                .with_partitions(vec![FetchPartition::default()
+                    .with_partition_index(0)
+                    .with_acknowledgement_batches(vec![
+                        AcknowledgementBatch::default()
+                            .with_first_offset(0)
+                            .with_last_offset(i64::MAX)
+                            .with_acknowledge_types(vec![1]),
+                    ])])]),
+    );
+    assert_eq!(everything.error_code, 0);
 }
 
 /// Three nodes: a Kafka producer on one, share consumers on the others,

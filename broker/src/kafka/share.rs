@@ -39,8 +39,8 @@ use narad_raft::state::Topic;
 use super::errors::kafka_error;
 use super::serve::{decode, topic_id, Answerer};
 use crate::limits::{
-    SHARE_FETCH_RECORDS_DEFAULT, SHARE_FETCH_RECORDS_MAX, SHARE_FETCH_WAIT_MS_MAX,
-    SHARE_HEARTBEAT_INTERVAL_MS, SHARE_MEMBER_TIMEOUT, SHARE_SESSIONS_MAX,
+    SHARE_ACK_OFFSETS_PER_REQUEST_MAX, SHARE_FETCH_RECORDS_DEFAULT, SHARE_FETCH_RECORDS_MAX,
+    SHARE_FETCH_WAIT_MS_MAX, SHARE_HEARTBEAT_INTERVAL_MS, SHARE_MEMBER_TIMEOUT, SHARE_SESSIONS_MAX,
 };
 use crate::shard::Incoming;
 
@@ -753,6 +753,10 @@ fn take_acknowledged(
     batches: impl Iterator<Item = (uuid::Uuid, i32, i64, i64, Vec<i8>)>,
 ) -> Vec<Settling> {
     let mut out = Vec::new();
+    // Offsets looked at in all: a request's ranges cannot make the node
+    // walk more (what lies beyond stays held, and comes back when its
+    // lock ends).
+    let mut budget = SHARE_ACK_OFFSETS_PER_REQUEST_MAX;
     for (id, partition, first, last, types) in batches {
         let (Some(topic), Ok(partition)) = (by_id.get(&id), u32::try_from(partition)) else {
             continue;
@@ -760,8 +764,12 @@ fn take_acknowledged(
         if first < 0 || last < first || types.is_empty() {
             continue;
         }
-        // At most one acknowledgement per record a session could hold.
-        let last = last.min(first.saturating_add(SHARE_FETCH_RECORDS_MAX as i64 * 64));
+        let span = u64::try_from(last - first)
+            .unwrap_or(u64::MAX)
+            .saturating_add(1);
+        let walked = span.min(budget);
+        budget -= walked;
+        let last = first.saturating_add(i64::try_from(walked).unwrap_or(i64::MAX) - 1);
         for (index, offset) in (first..=last).enumerate() {
             let kind = if types.len() == 1 {
                 types[0]
