@@ -209,11 +209,15 @@ pub struct PartitionOwner<F: FileSystem> {
     signal: Signal,
     /// Commits from several shards take turns at appending.
     appends: TurnGate,
-    /// The periodic ack flush and the one at stop take turns.
+    /// Writes of acks (the periodic ones, compactions, the flush at stop)
+    /// take turns. Syncs run beside them.
     ack_writes: TurnGate,
-    /// A periodic ack flush is under way (its sync may take a while): the
-    /// next tick leaves this partition to it rather than queue behind it.
-    persisting: Cell<bool>,
+    /// A periodic write of acks waits for its turn: the next tick leaves
+    /// the new acks to it (it takes every ack there is when its turn comes).
+    ack_write_waiting: Cell<bool>,
+    /// A periodic sync of acks is under way (it may take a while): the next
+    /// tick starts no other.
+    ack_syncing: Cell<bool>,
     /// The topic's `max_deliveries`, which a topic update may change.
     max_deliveries: Cell<u32>,
     recent: Recent,
@@ -289,7 +293,8 @@ impl<F: FileSystem> PartitionOwner<F> {
             signal: Signal::default(),
             appends: TurnGate::default(),
             ack_writes: TurnGate::default(),
-            persisting: Cell::new(false),
+            ack_write_waiting: Cell::new(false),
+            ack_syncing: Cell::new(false),
             max_deliveries: Cell::new(config.max_deliveries),
             recent: Recent::default(),
             dead_pending: RefCell::default(),
@@ -695,18 +700,24 @@ impl<F: FileSystem> PartitionOwner<F> {
 
     /// Persists acks on their intervals: writes every new ack to the OS,
     /// and fdatasyncs once `storage.consumer_offset_commit_interval_ms`
-    /// passed. Returns at once while an earlier call still runs (that one
-    /// is slow in its sync; the next tick writes what came meanwhile).
+    /// passed. Writes do not wait for a sync under way (an earlier call's),
+    /// so an ack reaches the OS within about one
+    /// `storage.ack_flush_interval_ms` however slow the disk's syncs are.
     pub async fn persist_acks(&self) -> Result<(), OwnerError> {
-        if self.persisting.replace(true) {
-            return Ok(());
-        }
-        // The flag is reset even if the call is dropped; the ack state
+        // The flags are reset even if the call is dropped; the ack state
         // itself is not drop-safe mid-write (it stays busy), so these
         // calls run on tasks that are never dropped before the stop's flush.
-        let _persisting = ResetOnDrop(&self.persisting);
-        let _turn = self.ack_writes.take().await;
-        Ok(self.acks.maintain().await?)
+        if !self.ack_write_waiting.replace(true) {
+            let waiting = ResetOnDrop(&self.ack_write_waiting);
+            let _turn = self.ack_writes.take().await;
+            drop(waiting);
+            self.acks.write_acks().await?;
+        }
+        if self.acks.sync_due() && !self.ack_syncing.replace(true) {
+            let _syncing = ResetOnDrop(&self.ack_syncing);
+            self.acks.sync_if_due().await?;
+        }
+        Ok(())
     }
 
     /// Forgets (durably) every ack at or above `end`: a promoted copy ends

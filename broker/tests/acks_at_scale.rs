@@ -14,20 +14,28 @@ const WAIT: Duration = Duration::from_secs(30);
 
 /// Acks reach the OS within about 100 ms however many partitions a shard
 /// has: a node with 1,000 partitions on one shard, under a steady load of
-/// acks over all of them, is killed (SIGKILL). After its restart no message
-/// acked more than [`ACK_TO_OS_BOUND`] before the kill is delivered again
-/// (only the acks of the last moments may be lost to a crash).
+/// produces and acks over all of them, is killed (SIGKILL). After its
+/// restart no message acked more than [`ACK_TO_OS_BOUND`] before the kill
+/// is delivered again at the same offset (only the acks of the last
+/// moments may be lost to a crash). A message delivered again at another
+/// offset is a second copy, which the contract allows for messages
+/// committed just before the crash (the dispatcher's checkpoint): those
+/// must have been produced within [`COMMIT_AGAIN_BOUND`] of the kill.
 #[test]
 fn with_a_thousand_partitions_on_a_shard_acks_reach_the_os_within_about_100_ms() {
-    /// The contract says about 100 ms (`storage.ack_flush_interval_ms`).
-    /// That holds between syncs; while a partition fdatasyncs its ack file
-    /// (all 1,000 do, about once a second) its new acks wait for the sync.
-    /// Runs lost acks up to 747 ms old (docs/benchmarks.md), and on a
-    /// slower day of the same machine 0.97 to 1.28 s old, alone or beside
-    /// other tests: the contract's number is not held during those syncs
-    /// (an open bug). The bound catches the old single loop (2.5 s) until
-    /// writes go on during a sync.
-    const ACK_TO_OS_BOUND: Duration = Duration::from_secs(2);
+    /// The contract says about 100 ms (`storage.ack_flush_interval_ms`):
+    /// the ack waits for the next tick and its write. Measured: the last
+    /// batch only (under 35 ms); before writes went on during syncs and
+    /// around io_uring's worker queue, 110 to 170 ms.
+    const ACK_TO_OS_BOUND: Duration = Duration::from_millis(150);
+    /// The WAL's checkpoint (`dispatcher.checkpoint_interval_ms`, 250 ms)
+    /// cannot pass a record whose commit is still under way, and with 200
+    /// partitions in every produce each commit waits for its partition's
+    /// fdatasync: copies of messages produced 0.8 to 1.7 s before the
+    /// kill came again on this machine. The bound holds that (a wider
+    /// window, or copies of older messages, fail it); the contract's
+    /// "just before the crash" is bent under this load (docs/benchmarks.md).
+    const COMMIT_AGAIN_BOUND: Duration = Duration::from_millis(2_500);
     const PARTITIONS: u32 = 1_000;
     const LOAD: Duration = Duration::from_secs(4);
     let tmp = tempfile::tempdir().expect("tmp");
@@ -39,23 +47,42 @@ fn with_a_thousand_partitions_on_a_shard_acks_reach_the_os_within_about_100_ms()
         "many",
         json!({"partitions": PARTITIONS, "visibility_timeout_ms": 600_000}),
     );
-    let batch = |n: usize| {
-        let messages: Vec<Value> = (0..n).map(|i| json!({"value": format!("m{i}")})).collect();
+    // When each message was produced (answered), by its value.
+    let mut produced: BTreeMap<String, Instant> = BTreeMap::new();
+    let mut sequence = 0_u64;
+    let mut batch = |n: usize, produced: &mut BTreeMap<String, Instant>| {
+        let values: Vec<String> = (0..n)
+            .map(|_| {
+                sequence += 1;
+                format!("m{sequence}")
+            })
+            .collect();
+        let messages: Vec<Value> = values.iter().map(|v| json!({ "value": v })).collect();
         let (status, answer) = node.json(
             "POST",
             "/v1/topics/many/messages/batch",
             json!({ "messages": messages }),
         );
         assert_eq!(status, 202, "{answer}");
+        let answered = Instant::now();
+        for value in values {
+            produced.insert(value, answered);
+        }
     };
     // Every partition holds messages, so acks land all over the shard.
     for _ in 0..3 {
-        batch(1_000);
+        batch(1_000, &mut produced);
     }
-    let mut acked: BTreeMap<String, Instant> = BTreeMap::new();
+    /// Where an acked message was, and when its ack was answered.
+    struct Acked {
+        partition: Value,
+        offset: Value,
+        at: Instant,
+    }
+    let mut acked: BTreeMap<String, Acked> = BTreeMap::new();
     let started = Instant::now();
     while started.elapsed() < LOAD {
-        batch(200);
+        batch(200, &mut produced);
         let got = node.consume("many", json!({"max_messages": 200, "wait_ms": 100}));
         if got.is_empty() {
             continue;
@@ -64,16 +91,27 @@ fn with_a_thousand_partitions_on_a_shard_acks_reach_the_os_within_about_100_ms()
         let answered = Instant::now();
         for (message, status) in got.iter().zip(statuses) {
             if status == 204 {
-                acked.insert(message["id"].as_str().unwrap_or("").to_string(), answered);
+                acked.insert(
+                    message["id"].as_str().unwrap_or("").to_string(),
+                    Acked {
+                        partition: message["partition"].clone(),
+                        offset: message["offset"].clone(),
+                        at: answered,
+                    },
+                );
             }
         }
     }
-    node.kill();
+    // The moment of the SIGKILL, not of the exit: a process with 1,000
+    // open partitions takes a while to be torn down, and writes nothing
+    // new meanwhile.
     let killed = Instant::now();
+    node.kill();
     assert!(acked.len() > 1_000, "acked {}", acked.len());
     node.restart();
     // Everything not acked (or whose ack was lost) comes back at once.
-    let mut again: Vec<Duration> = Vec::new();
+    let mut lost_acks: Vec<Duration> = Vec::new();
+    let mut copies: Vec<Duration> = Vec::new();
     let mut empty_in_a_row = 0;
     assert!(eventually(WAIT, || {
         let got = node.consume("many", json!({"max_messages": 1000, "wait_ms": 200}));
@@ -83,8 +121,15 @@ fn with_a_thousand_partitions_on_a_shard_acks_reach_the_os_within_about_100_ms()
             0
         };
         for message in &got {
-            if let Some(at) = acked.get(message["id"].as_str().unwrap_or("")) {
-                again.push(killed.saturating_duration_since(*at));
+            let Some(before) = acked.get(message["id"].as_str().unwrap_or("")) else {
+                continue;
+            };
+            if before.partition == message["partition"] && before.offset == message["offset"] {
+                lost_acks.push(killed.saturating_duration_since(before.at));
+            } else {
+                let value = message["value"].as_str().unwrap_or("");
+                let at = produced.get(value).copied().unwrap_or(started);
+                copies.push(killed.saturating_duration_since(at));
             }
         }
         if !got.is_empty() {
@@ -92,15 +137,23 @@ fn with_a_thousand_partitions_on_a_shard_acks_reach_the_os_within_about_100_ms()
         }
         empty_in_a_row >= 2
     }));
-    let oldest = again.iter().max().copied().unwrap_or_default();
+    let oldest_ack = lost_acks.iter().max().copied().unwrap_or_default();
+    let oldest_copy = copies.iter().max().copied().unwrap_or_default();
     eprintln!(
-        "{} acks in {LOAD:?}; {} delivered again after the kill, the oldest acked {oldest:?} before it",
+        "{} acks in {LOAD:?}; {} acks lost, the oldest answered {oldest_ack:?} before the kill; \
+         {} acked messages came again as second copies, the oldest produced {oldest_copy:?} before it",
         acked.len(),
-        again.len()
+        lost_acks.len(),
+        copies.len(),
     );
     assert!(
-        oldest <= ACK_TO_OS_BOUND,
-        "a message acked {oldest:?} before the kill was delivered again ({} in all)",
-        again.len()
+        oldest_ack <= ACK_TO_OS_BOUND,
+        "a message acked {oldest_ack:?} before the kill was delivered again at its offset ({} in all)",
+        lost_acks.len()
+    );
+    assert!(
+        oldest_copy <= COMMIT_AGAIN_BOUND,
+        "a message produced {oldest_copy:?} before the kill was committed again ({} in all)",
+        copies.len()
     );
 }

@@ -242,8 +242,13 @@ struct State<Fl> {
     log_end: u64,
     unwritten: Vec<u64>,
     oldest_unwritten_ms: Option<u64>,
+    /// The recording time of the oldest ack whose write completed and that
+    /// no fdatasync begun after that completion covers yet.
     oldest_unsynced_ms: Option<u64>,
-    io_busy: bool,
+    /// A write or a compaction runs (one at a time). An fdatasync does not
+    /// count: writes go on while one runs, so new acks reach the OS on
+    /// their interval however slow the disk's syncs are.
+    writing: bool,
     failed: Option<String>,
     /// Why the last write of acks found no space: they are held back and
     /// written again at the next tick; acks are refused until one succeeds.
@@ -439,7 +444,7 @@ impl<F: FileSystem> ConsumerState<F> {
                 unwritten: Vec::new(),
                 oldest_unwritten_ms: None,
                 oldest_unsynced_ms: None,
-                io_busy: false,
+                writing: false,
                 failed: None,
                 full: None,
             }),
@@ -533,30 +538,40 @@ impl<F: FileSystem> ConsumerState<F> {
         write.into_iter().chain(sync).min()
     }
 
-    /// One tick of `ack_flush_interval_ms`: write every ack not yet written
-    /// to the OS (however young: waiting for it to be one interval old, on
-    /// ticks one interval apart, would let an ack wait almost two intervals,
-    /// which a process crash loses), fdatasync once the oldest unsynced one
-    /// is `commit_interval_ms` old, compact a long log.
+    /// One tick of `ack_flush_interval_ms`: [`Self::write_acks`] then
+    /// [`Self::sync_if_due`]. The owner runs the two apart, so that a slow
+    /// sync holds up no write.
     pub async fn maintain(&self) -> Result<()> {
-        let now = self.clock.now_ms();
-        let (write_due, sync_due, compact_due) = {
-            let state = self.state.borrow();
-            (
-                !state.unwritten.is_empty(),
-                state
-                    .oldest_unsynced_ms
-                    .is_some_and(|t| now.saturating_sub(t) >= self.config.commit_interval_ms),
-                state.log_end >= self.config.compact_bytes,
-            )
-        };
+        self.write_acks().await?;
+        self.sync_if_due().await
+    }
+
+    /// Writes every ack not yet written to the OS (however young: waiting
+    /// for it to be one interval old, on ticks one interval apart, would
+    /// let an ack wait almost two intervals, which a process crash loses),
+    /// or compacts a long log (which writes them into its snapshot). One
+    /// call at a time; it may run beside [`Self::sync_if_due`].
+    pub async fn write_acks(&self) -> Result<()> {
+        let compact_due = self.state.borrow().log_end >= self.config.compact_bytes;
         if compact_due {
             return self.compact().await;
         }
-        if write_due || sync_due {
-            self.write_to_os().await?;
-        }
-        if sync_due {
+        self.write_to_os().await
+    }
+
+    /// Whether the oldest unsynced ack is `commit_interval_ms` old.
+    pub fn sync_due(&self) -> bool {
+        let now = self.clock.now_ms();
+        self.state
+            .borrow()
+            .oldest_unsynced_ms
+            .is_some_and(|t| now.saturating_sub(t) >= self.config.commit_interval_ms)
+    }
+
+    /// Fdatasyncs the log once the oldest unsynced ack is
+    /// `commit_interval_ms` old.
+    pub async fn sync_if_due(&self) -> Result<()> {
+        if self.sync_due() {
             self.sync().await?;
         }
         Ok(())
@@ -568,39 +583,49 @@ impl<F: FileSystem> ConsumerState<F> {
         self.sync().await
     }
 
-    fn begin_io(&self) -> Result<()> {
-        let mut state = self.state.borrow_mut();
-        if let Some(reason) = &state.failed {
-            return Err(StorageError::Io {
+    /// The error of a state that failed for good, if it did.
+    fn refuse_if_failed(&self, state: &State<F::File>) -> Result<()> {
+        match &state.failed {
+            Some(reason) => Err(StorageError::Io {
                 op: "consumer state",
                 path: self.dir.clone(),
                 source: Rc::new(std::io::Error::other(reason.clone())),
-            });
+            }),
+            None => Ok(()),
         }
-        assert!(!state.io_busy, "one task drives a consumer state's I/O");
-        state.io_busy = true;
+    }
+
+    /// Fails the state for good: acks stay in memory only.
+    fn fail(&self, state: &mut State<F::File>, error: &StorageError) {
+        tracing::error!(dir = %self.dir.display(), %error, "consumer state failed; acks stay in memory only");
+        state.failed = Some(error.to_string());
+    }
+
+    fn begin_io(&self) -> Result<()> {
+        let mut state = self.state.borrow_mut();
+        self.refuse_if_failed(&state)?;
+        assert!(!state.writing, "one task writes a consumer state");
+        state.writing = true;
         Ok(())
     }
 
     fn end_io<T>(&self, result: Result<T>) -> Result<T> {
         let mut state = self.state.borrow_mut();
-        state.io_busy = false;
+        state.writing = false;
         if let Err(error) = &result {
-            tracing::error!(dir = %self.dir.display(), %error, "consumer state failed; acks stay in memory only");
-            state.failed = Some(error.to_string());
+            self.fail(&mut state, error);
         }
         result
     }
 
     async fn write_to_os(&self) -> Result<()> {
         self.begin_io()?;
-        let (log, path, pos, frame, offsets, written_at, unsynced_before) = {
+        let (log, path, pos, frame, offsets, written_at) = {
             let mut state = self.state.borrow_mut();
             let offsets = std::mem::take(&mut state.unwritten);
             let written_at = state.oldest_unwritten_ms.take();
-            let unsynced_before = state.oldest_unsynced_ms.is_some();
             if offsets.is_empty() {
-                state.io_busy = false;
+                state.writing = false;
                 return Ok(());
             }
             let pos = state.log_end;
@@ -611,9 +636,6 @@ impl<F: FileSystem> ConsumerState<F> {
                 }
             });
             state.log_end += frame.len() as u64;
-            if state.oldest_unsynced_ms.is_none() {
-                state.oldest_unsynced_ms = written_at;
-            }
             (
                 state.log.clone(),
                 state.log_path.clone(),
@@ -621,7 +643,6 @@ impl<F: FileSystem> ConsumerState<F> {
                 frame,
                 offsets,
                 written_at,
-                unsynced_before,
             )
         };
         let result = log.write_at(&frame, pos).await;
@@ -631,7 +652,7 @@ impl<F: FileSystem> ConsumerState<F> {
                 // acks back and write them again (the frame at the same
                 // place) at the next tick.
                 let mut state = self.state.borrow_mut();
-                state.io_busy = false;
+                state.writing = false;
                 state.log_end = pos;
                 let mut held = offsets;
                 held.append(&mut state.unwritten);
@@ -640,9 +661,6 @@ impl<F: FileSystem> ConsumerState<F> {
                     (Some(a), Some(b)) => Some(a.min(b)),
                     (a, b) => a.or(b),
                 };
-                if !unsynced_before {
-                    state.oldest_unsynced_ms = None;
-                }
                 let error = StorageError::io("write", &path, error);
                 if state.full.is_none() {
                     tracing::warn!(dir = %self.dir.display(), %error, "no space for acks; holding them back until a write succeeds");
@@ -652,27 +670,40 @@ impl<F: FileSystem> ConsumerState<F> {
             }
             result => {
                 if result.is_ok() {
-                    self.state.borrow_mut().full = None;
+                    // Written: unsynced from now on (a sync begun before
+                    // this moment may not cover it).
+                    let mut state = self.state.borrow_mut();
+                    state.full = None;
+                    if state.oldest_unsynced_ms.is_none() {
+                        state.oldest_unsynced_ms = written_at;
+                    }
                 }
                 self.end_io(result.map_err(|e| StorageError::io("write", &path, e)))
             }
         }
     }
 
+    /// Fdatasyncs the log: every write completed before it begins is on
+    /// the disk when it returns. It may run beside a write (whose acks it
+    /// then leaves unsynced) and beside a compaction (which replaces the
+    /// log and syncs the new one itself).
     async fn sync(&self) -> Result<()> {
-        self.begin_io()?;
         let (log, path) = {
-            let state = self.state.borrow();
+            let mut state = self.state.borrow_mut();
+            self.refuse_if_failed(&state)?;
+            // Taken now: a failure fails the state for good, so nothing
+            // needs putting back.
+            state.oldest_unsynced_ms = None;
             (state.log.clone(), state.log_path.clone())
         };
         let result = log
             .sync_data()
             .await
             .map_err(|e| StorageError::io("fdatasync", &path, e));
-        if result.is_ok() {
-            self.state.borrow_mut().oldest_unsynced_ms = None;
+        if let Err(error) = &result {
+            self.fail(&mut self.state.borrow_mut(), error);
         }
-        self.end_io(result)
+        result
     }
 
     /// Forgets every ack at or above `end` ([`AckSet::cut_at`]) and writes
