@@ -25,3 +25,23 @@ held() { # node topic: the messages its partitions hold (the sum of their high w
   curl -sf "http://$1/v1/topics/$2" | grep -o '"high_watermark":[0-9]*' | cut -d: -f2 \
     | awk '{s+=$1} END {print s+0}'
 }
+
+ticks() { # pid: CPU time the process used so far, in clock ticks (user + system)
+  awk '{print $14 + $15}' "/proc/$1/stat"
+}
+
+median() { # the median of the numbers on stdin, one per line
+  sort -n | awk '{a[NR] = $1} END { if (NR % 2) print a[(NR + 1) / 2]; else print (a[NR / 2] + a[NR / 2 + 1]) / 2 }'
+}
+
+kafka_node() { # name shards: starts a release node with a Kafka listener and topic bench x16;
+  # sets pid, node (client address) and kafka (Kafka address), and adds pid to pids
+  target/release/narad serve --data-dir "$work/$1" --listen 127.0.0.1:0 \
+    --kafka-listen 127.0.0.1:0 --shards "$2" >"$work/$1.out" 2>"$work/$1.err" &
+  pid=$!
+  pids+=("$pid")
+  node=$(address_of "$1")
+  kafka=$(grep -o 'kafka=[^ ]*' "$work/$1.out" | head -1 | cut -d= -f2)
+  curl -sf -X PUT "http://$node/v1/topics/bench" \
+    -d '{"partitions": 16, "visibility_timeout_ms": 60000}' >/dev/null
+}

@@ -22,7 +22,6 @@ cleanup() { stop_all "${pids[@]}"; rm -rf "$work"; }
 trap cleanup EXIT
 . bench/lib.sh
 
-ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 hz=$(getconf CLK_TCK)
 results="$work/results.tsv"
 run=0
@@ -30,13 +29,7 @@ for round in $(seq 1 "$rounds"); do
   for side in http kafka; do
     run=$((run + 1))
     name="run$run"
-    target/release/narad serve --data-dir "$work/$name" --listen 127.0.0.1:0 \
-      --kafka-listen 127.0.0.1:0 --shards "$shards" >"$work/$name.out" 2>"$work/$name.err" &
-    pid=$!
-    pids+=("$pid")
-    node=$(address_of "$name")
-    kafka=$(grep -o 'kafka=[^ ]*' "$work/$name.out" | head -1 | cut -d= -f2)
-    curl -sf -X PUT "http://$node/v1/topics/bench" -d '{"partitions": 16}' >/dev/null
+    kafka_node "$name" "$shards"
     before=$(ticks "$pid")
     if [[ $side == http ]]; then
       line=$(target/release/narad-bench produce --server "http://$node" --topic bench \
@@ -54,7 +47,6 @@ for round in $(seq 1 "$rounds"); do
     stop_all "$pid"
   done
 done
-median() { sort -n | awk '{a[NR] = $1} END { if (NR % 2) print a[(NR + 1) / 2]; else print (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
 http_rate=$(awk -F'\t' '$1 == "http" {print $2}' "$results" | median)
 kafka_rate=$(awk -F'\t' '$1 == "kafka" {print $2}' "$results" | median)
 http_cpu=$(awk -F'\t' '$1 == "http" {print $3}' "$results" | median)

@@ -272,20 +272,15 @@ ex.update({
     "auth.admin_password": '"check-deploy-admin"',
     "children.remote_ca_file": f'"{tls / "ca.pem"}"',
 })
-# The Kafka listener takes no credentials, so a node refuses it with auth
-# on: its keys go in a run of their own, with auth off.
-kafka_keys = {"kafka.listen", "kafka.advertised_address"}
+ex.update({
+    "kafka.tls.cert_file": f'"{tls / "https.pem"}"',
+    "kafka.tls.key_file": f'"{tls / "https.key"}"',
+})
 configs["examples"] = rewrite(
     sample, None,
-    uncomment=examples - {"join"} - kafka_keys,
+    uncomment=examples - {"join"},
     overrides=ex,
     drop={"auth.admin_password_file"},
-)
-kf = local("kafka", **{"auth.enabled": "false"})
-configs["kafka"] = rewrite(
-    sample, None,
-    uncomment=kafka_keys,
-    overrides=kf,
 ).replace('listen = "0.0.0.0:9092"', 'listen = "127.0.0.1:0"')
 # `join` instead of `peers`: through a member's address (nobody answers
 # there; the node serves and keeps asking).

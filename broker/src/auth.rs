@@ -73,6 +73,43 @@ pub fn credentials(header: Option<&[u8]>) -> Result<Credentials, ApiError> {
     ))
 }
 
+/// The SASL PLAIN user name that carries a bearer token as its password.
+pub const SASL_TOKEN_USER: &str = "token";
+
+/// The credentials of a SASL PLAIN message (RFC 4616: an authorization
+/// identity, the user and the password, split by NUL bytes): a user and
+/// password, or the user [`SASL_TOKEN_USER`] with a bearer token. An
+/// authorization identity, if given, must be the user itself.
+pub fn sasl_plain(message: &[u8]) -> Result<Credentials, ApiError> {
+    let text = std::str::from_utf8(message)
+        .map_err(|_| unauthenticated("the SASL PLAIN message is not UTF-8"))?;
+    let mut parts = text.split('\0');
+    let (Some(identity), Some(user), Some(password), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(unauthenticated(
+            "the SASL PLAIN message is not identity NUL user NUL password",
+        ));
+    };
+    if user.is_empty() || password.is_empty() {
+        return Err(unauthenticated(
+            "SASL PLAIN needs a user name and a password",
+        ));
+    }
+    if !identity.is_empty() && identity != user {
+        return Err(unauthenticated(
+            "acting as another user (a SASL authorization identity) is not supported",
+        ));
+    }
+    if user == SASL_TOKEN_USER {
+        return Ok(Credentials::Bearer(password.to_string()));
+    }
+    Ok(Credentials::Basic {
+        user: user.to_string(),
+        password: password.to_string(),
+    })
+}
+
 /// `[A-Za-z0-9._@-]{1,128}`: a user's name, as it appears in paths.
 pub fn validate_user_name(name: &str) -> Result<(), ApiError> {
     let valid = !name.is_empty()
@@ -321,6 +358,44 @@ mod tests {
                 Err(ErrorCode::Unauthenticated),
                 "{bad:?}"
             );
+        }
+    }
+
+    #[test]
+    fn sasl_plain_gives_a_user_and_password_or_a_token() {
+        assert_eq!(
+            sasl_plain(b"\0ann\0secret").expect("plain"),
+            Credentials::Basic {
+                user: "ann".into(),
+                password: "secret".into()
+            }
+        );
+        assert_eq!(
+            sasl_plain(b"ann\0ann\0a:b\0"),
+            Err(unauthenticated(
+                "the SASL PLAIN message is not identity NUL user NUL password"
+            ))
+        );
+        assert_eq!(
+            sasl_plain(b"ann\0ann\0p").expect("identity is the user"),
+            Credentials::Basic {
+                user: "ann".into(),
+                password: "p".into()
+            }
+        );
+        assert_eq!(
+            sasl_plain(b"\0token\0nrd_abc").expect("token"),
+            Credentials::Bearer("nrd_abc".into())
+        );
+        for bad in [
+            &b"bob\0ann\0p"[..],
+            b"\0ann\0",
+            b"\0\0p",
+            b"ann",
+            b"\0ann\0\xff",
+        ] {
+            let error = sasl_plain(bad).expect_err("refused");
+            assert_eq!(error.code, ErrorCode::Unauthenticated, "{bad:?}");
         }
     }
 

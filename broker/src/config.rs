@@ -292,6 +292,8 @@ const KEYS: &[(&str, Kind, Option<&str>)] = &[
     // The Kafka protocol listener (docs/kafka-clients.md).
     ("kafka.listen", Kind::Addr, None),
     ("kafka.advertised_address", Kind::Addr, None),
+    ("kafka.tls.cert_file", Kind::Text, None),
+    ("kafka.tls.key_file", Kind::Text, None),
     // Authentication and grants (docs/security.md).
     ("auth.enabled", Kind::Bool, Some("false")),
     ("auth.admin_password", Kind::Text, None),
@@ -604,9 +606,29 @@ impl Config {
                 "kafka.advertised_address needs kafka.listen (the Kafka listener it names)".into(),
             ));
         }
-        if self.text("kafka.listen").is_some() && self.text("auth.enabled") == Some("true") {
+        let kafka_tls = [
+            self.text("kafka.tls.cert_file"),
+            self.text("kafka.tls.key_file"),
+        ];
+        match kafka_tls {
+            [Some(_), Some(_)] | [None, None] => {}
+            _ => {
+                return Err(ConfigError::Inconsistent(
+                    "kafka.tls.cert_file and kafka.tls.key_file go together".into(),
+                ))
+            }
+        }
+        if kafka_tls[0].is_some() && self.text("kafka.listen").is_none() {
             return Err(ConfigError::Inconsistent(
-                "kafka.listen with auth.enabled: the Kafka listener has no TLS and no SASL yet, so it would let anyone in; leave kafka.listen unset while auth.enabled is true".into(),
+                "kafka.tls.cert_file needs kafka.listen (the Kafka listener it secures)".into(),
+            ));
+        }
+        if self.text("kafka.listen").is_some()
+            && self.text("auth.enabled") == Some("true")
+            && kafka_tls[0].is_none()
+        {
+            return Err(ConfigError::Inconsistent(
+                "kafka.listen with auth.enabled needs kafka.tls.cert_file and kafka.tls.key_file: SASL PLAIN sends passwords, which must not cross the network in the clear".into(),
             ));
         }
         if self.text("peers").is_some() && self.text("join").is_some() {

@@ -269,6 +269,9 @@ pub const KAFKA_IN_FLIGHT_PER_CONNECTION: usize = 16;
 /// A connection with no request under way this long is closed (Kafka's
 /// `connections.max.idle.ms` default; clients connect again).
 pub const KAFKA_IDLE_TIMEOUT: Duration = Duration::from_secs(600);
+/// A Kafka connection's TLS handshake finishes within this, or the
+/// connection closes.
+pub const KAFKA_TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// The throttle time a Produce answer asks for when the node sheds load
 /// (HTTP's `429 overloaded`).
 pub const KAFKA_OVERLOAD_THROTTLE_MS: i32 = 100;

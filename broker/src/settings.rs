@@ -55,6 +55,15 @@ pub struct Kafka {
     pub listen: Option<String>,
     /// What Metadata tells clients to connect to (default: `listen`).
     pub advertised_address: Option<String>,
+    pub tls: KafkaTls,
+}
+
+/// The Kafka listener's certificate: TLS only when both are set.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaTls {
+    pub cert_file: Option<String>,
+    pub key_file: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -281,9 +290,19 @@ mod tests {
     }
 
     #[test]
-    fn the_kafka_listener_is_off_unless_asked_and_never_open_with_auth() {
+    fn the_kafka_listener_is_off_unless_asked_and_takes_auth_only_over_tls() {
         let off = resolve(&[]).expect("defaults");
         assert!(off.kafka.listen.is_none() && off.kafka.advertised_address.is_none());
+        assert!(off.kafka.tls.cert_file.is_none() && off.kafka.tls.key_file.is_none());
+        let secured = resolve(&[
+            ("kafka.listen", "127.0.0.1:9092"),
+            ("kafka.tls.cert_file", "c.pem"),
+            ("kafka.tls.key_file", "k.pem"),
+            ("auth.enabled", "true"),
+            ("auth.admin_password", "p"),
+        ])
+        .expect("auth with TLS on the listener");
+        assert_eq!(secured.kafka.tls.key_file.as_deref(), Some("k.pem"));
         let on = resolve(&[
             ("kafka.listen", "0.0.0.0:9092"),
             ("kafka.advertised_address", "broker-1.example:9092"),
@@ -305,7 +324,21 @@ mod tests {
                     ("auth.enabled", "true"),
                     ("auth.admin_password", "p"),
                 ],
-                "kafka.listen with auth.enabled",
+                "kafka.listen with auth.enabled needs kafka.tls.cert_file",
+            ),
+            (
+                vec![
+                    ("kafka.listen", "127.0.0.1:9092"),
+                    ("kafka.tls.cert_file", "c.pem"),
+                ],
+                "kafka.tls.cert_file and kafka.tls.key_file go together",
+            ),
+            (
+                vec![
+                    ("kafka.tls.cert_file", "c.pem"),
+                    ("kafka.tls.key_file", "k.pem"),
+                ],
+                "kafka.tls.cert_file needs kafka.listen",
             ),
             (vec![("kafka.listen", "no-port")], "kafka.listen"),
         ] {

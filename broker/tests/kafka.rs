@@ -20,12 +20,14 @@ use kafka_protocol::messages::{
     ApiKey, ApiVersionsRequest, ApiVersionsResponse, FetchRequest, FetchResponse,
     FindCoordinatorRequest, FindCoordinatorResponse, InitProducerIdRequest, InitProducerIdResponse,
     MetadataRequest, MetadataResponse, ProduceRequest, ProduceResponse, RequestHeader,
-    ResponseHeader, TopicName, TransactionalId,
+    ResponseHeader, SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest,
+    SaslHandshakeResponse, TopicName, TransactionalId,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 use kafka_protocol::records::{
     Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
 };
+use kafka_protocol::ResponseError;
 use serde_json::{json, Value};
 use support::cluster::Cluster;
 use support::{eventually, Node, REQUEST_DEADLINE};
@@ -33,8 +35,12 @@ use support::{eventually, Node, REQUEST_DEADLINE};
 const KAFKA_LISTEN: [&str; 2] = ["--kafka-listen", "127.0.0.1:0"];
 
 /// One connection speaking the Kafka protocol.
+/// A byte stream to the listener: plain TCP or TLS.
+trait Stream: Read + Write {}
+impl<T: Read + Write> Stream for T {}
+
 struct Conn {
-    stream: TcpStream,
+    stream: Box<dyn Stream>,
     next_correlation: i32,
 }
 
@@ -45,7 +51,25 @@ impl Conn {
             .set_read_timeout(Some(REQUEST_DEADLINE))
             .expect("timeout");
         Self {
-            stream,
+            stream: Box::new(stream),
+            next_correlation: 1,
+        }
+    }
+
+    /// A TLS connection that trusts the CA in `ca_file`.
+    fn connect_tls(addr: &str, ca_file: &Path) -> Self {
+        let tcp = TcpStream::connect(addr).expect("connect to the Kafka listener");
+        tcp.set_read_timeout(Some(REQUEST_DEADLINE))
+            .expect("timeout");
+        let config = narad_net::tls::client_config(&narad_net::tls::ClientTlsFiles {
+            ca_file: Some(support::tls::path(ca_file)),
+            ..Default::default()
+        })
+        .expect("client TLS");
+        let name = rustls::pki_types::ServerName::try_from("127.0.0.1").expect("name");
+        let connection = rustls::ClientConnection::new(config, name).expect("TLS client");
+        Self {
+            stream: Box::new(rustls::StreamOwned::new(connection, tcp)),
             next_correlation: 1,
         }
     }
@@ -1252,4 +1276,233 @@ fn a_node_killed_mid_run_loses_nothing_a_kafka_producer_was_told_was_stored() {
         lost.len(),
         &lost[..lost.len().min(10)]
     );
+}
+
+/// `sasl_client.py` (librdkafka over SASL_SSL, PLAIN) against one node.
+struct SaslClient<'a> {
+    python: &'a Path,
+    node: &'a Node,
+    ca: &'a support::tls::TestCa,
+}
+
+impl SaslClient<'_> {
+    /// Runs the client in `mode` as `user` with `password`.
+    fn run(&self, mode: &str, user: &str, password: &str, topic: &str, count: usize) -> Value {
+        let addr = self.node.kafka_addr.clone().expect("kafka address");
+        let ca_file = support::tls::path(&self.ca.cert_file);
+        let count = count.to_string();
+        run_client(
+            self.python,
+            "sasl_client.py",
+            &[
+                mode,
+                addr.as_str(),
+                ca_file.as_str(),
+                user,
+                password,
+                topic,
+                count.as_str(),
+            ],
+        )
+    }
+}
+
+fn errors_of(report: &Value) -> String {
+    report["errors"].to_string()
+}
+
+/// With `auth.enabled` the listener takes TLS and SASL PLAIN only: stock
+/// clients get in with a user's password or with a token, a wrong password
+/// is refused, and grants hold as over HTTP (produce, consume for a share
+/// consumer, admin to create a topic, and Metadata shows only the topics a
+/// user holds a grant on). Plain Kafka on the port, and a request before
+/// authenticating, get the connection closed.
+#[test]
+fn with_auth_the_listener_takes_sasl_plain_over_tls_and_grants_hold() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let ca = support::tls::TestCa::new(tmp.path(), "kafka");
+    let server = ca.issue("kafka-server", &["127.0.0.1", "localhost"]);
+    let cert = format!(
+        "kafka.tls.cert_file={}",
+        support::tls::path(&server.cert_file)
+    );
+    let key = format!(
+        "kafka.tls.key_file={}",
+        support::tls::path(&server.key_file)
+    );
+    let node = Node::start(
+        &tmp.path().join("node"),
+        &[
+            KAFKA_LISTEN[0],
+            KAFKA_LISTEN[1],
+            "--set",
+            "auth.enabled=true",
+            "--set",
+            "auth.admin_password=admin-pw",
+            "--set",
+            &cert,
+            "--set",
+            &key,
+        ],
+    );
+    let admin = |method: &str, path: &str, body: Value| {
+        let auth = format!(
+            "Basic {}",
+            base64::Engine::encode(&base64::engine::general_purpose::STANDARD, "admin:admin-pw")
+        );
+        node.request_with(
+            method,
+            path,
+            &[("Authorization", auth.as_str())],
+            body.to_string().as_bytes(),
+        )
+    };
+    assert!(
+        eventually(Duration::from_secs(20), || admin(
+            "GET",
+            "/v1/topics",
+            json!({})
+        )
+        .0 == 200),
+        "the user admin is bootstrapped"
+    );
+    let (status, answer) = admin("PUT", "/v1/topics/orders", json!({"partitions": 2}));
+    assert!(status == 201 || status == 200, "{status} {answer}");
+    let mut token = String::new();
+    for (user, actions) in [
+        ("writer", json!(["produce"])),
+        ("reader", json!(["consume"])),
+        ("nobody", json!([])),
+    ] {
+        let (status, answer) = admin(
+            "PUT",
+            &format!("/v1/users/{user}"),
+            json!({"password": format!("{user}-pw")}),
+        );
+        assert!(status == 201 || status == 200, "{status} {answer}");
+        let grants = if user == "nobody" {
+            json!([])
+        } else {
+            json!([{"topic": "orders", "actions": actions}])
+        };
+        let (status, answer) = admin(
+            "PUT",
+            &format!("/v1/users/{user}/grants"),
+            json!({ "grants": grants }),
+        );
+        assert_eq!(status, 200, "{answer}");
+        if user == "writer" {
+            let (status, answer) = admin("POST", "/v1/users/writer/tokens", json!({}));
+            assert_eq!(status, 201, "{answer}");
+            token = answer["token"].as_str().expect("token").to_string();
+        }
+    }
+
+    // Raw: plain Kafka on a TLS listener, and a request before SASL, are
+    // closed; a wrong password is answered with why, then closed.
+    let mut plain = Conn::connect(&node.kafka_addr.clone().expect("kafka address"));
+    plain.send(ApiKey::ApiVersions, 3, &ApiVersionsRequest::default());
+    assert!(plain.closed(), "plain Kafka on a TLS listener");
+    let mut early = Conn::connect_tls(
+        &node.kafka_addr.clone().expect("kafka address"),
+        &ca.cert_file,
+    );
+    let versions: ApiVersionsResponse =
+        early.call(ApiKey::ApiVersions, 3, &ApiVersionsRequest::default());
+    assert!(versions
+        .api_keys
+        .iter()
+        .any(|k| k.api_key == ApiKey::SaslAuthenticate as i16));
+    early.send(ApiKey::Metadata, 12, &MetadataRequest::default());
+    assert!(early.closed(), "Metadata before SASL");
+    let mut wrong = Conn::connect_tls(
+        &node.kafka_addr.clone().expect("kafka address"),
+        &ca.cert_file,
+    );
+    let handshake: SaslHandshakeResponse = wrong.call(
+        ApiKey::SaslHandshake,
+        1,
+        &SaslHandshakeRequest::default().with_mechanism(StrBytes::from_static_str("PLAIN")),
+    );
+    assert_eq!(handshake.error_code, 0);
+    let refused: SaslAuthenticateResponse = wrong.call(
+        ApiKey::SaslAuthenticate,
+        2,
+        &SaslAuthenticateRequest::default()
+            .with_auth_bytes(Bytes::from_static(b"\0writer\0not-the-password")),
+    );
+    assert_eq!(
+        refused.error_code,
+        ResponseError::SaslAuthenticationFailed.code()
+    );
+    assert!(refused
+        .error_message
+        .as_ref()
+        .is_some_and(|m| m.contains("wrong user name or password")));
+    assert!(wrong.closed(), "closed after a failed authentication");
+    // Metadata lists only the topics a user holds a grant on.
+    let mut seeing = Conn::connect_tls(
+        &node.kafka_addr.clone().expect("kafka address"),
+        &ca.cert_file,
+    );
+    let _: SaslHandshakeResponse = seeing.call(
+        ApiKey::SaslHandshake,
+        1,
+        &SaslHandshakeRequest::default().with_mechanism(StrBytes::from_static_str("PLAIN")),
+    );
+    let accepted: SaslAuthenticateResponse = seeing.call(
+        ApiKey::SaslAuthenticate,
+        2,
+        &SaslAuthenticateRequest::default()
+            .with_auth_bytes(Bytes::from_static(b"\0nobody\0nobody-pw")),
+    );
+    assert_eq!(accepted.error_code, 0, "{:?}", accepted.error_message);
+    let listed: MetadataResponse = seeing.call(ApiKey::Metadata, 12, &MetadataRequest::default());
+    assert!(listed.topics.is_empty(), "nobody sees no topic: {listed:?}");
+    let named: MetadataResponse = seeing.call(
+        ApiKey::Metadata,
+        12,
+        &MetadataRequest::default().with_topics(Some(vec![MetadataRequestTopic::default()
+            .with_name(Some(TopicName(StrBytes::from_static_str("orders"))))])),
+    );
+    assert_eq!(
+        named.topics[0].error_code,
+        ResponseError::TopicAuthorizationFailed.code()
+    );
+
+    let Some(python) = python_with_clients() else {
+        return;
+    };
+    let client = SaslClient {
+        python: &python,
+        node: &node,
+        ca: &ca,
+    };
+    // Stock clients: a user's password and a token get in; grants hold.
+    let written = client.run("produce", "writer", "writer-pw", "orders", 20);
+    assert_eq!(written["delivered"], 20, "{written}");
+    let by_token = client.run("produce", "token", &token, "orders", 5);
+    assert_eq!(by_token["delivered"], 5, "{by_token}");
+    let wrong = client.run("produce", "writer", "nope", "orders", 1);
+    assert_eq!(wrong["delivered"], 0, "{wrong}");
+    assert!(
+        errors_of(&wrong).contains("wrong user name or password"),
+        "{wrong}"
+    );
+    let ungranted = client.run("produce", "reader", "reader-pw", "orders", 1);
+    assert_eq!(ungranted["delivered"], 0, "{ungranted}");
+    assert!(
+        errors_of(&ungranted).to_lowercase().contains("authoriz"),
+        "{ungranted}"
+    );
+    let created = client.run("create", "writer", "writer-pw", "fresh", 0);
+    assert_eq!(created["created"], false, "{created}");
+    assert!(errors_of(&created).contains("admin"), "{created}");
+    let created = client.run("create", "admin", "admin-pw", "fresh", 0);
+    assert_eq!(created["created"], true, "{created}");
+    let unseen = client.run("share", "writer", "writer-pw", "orders", 25);
+    assert_eq!(unseen["seen"], 0, "{unseen}");
+    assert!(errors_of(&unseen).contains("consume grant"), "{unseen}");
+    let taken = client.run("share", "reader", "reader-pw", "orders", 25);
+    assert_eq!(taken["seen"], 25, "{taken}");
 }

@@ -35,6 +35,10 @@ pub const SERVED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::ShareGroupHeartbeat, 1, 1),
     (ApiKey::ShareFetch, 1, 1),
     (ApiKey::ShareAcknowledge, 1, 1),
+    // Version 0 of SaslHandshake would be followed by SASL bytes outside
+    // Kafka's framing; every client tried sends version 1.
+    (ApiKey::SaslHandshake, 1, 1),
+    (ApiKey::SaslAuthenticate, 0, 2),
 ];
 
 /// The versions of `key` the listener serves.

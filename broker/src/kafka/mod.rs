@@ -2,14 +2,15 @@
 //! the answer to ApiVersions ([`versions`]), a producer's record batches as
 //! messages ([`records`]), the one mapping of API errors to Kafka's
 //! ([`errors`]), the answers of each served API on the shard's own code
-//! paths ([`serve`]), share groups on Narad's leases ([`share`]), and the
-//! sockets ([`listener`]). All but the last are
+//! paths ([`serve`]), who a connection speaks for ([`sasl`]), share groups
+//! on Narad's leases ([`share`]), and the sockets ([`listener`]). All but the last are
 //! sans-IO and tested on their own.
 
 pub mod errors;
 pub mod frame;
 pub mod listener;
 pub mod records;
+pub mod sasl;
 pub mod serve;
 pub mod share;
 pub mod versions;

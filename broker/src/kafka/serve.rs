@@ -34,11 +34,12 @@ use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 use kafka_protocol::ResponseError;
 use narad_net::types::TopicPatch;
 use narad_net::{ApiError, ErrorCode};
-use narad_raft::state::Topic;
+use narad_raft::state::{Action, Topic};
 
 use super::errors::kafka_error;
 use super::frame::{decode_request, encode_response, FrameError, Request};
 use super::records::{records_of, RecordsError};
+use super::sasl::{before_login, Caller, Login};
 use super::share::ShareGroups;
 use super::versions::{api_versions, FALLBACK_VERSION};
 use crate::limits::KAFKA_OVERLOAD_THROTTLE_MS;
@@ -77,6 +78,9 @@ pub enum Answer {
     /// protocol (a frame that does not decode, an API not served), or an
     /// `acks=0` produce failed (Kafka's way of telling such a producer).
     Close(String),
+    /// Write this frame, then close (a failed authentication: the client
+    /// reads why).
+    FrameThenClose(Bytes, String),
 }
 
 /// What the listener asks of a Produce's `acks`.
@@ -100,8 +104,14 @@ impl Answerer {
         Self { shard, me, shares }
     }
 
-    /// Answers one request frame (without its length).
-    pub async fn answer(&self, frame: Bytes) -> Answer {
+    /// Whether connections must authenticate (`auth.enabled`).
+    pub fn auth_enabled(&self) -> bool {
+        self.shard.settings().auth.enabled
+    }
+
+    /// Answers one request frame (without its length) of a connection
+    /// whose authentication is `login`.
+    pub async fn answer(&self, frame: Bytes, login: &Login) -> Answer {
         let request = match decode_request(frame) {
             Ok(request) => request,
             Err(FrameError::Unsupported {
@@ -127,10 +137,25 @@ impl Answerer {
         let version = request.api_version;
         let correlation_id = request.header.correlation_id;
         let label = api_label(key);
+        match key {
+            ApiKey::SaslHandshake => return self.sasl_handshake(&request, login),
+            ApiKey::SaslAuthenticate => return self.sasl_authenticate(&request, login).await,
+            _ => {}
+        }
+        let caller = match login.caller() {
+            Some(caller) => caller,
+            None if before_login(key) => Caller::Anyone,
+            None => {
+                count(label, "illegal_sasl_state");
+                return Answer::Close(format!(
+                    "{key:?} before SASL authentication (auth.enabled is true)"
+                ));
+            }
+        };
         let answered = match key {
             ApiKey::ApiVersions => Ok(Some((encode(&request, &api_versions(false)), NO_ERROR))),
             ApiKey::Metadata => self
-                .metadata(&request)
+                .metadata(&request, &caller)
                 .map(|r| Some((encode(&request, &r), NO_ERROR))),
             ApiKey::InitProducerId => self
                 .init_producer_id(&request)
@@ -142,22 +167,22 @@ impl Answerer {
                 fetch(&request).map(|r| Some((encode(&request, &r), "unsupported_version")))
             }
             ApiKey::ShareGroupHeartbeat => self
-                .share_group_heartbeat(&request)
+                .share_group_heartbeat(&request, &caller)
                 .map(|(r, e)| Some((encode(&request, &r), e))),
             ApiKey::ShareFetch => self
-                .share_fetch(&request)
+                .share_fetch(&request, &caller)
                 .await
                 .map(|(r, e)| Some((encode(&request, &r), e))),
             ApiKey::ShareAcknowledge => self
-                .share_acknowledge(&request)
+                .share_acknowledge(&request, &caller)
                 .await
                 .map(|(r, e)| Some((encode(&request, &r), e))),
             ApiKey::CreateTopics => self
-                .create_topics(&request)
+                .create_topics(&request, &caller)
                 .await
                 .map(|(r, e)| Some((encode(&request, &r), e))),
             ApiKey::Produce => self
-                .produce(&request)
+                .produce(&request, &caller)
                 .await
                 .map(|answer| answer.map(|(r, e)| (encode(&request, &r), e))),
             _ => Err(format!("API {key:?} is not served")),
@@ -218,7 +243,7 @@ impl Answerer {
         brokers
     }
 
-    fn metadata(&self, request: &Request) -> Result<MetadataResponse, String> {
+    fn metadata(&self, request: &Request, caller: &Caller) -> Result<MetadataResponse, String> {
         let version = request.api_version;
         let body = decode::<MetadataRequest>(request)?;
         let view = self.shard.meta().view();
@@ -249,8 +274,21 @@ impl Answerer {
         };
         let all = body.topics.is_none()
             || (version == 0 && body.topics.as_ref().is_some_and(Vec::is_empty));
+        // A topic the caller holds no grant on is not there for it (as in
+        // HTTP's list), and named it is an authorization failure.
+        let unseen = |name: &str| !self.sees(caller, name);
+        let refused = |name: &TopicName| {
+            MetadataResponseTopic::default()
+                .with_name(Some(name.clone()))
+                .with_error_code(ResponseError::TopicAuthorizationFailed.code())
+        };
         let topics: Vec<MetadataResponseTopic> = if all {
-            view.state.topics.values().map(described).collect()
+            view.state
+                .topics
+                .values()
+                .filter(|t| !unseen(&t.name))
+                .map(described)
+                .collect()
         } else {
             body.topics
                 .unwrap_or_default()
@@ -261,6 +299,7 @@ impl Answerer {
                         .as_ref()
                         .filter(|n| !n.0.is_empty() || wanted.topic_id.is_nil())
                     {
+                        Some(name) if unseen(name.0.as_str()) => refused(name),
                         Some(name) => match view.state.topics.get(name.0.as_str()) {
                             Some(topic) => described(topic),
                             None => MetadataResponseTopic::default()
@@ -271,7 +310,7 @@ impl Answerer {
                             .state
                             .topics
                             .values()
-                            .find(|t| topic_id(t) == wanted.topic_id)
+                            .find(|t| topic_id(t) == wanted.topic_id && !unseen(&t.name))
                         {
                             Some(topic) => described(topic),
                             None => MetadataResponseTopic::default()
@@ -393,6 +432,7 @@ impl Answerer {
     async fn produce(
         &self,
         request: &Request,
+        caller: &Caller,
     ) -> Result<Option<(ProduceResponse, &'static str)>, String> {
         let version = request.api_version;
         let body = decode::<ProduceRequest>(request)?;
@@ -413,7 +453,9 @@ impl Answerer {
         let mut work = Vec::new();
         for topic_data in body.topic_data {
             let name = topic_data.name.0.to_string();
-            let topic = self.shard.topic(&name);
+            let topic = self
+                .may(caller, Action::Produce, &name)
+                .and_then(|()| self.shard.topic(&name));
             for partition in topic_data.partition_data {
                 let outcome = match (&refused, &topic) {
                     (Some((error, message)), _) => {
@@ -545,6 +587,7 @@ impl Answerer {
     async fn create_topics(
         &self,
         request: &Request,
+        caller: &Caller,
     ) -> Result<(CreateTopicsResponse, &'static str), String> {
         let version = request.api_version;
         let body = decode::<CreateTopicsRequest>(request)?;
@@ -555,7 +598,14 @@ impl Answerer {
                 .with_name(wanted.name.clone())
                 .with_error_message(None)
                 .with_configs(None);
-            match self.create_topic(&wanted, body.validate_only).await {
+            let allowed = self
+                .may(caller, Action::Admin, wanted.name.0.as_str())
+                .map_err(|e| (kafka_error(e.code), e.message));
+            let created = match allowed {
+                Ok(()) => self.create_topic(&wanted, body.validate_only).await,
+                Err(refused) => Err(refused),
+            };
+            match created {
                 Ok((partitions, topic)) => {
                     if version >= CREATE_TOPICS_DETAILS {
                         result = result
@@ -792,7 +842,7 @@ pub(super) fn decode<M: Decodable>(request: &Request) -> Result<M, String> {
         .map_err(|e| format!("a {:?} request that does not decode: {e}", request.api_key))
 }
 
-fn encode<M: Encodable>(request: &Request, body: &M) -> Result<Bytes, FrameError> {
+pub(super) fn encode<M: Encodable>(request: &Request, body: &M) -> Result<Bytes, FrameError> {
     encode_response(
         request.api_key,
         request.api_version,
@@ -821,6 +871,8 @@ fn api_label(key: ApiKey) -> &'static str {
         ApiKey::ShareGroupHeartbeat => "share_group_heartbeat",
         ApiKey::ShareFetch => "share_fetch",
         ApiKey::ShareAcknowledge => "share_acknowledge",
+        ApiKey::SaslHandshake => "sasl_handshake",
+        ApiKey::SaslAuthenticate => "sasl_authenticate",
         _ => "other",
     }
 }
@@ -855,6 +907,9 @@ pub(super) fn error_label(error: ResponseError) -> &'static str {
         ResponseError::InvalidReplicationFactor => "invalid_replication_factor",
         ResponseError::InvalidReplicaAssignment => "invalid_replica_assignment",
         ResponseError::InvalidTopicException => "invalid_topic_exception",
+        ResponseError::SaslAuthenticationFailed => "sasl_authentication_failed",
+        ResponseError::IllegalSaslState => "illegal_sasl_state",
+        ResponseError::UnsupportedSaslMechanism => "unsupported_sasl_mechanism",
         _ => "other",
     }
 }
@@ -867,7 +922,7 @@ thread_local! {
     static REQUEST_COUNTERS: RefCell<RequestCounters> = RefCell::default();
 }
 
-fn count(api: &'static str, error: &'static str) {
+pub(super) fn count(api: &'static str, error: &'static str) {
     REQUEST_COUNTERS.with(|cache| {
         cache
             .borrow_mut()

@@ -34,9 +34,10 @@ use kafka_protocol::records::{
 };
 use kafka_protocol::ResponseError;
 use narad_net::types::{ConsumeRequest, ConsumedMessage, SettleAction};
-use narad_raft::state::Topic;
+use narad_raft::state::{Action, Topic};
 
 use super::errors::kafka_error;
+use super::sasl::Caller;
 use super::serve::{decode, topic_id, Answerer};
 use crate::limits::{
     SHARE_ACK_OFFSETS_PER_REQUEST_MAX, SHARE_FETCH_RECORDS_DEFAULT, SHARE_FETCH_RECORDS_MAX,
@@ -153,6 +154,7 @@ impl Answerer {
     pub(super) fn share_group_heartbeat(
         &self,
         request: &super::frame::Request,
+        caller: &Caller,
     ) -> Result<(ShareGroupHeartbeatResponse, &'static str), String> {
         let body = decode::<ShareGroupHeartbeatRequest>(request)?;
         let group = body.group_id.0.to_string();
@@ -166,6 +168,12 @@ impl Answerer {
         };
         if group.is_empty() {
             return refuse(ResponseError::InvalidGroupId, "a share group needs an id");
+        }
+        // Subscribing takes records: it needs the consume grant on each.
+        for topic in body.subscribed_topic_names.iter().flatten() {
+            if let Err(error) = self.may(caller, Action::Consume, topic.0.as_str()) {
+                return refuse(ResponseError::TopicAuthorizationFailed, &error.message);
+            }
         }
         let now = Instant::now();
         let view = self.shard.meta().view();
@@ -288,6 +296,7 @@ impl Answerer {
     pub(super) async fn share_fetch(
         &self,
         request: &super::frame::Request,
+        caller: &Caller,
     ) -> Result<(ShareFetchResponse, &'static str), String> {
         let body = decode::<ShareFetchRequest>(request)?;
         let (Some(group), Some(member)) = (&body.group_id, &body.member_id) else {
@@ -407,7 +416,7 @@ impl Answerer {
                 }
             }
         }
-        let ack_errors = self.settle_acknowledged(settling).await;
+        let ack_errors = self.settle_acknowledged(settling, caller).await;
         self.give_back(released);
         if body.share_session_epoch == SESSION_CLOSE {
             return Ok((
@@ -444,6 +453,10 @@ impl Answerer {
                 let room = max.saturating_sub(fetched.len() as u64);
                 if room == 0 {
                     break;
+                }
+                // A grant taken away since the member joined stops its fetches.
+                if self.may(caller, Action::Consume, name).is_err() {
+                    continue;
                 }
                 let Ok(topic) = self.shard.topic(name) else {
                     continue;
@@ -533,6 +546,7 @@ impl Answerer {
     pub(super) async fn share_acknowledge(
         &self,
         request: &super::frame::Request,
+        caller: &Caller,
     ) -> Result<(ShareAcknowledgeResponse, &'static str), String> {
         let body = decode::<ShareAcknowledgeRequest>(request)?;
         let refuse = |error: ResponseError, message: &str| {
@@ -608,7 +622,7 @@ impl Answerer {
                     .map(move |p| (t.topic_id, p.partition_index))
             })
             .collect();
-        let ack_errors = self.settle_acknowledged(settling).await;
+        let ack_errors = self.settle_acknowledged(settling, caller).await;
         self.give_back(released);
         let mut responses: Vec<share_acknowledge_response::ShareAcknowledgeTopicResponse> =
             Vec::new();
@@ -641,7 +655,7 @@ impl Answerer {
 
     /// Carries out acknowledgements: acks, nacks, and rejects (a copy to
     /// the dead-letter topic first, when the topic has one).
-    async fn settle_acknowledged(&self, settling: Vec<Settling>) -> AckErrors {
+    async fn settle_acknowledged(&self, settling: Vec<Settling>, caller: &Caller) -> AckErrors {
         let mut errors = AckErrors::new();
         // Grouped by topic and action, in one settle call each.
         let mut groups: BTreeMap<(String, i8), Vec<Settling>> = BTreeMap::new();
@@ -660,6 +674,15 @@ impl Answerer {
                 .push(item);
         }
         for ((name, kind), items) in groups {
+            if let Err(error) = self.may(caller, Action::Consume, &name) {
+                for item in &items {
+                    errors.entry((item.topic_id, item.partition)).or_insert((
+                        ResponseError::TopicAuthorizationFailed,
+                        error.message.clone(),
+                    ));
+                }
+                continue;
+            }
             let Ok(topic) = self.shard.topic(&name) else {
                 for item in &items {
                     errors.entry((item.topic_id, item.partition)).or_insert((

@@ -62,11 +62,12 @@ const BODY_BYTES_SLACK: u64 = 64 * 1024;
 
 /// Blocks SIGTERM, SIGINT and SIGHUP in this thread (and the threads it
 /// starts) and returns a flag that a signal thread sets when SIGTERM or
-/// SIGINT arrives (it also tells `stopping`). SIGHUP reloads the client
-/// port's certificates, if it has any.
+/// SIGINT arrives (it also tells `stopping`). SIGHUP reloads the
+/// certificates of the client port and of the Kafka listener, those that
+/// have any (`tls`, each with the port's name).
 fn handle_signals(
     stopping: mpsc::Sender<()>,
-    tls: Option<Arc<ServerTls>>,
+    tls: Vec<(&'static str, Arc<ServerTls>)>,
 ) -> Result<Arc<AtomicBool>, String> {
     // SAFETY: plain libc signal-mask calls on a zeroed, then filled, sigset.
     let set = unsafe {
@@ -91,15 +92,18 @@ fn handle_signals(
                 return;
             }
             if signal == libc::SIGHUP {
-                match &tls {
-                    Some(tls) => match tls.reload() {
-                        Ok(()) => tracing::info!("reloaded the client port's TLS certificates"),
+                if tls.is_empty() {
+                    tracing::info!("SIGHUP: no TLS certificates to reload");
+                }
+                for (port, tls) in &tls {
+                    match tls.reload() {
+                        Ok(()) => tracing::info!(port, "reloaded the TLS certificates"),
                         Err(error) => tracing::error!(
+                            port,
                             %error,
-                            "could not reload the client port's TLS certificates; the previous ones stay"
+                            "could not reload the TLS certificates; the previous ones stay"
                         ),
-                    },
-                    None => tracing::info!("SIGHUP: no TLS certificates to reload"),
+                    }
                 }
                 continue;
             }
@@ -244,6 +248,8 @@ struct ShardCommon {
     nodes: Option<QuicNodes>,
     /// HTTPS on the client port; `None` for plain HTTP.
     tls: Option<Arc<ServerTls>>,
+    /// TLS on the Kafka listener; `None` for plain Kafka.
+    kafka_tls: Option<Arc<ServerTls>>,
 }
 
 /// The number of shards: `shards`, or every online CPU when 0.
@@ -310,6 +316,17 @@ pub fn run(config: Config) -> Result<(), String> {
         ),
         _ => None,
     };
+    let kafka_tls = match (&settings.kafka.tls.cert_file, &settings.kafka.tls.key_file) {
+        (Some(cert_file), Some(key_file)) => Some(
+            ServerTls::load(TlsFiles {
+                cert_file: cert_file.clone(),
+                key_file: key_file.clone(),
+                client_ca_file: None,
+            })
+            .map_err(|e| format!("kafka.tls (TLS on the Kafka listener): {e}"))?,
+        ),
+        _ => None,
+    };
     // A CA file that cannot serve is refused now, not at the first copy.
     if let Some(ca_file) = &settings.children.remote_ca_file {
         narad_net::tls::client_config(&narad_net::tls::ClientTlsFiles {
@@ -319,7 +336,11 @@ pub fn run(config: Config) -> Result<(), String> {
         .map_err(|e| format!("children.remote_ca_file {ca_file}: {e}"))?;
     }
     let (stopping, stop_signalled) = mpsc::channel();
-    let stop = handle_signals(stopping.clone(), tls.clone())?;
+    let reloadable = [("client port", &tls), ("Kafka listener", &kafka_tls)]
+        .into_iter()
+        .filter_map(|(port, tls)| Some((port, tls.clone()?)))
+        .collect();
+    let stop = handle_signals(stopping.clone(), reloadable)?;
     let ship = crate::ship::Shipper::start(
         settings.children.remote_ca_file.clone(),
         usize::try_from(settings.children.remote_max_in_flight).unwrap_or(usize::MAX),
@@ -446,6 +467,7 @@ pub fn run(config: Config) -> Result<(), String> {
         peers: peers.clone(),
         nodes,
         tls,
+        kafka_tls,
     };
     for (index, ends) in mesh::wire(shards).into_iter().enumerate() {
         let start = ShardStart {

@@ -31,6 +31,7 @@ pub(super) async fn run_shard(start: ShardStart) -> Result<(), String> {
         peers,
         nodes,
         tls,
+        kafka_tls,
     } = common;
     // Connecting waits for every peer to connect too: start it first, so a
     // slow bind here never holds another shard.
@@ -186,6 +187,7 @@ pub(super) async fn run_shard(start: ShardStart) -> Result<(), String> {
             listener,
             Rc::new(Answerer::new(shard.clone(), me, node.shares.clone())),
             node.http_budget.clone(),
+            kafka_tls,
         ))
     });
     if index == 0 {

@@ -52,7 +52,12 @@ impl<F: FileSystem> Shard<F> {
 
     /// The user the `Authorization` header names, or 401 `unauthenticated`.
     pub async fn authenticate(&self, header: Option<&[u8]>) -> Result<String, ApiError> {
-        let credentials = auth::credentials(header)?;
+        self.authenticate_with(auth::credentials(header)?).await
+    }
+
+    /// The user `credentials` prove, or 401 `unauthenticated` (over HTTP
+    /// from a header, over Kafka from SASL PLAIN).
+    pub async fn authenticate_with(&self, credentials: Credentials) -> Result<String, ApiError> {
         let view = self.view();
         match credentials {
             Credentials::Bearer(token) => auth::token_user(&view.state, &token)
