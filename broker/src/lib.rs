@@ -34,6 +34,7 @@ pub mod node;
 pub mod owner;
 pub mod partitioner;
 pub mod receipt;
+pub mod recovered;
 pub mod remote;
 pub mod route;
 pub mod rpc;

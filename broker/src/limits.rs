@@ -366,6 +366,17 @@ pub const MOVES_PER_PLAN_MAX: usize = 10_000;
 /// shard accepts them.
 pub const CLIENT_LISTEN_BACKLOG: i32 = 1024;
 
+/// A commit of records a crashed node's WAL gave back first recalls what
+/// its partition's log holds from a little before their write times: the
+/// log is read back from its end in steps of this many records ...
+pub const RECALL_STEP_RECORDS: usize = 256;
+/// ... until a step starts this long before the oldest of those write
+/// times (commits from other shards and nodes land out of write order) ...
+pub const RECALL_REORDER_SLACK_MS: u64 = 60_000;
+/// ... or this many bytes of values were read (what is older is not
+/// recalled, and may be stored twice, as the contract allows).
+pub const RECALL_BYTES_MAX: usize = 8 * 1024 * 1024;
+
 /// Journal records recovered from the WAL are appended again in batches of
 /// at most this many records ...
 pub const JOURNAL_REPLAY_BATCH_RECORDS: usize = 256;

@@ -27,7 +27,10 @@ use narad_storage::log::{Message, PartitionLog, StoredMessage};
 use narad_storage::StorageError;
 
 use crate::leases::{Lease, LeaseGone, LeaseTable};
-use crate::limits::{COMMIT_TIMES_MAX, OWNER_IDEMPOTENCY_KEYS_MAX, RECENT_IDS_MAX};
+use crate::limits::{
+    COMMIT_TIMES_MAX, OWNER_IDEMPOTENCY_KEYS_MAX, RECALL_BYTES_MAX, RECALL_REORDER_SLACK_MS,
+    RECALL_STEP_RECORDS, RECENT_IDS_MAX,
+};
 
 use crate::signal::{Changed, Signal};
 
@@ -227,6 +230,10 @@ pub struct PartitionOwner<F: FileSystem> {
     /// Frozen for a move's handover: commits are refused once they have
     /// their turn, so none lands after the freeze's last look.
     frozen: Cell<bool>,
+    /// Records recovered from a crashed node's WAL come to this partition,
+    /// written from this time on: the next commit first recalls what the
+    /// log holds from then ([`Self::recall_before_next_append`]).
+    recall_since_ms: Cell<Option<u64>>,
     /// Commits through the owner journal (`owner/journal.rs`).
     journal: journal::Journal<F>,
     /// Idempotency keys committed within the window (`owner/keys.rs`).
@@ -299,6 +306,7 @@ impl<F: FileSystem> PartitionOwner<F> {
             recent: Recent::default(),
             dead_pending: RefCell::default(),
             frozen: Cell::new(false),
+            recall_since_ms: Cell::new(None),
             journal: journal::Journal::default(),
             keys: RefCell::default(),
             idempotency_window_ms: Cell::new(config.idempotency_window_ms),
@@ -397,6 +405,13 @@ impl<F: FileSystem> PartitionOwner<F> {
         // Batches the journal wrote behind are synced first: a failure
         // there must not let this append take their offsets.
         self.sync_journal_in_turn().await?;
+        if let Some(since_ms) = self.recall_since_ms.take() {
+            if let Err(error) = self.recall_appended_since(since_ms).await {
+                // The next commit tries again.
+                self.recall_before_next_append(since_ms);
+                return Err(error);
+            }
+        }
         // A dispatcher that did not hear the answer to a commit sends the
         // same records again: append only those not appended recently.
         let fresh: Vec<Message>;
@@ -808,6 +823,65 @@ impl<F: FileSystem> PartitionOwner<F> {
     /// The ids and write times of the last records appended.
     pub fn recent_ids(&self) -> Vec<(u128, u64)> {
         self.recent.ids.borrow().order.iter().copied().collect()
+    }
+
+    /// Records written from `since_ms` on, recovered from a crashed node's
+    /// WAL, are on their way here: the next commit, in its append turn,
+    /// first recalls what the log holds from about then, so those already
+    /// appended before the crash are not appended again.
+    pub fn recall_before_next_append(&self, since_ms: u64) {
+        let since = self
+            .recall_since_ms
+            .get()
+            .map_or(since_ms, |s| s.min(since_ms));
+        self.recall_since_ms.set(Some(since));
+    }
+
+    /// Remembers the records of the log's tail written from
+    /// [`RECALL_REORDER_SLACK_MS`] before `since_ms` on, reading back from
+    /// the end in steps of [`RECALL_STEP_RECORDS`] up to
+    /// [`RECALL_BYTES_MAX`] of values (and at most [`RECENT_IDS_MAX`]
+    /// records, what the memory of recent records holds).
+    async fn recall_appended_since(&self, since_ms: u64) -> Result<(), OwnerError> {
+        let floor = since_ms.saturating_sub(RECALL_REORDER_SLACK_MS);
+        let start = self.log.log_start_offset();
+        let mut end = self.log.high_watermark();
+        let mut bytes = 0;
+        let mut steps: Vec<Vec<RecentKey>> = Vec::new();
+        let mut count = 0;
+        while end > start && bytes < RECALL_BYTES_MAX && count < RECENT_IDS_MAX {
+            let from = end.saturating_sub(RECALL_STEP_RECORDS as u64).max(start);
+            let read = self
+                .log
+                .read(from, RECALL_STEP_RECORDS, RECALL_BYTES_MAX)
+                .await?;
+            let step: Vec<RecentKey> = read
+                .iter()
+                .filter(|s| s.offset < end)
+                .map(|s| {
+                    bytes += s.message.value.len();
+                    recent_key(&s.message)
+                })
+                .collect();
+            let older = read
+                .first()
+                .is_none_or(|s| s.message.produced_at_ms < floor);
+            count += step.len();
+            steps.push(step);
+            if older {
+                break;
+            }
+            end = from;
+        }
+        let mut recent = self.recent.ids.borrow_mut();
+        for key in steps.iter().rev().flatten() {
+            recent.insert(*key);
+        }
+        tracing::debug!(
+            records = count,
+            "recalled the log's tail for recovered records"
+        );
+        Ok(())
     }
 
     /// Remembers records another owner appended last (a moved partition's

@@ -197,6 +197,8 @@ struct NodeShared {
     wal_failed: Arc<AtomicBool>,
     /// The idempotency keys the node accepted, all shards.
     keys: Arc<NodeKeys>,
+    /// Partitions that records recovered from the WALs go to, all shards.
+    recovered: Arc<crate::recovered::Recovered>,
     /// Connections and request bodies the node's clients hold, all shards.
     http_budget: Arc<NodeBudget>,
     /// Where remote children's copies leave the node.
@@ -432,6 +434,7 @@ pub fn run(config: Config) -> Result<(), String> {
         drained: AtomicUsize::new(0),
         finished: AtomicUsize::new(0),
         wal_failed: Arc::default(),
+        recovered: Arc::default(),
         keys: NodeKeys::new(
             IDEMPOTENCY_KEYS_PER_SHARD_MAX.saturating_mul(shards),
             shards,

@@ -107,6 +107,7 @@ pub(super) async fn run_shard(start: ShardStart) -> Result<(), String> {
             metrics: metrics.clone(),
             wal_failed: node.wal_failed.clone(),
             keys: node.keys.clone(),
+            recovered: node.recovered.clone(),
             http_budget: node.http_budget.clone(),
             ship: node.ship.clone(),
             faults,

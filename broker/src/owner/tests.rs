@@ -107,6 +107,41 @@ fn committed_messages_are_leased_once_and_acked_for_good() {
     );
 }
 
+/// After a crash the owner's memory of recent records is gone: a commit
+/// of records the WAL gave back appends again those already in the log,
+/// unless the owner recalls the log's tail first.
+#[test]
+fn records_recovered_after_a_crash_are_appended_once_when_recalled() {
+    let clock = ManualClock::new(0);
+    // 300 records committed, then the owner opened again on the same disk.
+    let reopened = |seed| {
+        let fs = SimFs::new(seed);
+        let owner = open(&fs, &clock, CONFIG);
+        block_on(owner.commit(&messages(300), 0)).expect("commit before the crash");
+        drop(owner);
+        open(&fs, &clock, CONFIG)
+    };
+    let forgetful = reopened(9);
+    block_on(forgetful.commit(&messages(2), 1)).expect("without recall");
+    assert_eq!(
+        forgetful.high_watermark(),
+        302,
+        "without recall: stored twice"
+    );
+    // The same records plus two new ones come from the WAL.
+    let owner = reopened(10);
+    owner.recall_before_next_append(1);
+    block_on(owner.commit(&messages(302), 1)).expect("recovered");
+    assert_eq!(
+        owner.high_watermark(),
+        302,
+        "the 300 once, and the 2 new ones"
+    );
+    let got = block_on(owner.consume(400, 1 << 20, 2)).expect("consume");
+    let ids: Vec<u128> = got.iter().map(|d| d.message.id).collect();
+    assert_eq!(ids, (0..302).collect::<Vec<u128>>());
+}
+
 #[test]
 fn a_commit_sent_again_appends_only_what_is_new() {
     let fs = SimFs::new(7);

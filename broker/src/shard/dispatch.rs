@@ -282,6 +282,11 @@ impl<F: FileSystem> Shard<F> {
         messages: Vec<Message>,
     ) -> Result<(), ApiError> {
         let owner = self.owner(topic, partition).await?;
+        // Taken and handed over with no await between: whichever commit
+        // gets the append turn next recalls first.
+        if let Some(since_ms) = self.env.recovered.take(&topic.name, partition) {
+            owner.recall_before_next_append(since_ms);
+        }
         let appended = loop {
             self.wait_unfrozen(topic, partition).await?;
             match owner.commit(&messages, self.now()).await {

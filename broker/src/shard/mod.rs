@@ -250,6 +250,8 @@ pub struct ShardEnv<F: FileSystem = NodeFs> {
     pub faults: Arc<FaultControl>,
     /// The idempotency keys the node accepted, all shards.
     pub keys: Arc<NodeKeys>,
+    /// Partitions that records recovered from the node's WALs go to.
+    pub recovered: Arc<crate::recovered::Recovered>,
 }
 
 /// The partitions of this shard, each opened on first use.

@@ -488,6 +488,10 @@ impl<F: FileSystem> Shard<F> {
             let mut last_durable = None;
             for (appended, recovered) in appended.into_iter().zip(chunk) {
                 let record = &recovered.record;
+                // It may be in its partition's log already.
+                self.env
+                    .recovered
+                    .note(&record.topic, record.partition, record.accept_ms);
                 self.dispatch_once_durable(
                     &record.topic,
                     record.partition,
@@ -614,6 +618,10 @@ impl<F: FileSystem> Shard<F> {
         let now = self.now();
         let mut dispatcher = self.dispatch.queue.borrow_mut();
         for (pos, record) in records {
+            // It may be in its partition's log already.
+            self.env
+                .recovered
+                .note(&record.topic, record.partition, record.accept_ms);
             let destination = Destination {
                 topic: Rc::from(record.topic.as_str()),
                 partition: record.partition,

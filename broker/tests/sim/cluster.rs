@@ -503,6 +503,7 @@ impl SimCluster {
         let peers = Arc::new(Peers::new(node, &members));
         let wal_failed = Arc::new(AtomicBool::new(false));
         let keys = NodeKeys::new(IDEMPOTENCY_KEYS_PER_SHARD_MAX * SHARDS, SHARDS);
+        let recovered = Arc::new(narad_broker::recovered::Recovered::default());
         let mut shards = Vec::with_capacity(SHARDS);
         sim.latency.instant.set(true);
         for index in 0..SHARDS {
@@ -558,6 +559,7 @@ impl SimCluster {
                     metrics: metrics_handle(),
                     wal_failed: wal_failed.clone(),
                     keys: keys.clone(),
+                    recovered: recovered.clone(),
                     http_budget: NodeBudget::new(1024, 1 << 30),
                     ship: Arc::new(NoRemoteClusters),
                     faults: FaultControl::new(false),
