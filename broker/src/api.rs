@@ -1319,7 +1319,8 @@ async fn metrics(shard: &Shard) -> HttpResponse {
         .sum();
     metrics::counter!(IDEMPOTENCY_KEYS_FORGOTTEN_TOTAL).absolute(table_forgotten + wal_forgotten);
     let mut out = shard.render_metrics();
-    let mut gauge = |name: &str, help: &str, samples: Vec<(String, f64)>| {
+    let mut gauge = |name: &str, samples: Vec<(String, f64)>| {
+        let help = crate::metric_names::help(name);
         out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} gauge\n"));
         for (labels, value) in samples {
             // Prometheus spells infinity `+Inf`, Rust `inf`.
@@ -1334,13 +1335,11 @@ async fn metrics(shard: &Shard) -> HttpResponse {
     let failed = shards.iter().any(|g| g.wal_failure.is_some());
     gauge(
         INGRESS_WAL_FAILED,
-        "1 once an ingress WAL of the node failed (its shard answers 500 to produces until restart)",
         vec![(String::new(), if failed { 1.0 } else { 0.0 })],
     );
     let acks_failed = shards.iter().any(|g| g.ack_state_failure.is_some());
     gauge(
         CONSUMER_STATE_FAILED,
-        "1 once the ack state of a partition on this node failed (its acks answer 503 ack_state_failed)",
         vec![(String::new(), if acks_failed { 1.0 } else { 0.0 })],
     );
     let per_shard = |f: &dyn Fn(&ShardGauges) -> f64| -> Vec<(String, f64)> {
@@ -1349,24 +1348,14 @@ async fn metrics(shard: &Shard) -> HttpResponse {
             .map(|g| (format!("{{shard=\"{}\"}}", g.shard), f(g)))
             .collect()
     };
-    gauge(
-        WAL_USED_BYTES,
-        "bytes of the ingress WAL ring in use",
-        per_shard(&|g| g.wal_used_bytes as f64),
-    );
-    gauge(
-        IDEMPOTENCY_KEYS,
-        "idempotency keys this node holds (at most 500000 per shard)",
-        vec![(String::new(), keys_held as f64)],
-    );
+    gauge(WAL_USED_BYTES, per_shard(&|g| g.wal_used_bytes as f64));
+    gauge(IDEMPOTENCY_KEYS, vec![(String::new(), keys_held as f64)]);
     gauge(
         DISPATCHER_PENDING_RECORDS,
-        "accepted records not yet committed to their partition",
         per_shard(&|g| g.dispatcher_pending as f64),
     );
     gauge(
         RAFT_IS_LEADER,
-        "1 while this node is the Raft leader",
         vec![(
             String::new(),
             if shard.meta().is_leader() { 1.0 } else { 0.0 },
@@ -1374,12 +1363,10 @@ async fn metrics(shard: &Shard) -> HttpResponse {
     );
     gauge(
         CONNECTIONS_OPEN,
-        "client connections open on this node (at most http.max_connections)",
         vec![(String::new(), shard.http_budget().connections_open() as f64)],
     );
     gauge(
         HTTP_BUFFERED_BODY_BYTES,
-        "bytes of request bodies this node holds (at most http.max_buffered_body_bytes)",
         vec![(
             String::new(),
             shard.http_budget().buffered_body_bytes() as f64,
@@ -1387,7 +1374,6 @@ async fn metrics(shard: &Shard) -> HttpResponse {
     );
     gauge(
         NODE_ALIVE,
-        "1 for each member this node's controller sees alive, 0 once marked dead",
         shard
             .members_alive()
             .into_iter()
@@ -1399,11 +1385,7 @@ async fn metrics(shard: &Shard) -> HttpResponse {
             })
             .collect(),
     );
-    gauge(
-        RAFT_TERM,
-        "current Raft term",
-        vec![(String::new(), shard.meta().term() as f64)],
-    );
+    gauge(RAFT_TERM, vec![(String::new(), shard.meta().term() as f64)]);
     let partitions: Vec<&(String, u32, crate::owner::PartitionStats)> =
         shards.iter().flat_map(|g| &g.partitions).collect();
     let label =
@@ -1416,27 +1398,16 @@ async fn metrics(shard: &Shard) -> HttpResponse {
     };
     gauge(
         PARTITION_HIGH_WATERMARK,
-        "next offset of the partition",
         series(&|s| s.high_watermark as f64),
     );
-    gauge(
-        PARTITION_FRONTIER,
-        "lowest offset not acked",
-        series(&|s| s.frontier as f64),
-    );
+    gauge(PARTITION_FRONTIER, series(&|s| s.frontier as f64));
     gauge(
         PARTITION_AVAILABLE_MESSAGES,
-        "messages neither leased nor acked",
         series(&|s| s.available as f64),
     );
-    gauge(
-        PARTITION_IN_FLIGHT,
-        "messages under a lease",
-        series(&|s| s.in_flight as f64),
-    );
+    gauge(PARTITION_IN_FLIGHT, series(&|s| s.in_flight as f64));
     gauge(
         PARTITION_OLDEST_UNACKED_AGE_SECONDS,
-        "age of the oldest unacked message",
         series(&|s| s.oldest_unacked_age_ms as f64 / 1000.0),
     );
     // Each child's copies of this node's parent partitions, summed.
@@ -1461,16 +1432,8 @@ async fn metrics(shard: &Shard) -> HttpResponse {
     let lag_messages = per_child(&|v| v.0 as f64);
     let lag_seconds = per_child(&|v| v.1 as f64 / 1000.0);
     let dropped = per_child(&|v| v.2 as f64);
-    gauge(
-        FANOUT_CHILD_LAG_MESSAGES,
-        "messages of this node's parent partitions not yet copied to the child",
-        lag_messages,
-    );
-    gauge(
-        FANOUT_CHILD_LAG_SECONDS,
-        "age of the oldest message not yet copied to the child (a delay child: how far past its due time)",
-        lag_seconds,
-    );
+    gauge(FANOUT_CHILD_LAG_MESSAGES, lag_messages);
+    gauge(FANOUT_CHILD_LAG_SECONDS, lag_seconds);
     // The least headroom over this node's partitions of each remote child.
     let mut headroom: std::collections::BTreeMap<(&str, &str), u64> =
         std::collections::BTreeMap::new();
@@ -1482,7 +1445,6 @@ async fn metrics(shard: &Shard) -> HttpResponse {
     }
     gauge(
         REMOTE_CHILD_HEADROOM_SECONDS,
-        "seconds until the oldest message not yet shipped to the remote child ages out of its parent (the parent's retention when none waits; +Inf when it keeps messages forever)",
         headroom
             .iter()
             .map(|((parent, child), ms)| {
@@ -1491,12 +1453,16 @@ async fn metrics(shard: &Shard) -> HttpResponse {
                 } else {
                     *ms as f64 / 1000.0
                 };
-                (format!("{{parent=\"{parent}\",child=\"{child}\"}}"), seconds)
+                (
+                    format!("{{parent=\"{parent}\",child=\"{child}\"}}"),
+                    seconds,
+                )
             })
             .collect(),
     );
     out.push_str(&format!(
-        "# HELP {FANOUT_CHILD_DROPPED_MESSAGES} messages the child skipped because the parent's retention removed them first (since this node started)\n# TYPE {FANOUT_CHILD_DROPPED_MESSAGES} counter\n"
+        "# HELP {FANOUT_CHILD_DROPPED_MESSAGES} {}\n# TYPE {FANOUT_CHILD_DROPPED_MESSAGES} counter\n",
+        crate::metric_names::help(FANOUT_CHILD_DROPPED_MESSAGES)
     ));
     for (labels, value) in dropped {
         out.push_str(&format!(

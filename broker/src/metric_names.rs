@@ -94,38 +94,47 @@ pub enum Kind {
     Histogram,
 }
 
-/// Every name above, with its kind and the help text `/metrics` shows.
+/// The help text of a metric (`# HELP`), from [`ALL`]; empty for a name
+/// not listed there (the tests keep every metric the node exposes listed).
+pub fn help(name: &str) -> &'static str {
+    ALL.iter()
+        .find(|(listed, _, _)| *listed == name)
+        .map_or("", |(_, _, help)| help)
+}
+
+/// Every metric with its kind and help text: the one place help texts are
+/// written (`/metrics` and the recorder's descriptions both read them).
 pub const ALL: &[(&str, Kind, &str)] = &[
     (STORAGE_CORRUPT_RECORDS_TOTAL, Kind::Counter, "Records or frames recovery or a read found damaged and skipped (or refused)."),
     (ACKS_TOTAL, Kind::Counter, "Acks answered 204."),
-    (CONNECTIONS_OPEN, Kind::Gauge, "Client connections open on this node."),
-    (CONSUMER_STATE_FAILED, Kind::Gauge, "1 once a partition's ack state failed."),
+    (CONNECTIONS_OPEN, Kind::Gauge, "Client connections open on this node (at most http.max_connections)."),
+    (CONSUMER_STATE_FAILED, Kind::Gauge, "1 once the ack state of a partition on this node failed (its acks answer 503 ack_state_failed)."),
     (CONSUME_LONG_POLLS_WAITING, Kind::Gauge, "Consumes parked waiting for messages."),
     (CONSUME_EMPTY_WAKES_TOTAL, Kind::Counter, "Rounds of a long poll that a wake-up started and that found nothing."),
     (DEAD_LETTERED_TOTAL, Kind::Counter, "Messages moved to a dead-letter topic."),
     (DISPATCHER_COMMIT_RECORDS, Kind::Histogram, "Records per dispatcher commit."),
-    (DISPATCHER_PENDING_RECORDS, Kind::Gauge, "Accepted records not yet committed."),
-    (FANOUT_CHILD_DROPPED_MESSAGES, Kind::Counter, "Messages a child skipped because its parent's retention removed them first."),
-    (FANOUT_CHILD_LAG_MESSAGES, Kind::Gauge, "Messages of a parent not yet copied to a child (this node's partitions)."),
-    (FANOUT_CHILD_LAG_SECONDS, Kind::Gauge, "Age of the oldest message not yet copied to a child."),
-    (REMOTE_CHILD_HEADROOM_SECONDS, Kind::Gauge, "Seconds until a remote child's oldest unshipped message ages out of its parent."),
+    (DISPATCHER_PENDING_RECORDS, Kind::Gauge, "Accepted records not yet committed to their partition."),
+    (FANOUT_CHILD_DROPPED_MESSAGES, Kind::Counter, "Messages the child skipped because the parent's retention removed them first (since this node started)."),
+    (FANOUT_CHILD_LAG_MESSAGES, Kind::Gauge, "Messages of this node's parent partitions not yet copied to the child."),
+    (FANOUT_CHILD_LAG_SECONDS, Kind::Gauge, "Age of the oldest message not yet copied to the child (a delay child: how far past its due time)."),
+    (REMOTE_CHILD_HEADROOM_SECONDS, Kind::Gauge, "Seconds until the oldest message not yet shipped to the remote child ages out of its parent (the parent's retention when none waits; +Inf when it keeps messages forever)."),
     (DISPATCHER_REROUTES_TOTAL, Kind::Counter, "Records rerouted around an unavailable owner."),
-    (HTTP_BUFFERED_BODY_BYTES, Kind::Gauge, "Request-body bytes held by the node."),
+    (HTTP_BUFFERED_BODY_BYTES, Kind::Gauge, "Bytes of request bodies this node holds (at most http.max_buffered_body_bytes)."),
     (HTTP_REQUESTS_TOTAL, Kind::Counter, "Requests answered, by route and status."),
     (HTTP_REQUEST_SECONDS, Kind::Histogram, "Request latency."),
     (KAFKA_REQUESTS_TOTAL, Kind::Counter, "Kafka protocol requests answered, by API and error (none when it succeeded)."),
-    (INGRESS_WAL_FAILED, Kind::Gauge, "1 once an ingress WAL failed."),
-    (NODE_ALIVE, Kind::Gauge, "Each member as this node's controller sees it."),
+    (INGRESS_WAL_FAILED, Kind::Gauge, "1 once an ingress WAL of the node failed (its shard answers 500 to produces until restart)."),
+    (NODE_ALIVE, Kind::Gauge, "1 for each member this node's controller sees alive, 0 once marked dead."),
     (PARTITION_AVAILABLE_MESSAGES, Kind::Gauge, "Messages neither leased nor acked."),
     (PARTITION_FRONTIER, Kind::Gauge, "Lowest offset not acked."),
     (PARTITION_HIGH_WATERMARK, Kind::Gauge, "Next offset of the partition."),
     (PARTITION_IN_FLIGHT, Kind::Gauge, "Messages under a lease."),
     (PARTITION_OLDEST_UNACKED_AGE_SECONDS, Kind::Gauge, "Age of the oldest unacked message."),
     (PRODUCE_DUPLICATES_TOTAL, Kind::Counter, "Produced messages found to be duplicates by their idempotency key, by topic and where (node: the node that took the produce; owner: the partition's owner)."),
-    (IDEMPOTENCY_KEYS, Kind::Gauge, "Idempotency keys this node holds."),
+    (IDEMPOTENCY_KEYS, Kind::Gauge, "Idempotency keys this node holds (at most 500000 per shard)."),
     (IDEMPOTENCY_KEYS_REROUTED_TOTAL, Kind::Counter, "Records with an idempotency key rerouted to a sibling partition, by topic: a retry of one of them may be stored twice."),
     (IDEMPOTENCY_KEYS_FORGOTTEN_TOTAL, Kind::Counter, "Idempotency keys let go before their window ended: the node's table, a shard's WAL or a partition's owner held its limit of them."),
-    (RAFT_IS_LEADER, Kind::Gauge, "1 while this node leads."),
+    (RAFT_IS_LEADER, Kind::Gauge, "1 while this node is the Raft leader."),
     (RAFT_TERM, Kind::Gauge, "Current Raft term."),
     (WAL_RECORDS_PER_SYNC, Kind::Histogram, "Records per WAL fdatasync."),
     (WAL_SYNC_SECONDS, Kind::Histogram, "WAL fdatasync latency."),

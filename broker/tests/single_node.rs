@@ -725,6 +725,16 @@ fn metrics_expose_the_contracts_names() {
     );
     assert!(text.contains("narad_ingress_wal_failed 0"));
     assert!(text.contains("narad_raft_is_leader 1"));
+    // Each metric has one help text, the listed one.
+    for line in text.lines().filter(|l| l.starts_with("# HELP ")) {
+        let mut words = line.splitn(4, ' ').skip(2);
+        let (Some(name), help) = (words.next(), words.next().unwrap_or("")) else {
+            panic!("a HELP line without a name: {line}");
+        };
+        assert!(!help.trim().is_empty(), "{name} has no help text");
+        let listed = narad_broker::metric_names::help(name);
+        assert_eq!(help, listed, "{name}: the help text is not the listed one");
+    }
 }
 
 fn narad(node: &Node, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
@@ -1154,6 +1164,7 @@ fn a_node_stopped_with_clients_connected_starts_again_at_once_on_its_port() {
 fn a_node_whose_locked_memory_limit_is_too_low_says_so_and_exits() {
     // As an unprivileged user (root's CAP_IPC_LOCK ignores the limit): only
     // root can become one here.
+    // SAFETY: geteuid takes nothing and cannot fail.
     if unsafe { libc_geteuid() } != 0 {
         eprintln!("skipped: needs root to run the node as an unprivileged user");
         return;
