@@ -140,6 +140,27 @@ struct Settling {
 /// A partition's acknowledgement error, if any.
 type AckErrors = BTreeMap<(uuid::Uuid, u32), (ResponseError, String)>;
 
+/// A request's acknowledgement batches as (topic id, partition, first
+/// offset, last offset, types): ShareFetch and ShareAcknowledge carry them
+/// in generated types of their own with the same fields.
+macro_rules! acknowledgements_of {
+    ($body:expr) => {
+        $body.topics.iter().flat_map(|t| {
+            t.partitions.iter().flat_map(move |p| {
+                p.acknowledgement_batches.iter().map(move |b| {
+                    (
+                        t.topic_id,
+                        p.partition_index,
+                        b.first_offset,
+                        b.last_offset,
+                        b.acknowledge_types.clone(),
+                    )
+                })
+            })
+        })
+    };
+}
+
 /// Topics by their Kafka id.
 fn topics_by_id(answerer: &Answerer) -> HashMap<uuid::Uuid, Topic> {
     let view = answerer.shard.meta().view();
@@ -393,23 +414,7 @@ impl Answerer {
                     }
                 }
             }
-            settling = take_acknowledged(
-                session,
-                &by_id,
-                body.topics.iter().flat_map(|t| {
-                    t.partitions.iter().flat_map(move |p| {
-                        p.acknowledgement_batches.iter().map(move |b| {
-                            (
-                                t.topic_id,
-                                p.partition_index,
-                                b.first_offset,
-                                b.last_offset,
-                                b.acknowledge_types.clone(),
-                            )
-                        })
-                    })
-                }),
-            );
+            settling = take_acknowledged(session, &by_id, acknowledgements_of!(body));
             if body.share_session_epoch == SESSION_CLOSE {
                 if let Some(closed) = state.sessions.remove(&key) {
                     released.extend(closed.held.into_iter().map(|((t, _, _), h)| (t, h)));
@@ -590,23 +595,7 @@ impl Answerer {
                 session.epoch = epoch;
             }
             session.touched = Instant::now();
-            settling = take_acknowledged(
-                session,
-                &by_id,
-                body.topics.iter().flat_map(|t| {
-                    t.partitions.iter().flat_map(move |p| {
-                        p.acknowledgement_batches.iter().map(move |b| {
-                            (
-                                t.topic_id,
-                                p.partition_index,
-                                b.first_offset,
-                                b.last_offset,
-                                b.acknowledge_types.clone(),
-                            )
-                        })
-                    })
-                }),
-            );
+            settling = take_acknowledged(session, &by_id, acknowledgements_of!(body));
             if epoch == SESSION_CLOSE {
                 if let Some(closed) = state.sessions.remove(&key) {
                     released.extend(closed.held.into_iter().map(|((t, _, _), h)| (t, h)));
