@@ -519,8 +519,10 @@ pub struct BatchProduceResponse {
     pub ids: Vec<String>,
 }
 
-/// One consumed message.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One consumed message: what the HTTP API answers (its JSON or binary
+/// shape is made at the edge), and what an owner sends the shard that
+/// asked for it.
+#[derive(Debug, Clone, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
 pub struct ConsumedMessage {
     pub id: u128,
     pub partition: u32,

@@ -164,38 +164,8 @@ pub struct Collect {
     pub max: u32,
     pub visibility_ms: u64,
 }
-pub type Collected = Result<Vec<Delivery>, ApiError>;
-
-/// One leased message, as bytes; the HTTP API's shape is made at the edge.
-#[derive(Debug, Clone, PartialEq, Eq, Archive, Serialize, Deserialize)]
-pub struct Delivery {
-    pub id: u128,
-    pub partition: u32,
-    pub offset: u64,
-    pub key: Option<Vec<u8>>,
-    pub value: Bytes,
-    pub receipt: String,
-    pub delivery_count: u32,
-    pub produced_at_ms: u64,
-    pub lease_expires_at_ms: u64,
-}
-
-impl Delivery {
-    /// The message as the HTTP API answers it.
-    pub fn into_consumed(self) -> ConsumedMessage {
-        ConsumedMessage {
-            id: self.id,
-            partition: self.partition,
-            offset: self.offset,
-            key: self.key,
-            value: self.value,
-            receipt: self.receipt,
-            delivery_count: self.delivery_count,
-            produced_at_ms: self.produced_at_ms,
-            lease_expires_at_ms: self.lease_expires_at_ms,
-        }
-    }
-}
+/// The leased messages, in the order the partitions were visited.
+pub type Collected = Result<Vec<ConsumedMessage>, ApiError>;
 
 /// Acks, nacks or extends receipts, answered one by one in the order given.
 #[derive(Debug, Clone, PartialEq, Eq, Archive, Serialize, Deserialize)]

@@ -71,10 +71,7 @@ impl<F: FileSystem> Shard<F> {
             }
             let now = self.now();
             if !got.is_empty() || now >= deadline || self.flow.stopping.get() {
-                return Ok(got
-                    .into_iter()
-                    .map(|delivery| delivery.into_consumed())
-                    .collect());
+                return Ok(got);
             }
             let wait = Duration::from_millis(deadline - now);
             let _parked = LongPollGauge::park();
@@ -282,7 +279,7 @@ impl<F: FileSystem> Shard<F> {
                     owner_epoch: self.identity.incarnation,
                 }
                 .encode(&self.env.receipt_key);
-                out.push(Delivery {
+                out.push(ConsumedMessage {
                     id: delivery.message.id,
                     partition,
                     offset: delivery.offset,

@@ -58,10 +58,10 @@ use crate::route::{
     consume_order, group_by, reroute_target, rotated, InOrder, Location, Placement,
 };
 use crate::rpc::{
-    Address, Available, CallError, Collect, Collected, Commit, Committed, CopyFigures, Delivery,
-    Envelope, Figures, Gained, Gauges, KeyAt, KeyedCommit, Links, Operation, Produce, ProduceKey,
-    Produced, Reach, Record, Settle, SettleOutcome, Settled, ShardGauges, Stats, TopicFigures,
-    TopicRef, Transport, Wake,
+    Address, Available, CallError, Collect, Collected, Commit, Committed, CopyFigures, Envelope,
+    Figures, Gained, Gauges, KeyAt, KeyedCommit, Links, Operation, Produce, ProduceKey, Produced,
+    Reach, Record, Settle, SettleOutcome, Settled, ShardGauges, Stats, TopicFigures, TopicRef,
+    Transport, Wake,
 };
 use crate::runtime::SharedRuntime;
 use crate::schemas::CompiledSchemas;
