@@ -1,6 +1,12 @@
 # Shared by the bench scripts: waiting for a narad process started into
 # "$work/NAME.out" to print its listening line (with a deadline), and
 # stopping the processes a script started.
+bench_work() { # makes $work (removed at exit, with every process in $pids stopped first)
+  work="$(mktemp -d)"
+  pids=()
+  trap 'stop_all "${pids[@]}"; rm -rf "$work"' EXIT
+}
+
 stop_all() { # pid...: SIGTERM each, then wait for each to exit (so that its files can go)
   for p in "$@"; do kill "$p" 2>/dev/null || true; done
   for p in "$@"; do wait "$p" 2>/dev/null || true; done

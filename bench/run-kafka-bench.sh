@@ -16,11 +16,8 @@ rounds="${2:-3}"
 shards="${3:-2}"
 size="${4:-1024}"
 cargo build --release -p narad-broker -p narad-bench >/dev/null
-work="$(mktemp -d)"
-pids=()
-cleanup() { stop_all "${pids[@]}"; rm -rf "$work"; }
-trap cleanup EXIT
 . bench/lib.sh
+bench_work
 
 hz=$(getconf CLK_TCK)
 results="$work/results.tsv"

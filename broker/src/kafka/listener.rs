@@ -95,17 +95,13 @@ async fn handshake(
         Ok(acceptor.accept(stream).await.map_err(|e| e.to_string()))
     })
     .await;
-    match accepted {
-        Ok(Ok(stream)) => Some(stream),
-        Ok(Err(error)) => {
-            tracing::info!(%peer, %error, "TLS handshake with a Kafka client failed");
-            None
-        }
-        Err(error) => {
-            tracing::info!(%peer, %error, "TLS handshake with a Kafka client failed");
-            None
-        }
-    }
+    let error = match accepted {
+        Ok(Ok(stream)) => return Some(stream),
+        Ok(Err(error)) => error,
+        Err(timeout) => timeout.to_string(),
+    };
+    tracing::info!(%peer, %error, "TLS handshake with a Kafka client failed");
+    None
 }
 
 /// What woke a connection.

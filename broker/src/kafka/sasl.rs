@@ -115,22 +115,22 @@ impl Answerer {
         let mechanisms = vec![StrBytes::from_static_str(PLAIN)];
         let stage = login.stage.borrow().clone();
         let error = match stage {
-            Stage::Done(Caller::Anyone) => Some(ResponseError::IllegalSaslState),
-            Stage::Done(Caller::User(_)) | Stage::Authenticate => {
-                Some(ResponseError::IllegalSaslState)
-            }
             Stage::Handshake if body.mechanism.as_str() != PLAIN => {
                 Some(ResponseError::UnsupportedSaslMechanism)
             }
             Stage::Handshake => None,
+            // Auth off, a second handshake, or one after signing in.
+            Stage::Authenticate | Stage::Done(_) => Some(ResponseError::IllegalSaslState),
+        };
+        // With auth off no mechanism is offered.
+        let offered = if stage == Stage::Done(Caller::Anyone) {
+            Vec::new()
+        } else {
+            mechanisms
         };
         let answer = SaslHandshakeResponse::default()
             .with_error_code(error.map_or(0, |e| e.code()))
-            .with_mechanisms(if stage == Stage::Done(Caller::Anyone) {
-                Vec::new()
-            } else {
-                mechanisms
-            });
+            .with_mechanisms(offered);
         super::serve::count("sasl_handshake", error.map_or(NO_ERROR, error_label));
         match (error, encode(request, &answer)) {
             (None, Ok(frame)) => {
