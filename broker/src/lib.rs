@@ -23,6 +23,7 @@ pub mod config;
 pub mod controller;
 pub mod dispatcher;
 pub mod errors;
+pub mod folders;
 pub mod idempotency;
 pub mod kafka;
 pub mod leases;

@@ -239,6 +239,9 @@ pub struct PartitionOwner<F: FileSystem> {
     /// Idempotency keys committed within the window (`owner/keys.rs`).
     keys: RefCell<keys::OwnerKeys>,
     idempotency_window_ms: Cell<u64>,
+    /// Keeps the topic's folder from being removed while the owner lives
+    /// (`crate::folders`).
+    folder: RefCell<Option<crate::folders::FolderHold>>,
 }
 
 fn record_commit_time(times: &mut VecDeque<(u64, u64)>, base: u64, now_ms: u64) {
@@ -310,7 +313,14 @@ impl<F: FileSystem> PartitionOwner<F> {
             journal: journal::Journal::default(),
             keys: RefCell::default(),
             idempotency_window_ms: Cell::new(config.idempotency_window_ms),
+            folder: RefCell::new(None),
         }
+    }
+
+    /// Holds the topic's folder for as long as the owner lives: the last
+    /// append of an owner still referenced is done before it can go.
+    pub fn hold_folder(&self, hold: crate::folders::FolderHold) {
+        *self.folder.borrow_mut() = Some(hold);
     }
 
     /// Rebuilds the table of idempotency keys from the log's tail (at
@@ -802,6 +812,17 @@ impl<F: FileSystem> PartitionOwner<F> {
     pub async fn freeze(&self) {
         self.frozen.set(true);
         let _turn = self.take_append_turn().await;
+        // A batch written behind whose journal copy is not durable yet is
+        // in the log but not visible: the state the freeze answers must
+        // cover what the copy will hold, so its WAL flush (which needs no
+        // turn) is awaited first.
+        loop {
+            let seen = self.signal.version();
+            if !self.journal.writing_behind() {
+                break;
+            }
+            self.signal.changed(seen).await;
+        }
         // What the journal wrote behind is synced before the handover copies
         // it, and its journal copies go.
         if let Err(error) = self.sync_journal_in_turn().await {

@@ -1958,14 +1958,15 @@ fn consumes_of_one_message_take_turns_over_every_partition() {
 }
 
 /// A topic deleted while its partitions commit (and roll small segments)
-/// must not take the node down: its folders go while a last commit may be
-/// opening a new segment file in them.
+/// must not take the node down, and its folder goes: only once the last
+/// commit of each of its partitions (which may open a new segment file in
+/// it) is done, on whichever shard.
 #[test]
 fn deleting_a_topic_while_its_partitions_roll_segments_keeps_the_node_up() {
     let tmp = tempfile::tempdir().expect("tmp");
     let node = Node::start(
         &tmp.path().join("n"),
-        &["--set", "storage.segment_bytes=8192"],
+        &["--set", "storage.segment_bytes=8192", "--shards", "2"],
     );
     // Each round is a fraction of a second; the race needs a few.
     for round in 0..20 {
@@ -1980,6 +1981,20 @@ fn deleting_a_topic_while_its_partitions_roll_segments_keeps_the_node_up() {
         producers.finish();
         let (status, _) = node.request("GET", "/healthz", b"");
         assert_eq!(status, 200, "round {round}: the node is up");
+        let partitions = tmp.path().join("n").join("partitions");
+        let gone = || {
+            std::fs::read_dir(&partitions).is_ok_and(|entries| {
+                !entries.flatten().any(|e| {
+                    e.file_name()
+                        .to_string_lossy()
+                        .starts_with(&format!("{topic}-"))
+                })
+            })
+        };
+        assert!(
+            eventually(Duration::from_secs(20), gone),
+            "round {round}: the deleted topic's folder is removed"
+        );
     }
 }
 

@@ -199,6 +199,8 @@ struct NodeShared {
     keys: Arc<NodeKeys>,
     /// Partitions that records recovered from the WALs go to, all shards.
     recovered: Arc<crate::recovered::Recovered>,
+    /// The topic folders in use, all shards.
+    folders: Arc<crate::folders::TopicFolders>,
     /// Connections and request bodies the node's clients hold, all shards.
     http_budget: Arc<NodeBudget>,
     /// Where remote children's copies leave the node.
@@ -435,6 +437,7 @@ pub fn run(config: Config) -> Result<(), String> {
         finished: AtomicUsize::new(0),
         wal_failed: Arc::default(),
         recovered: Arc::default(),
+        folders: Arc::default(),
         keys: NodeKeys::new(
             IDEMPOTENCY_KEYS_PER_SHARD_MAX.saturating_mul(shards),
             shards,

@@ -108,6 +108,7 @@ pub(super) async fn run_shard(start: ShardStart) -> Result<(), String> {
             wal_failed: node.wal_failed.clone(),
             keys: node.keys.clone(),
             recovered: node.recovered.clone(),
+            folders: node.folders.clone(),
             http_budget: node.http_budget.clone(),
             ship: node.ship.clone(),
             faults,

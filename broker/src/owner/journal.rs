@@ -74,6 +74,11 @@ impl<F: FileSystem> Journal<F> {
             .fold(log_end, u64::min)
     }
 
+    /// Whether a batch written behind waits for its journal copy.
+    pub(super) fn writing_behind(&self) -> bool {
+        !self.waiting.borrow().is_empty()
+    }
+
     pub(super) fn broken(&self) -> bool {
         self.broken.get()
     }
@@ -211,19 +216,10 @@ impl<F: FileSystem> PartitionOwner<F> {
         let Some(end) = self.journal.waiting.borrow_mut().remove(&base) else {
             return;
         };
-        self.signal.notify();
-        if self.frozen.get() && !self.journal.broken() {
-            // The freeze synced and verified the log's copy (it took the
-            // append turn after this batch was written behind): the copy
-            // may go now, before the partition moves away.
-            if let Some(wal) = self.journal.wal.borrow().as_ref() {
-                for pos in positions {
-                    wal.mark_committed(pos);
-                }
-            }
-            return;
-        }
+        // Held before the signal wakes a freeze waiting for it, whose sync
+        // then releases it.
         self.journal.held.borrow_mut().push_back((end, positions));
+        self.signal.notify();
     }
 
     /// The journal copy of the batch at `base` never became durable (the
@@ -232,6 +228,8 @@ impl<F: FileSystem> PartitionOwner<F> {
     pub fn journal_failed(&self, base: u64) {
         if let Some(end) = self.journal.waiting.borrow_mut().remove(&base) {
             self.journal.unjournaled.borrow_mut().insert(base, end);
+            // A freeze waiting for it goes on (its sync makes it visible).
+            self.signal.notify();
         }
     }
 

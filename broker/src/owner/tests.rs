@@ -382,6 +382,38 @@ fn journal_base(owner: &PartitionOwner<SimFs>, batch: &[Message]) -> Result<u64,
     block_on(owner.journal_append(batch, 1_000, |_| Ok(Vec::new()))).map(|t| t.base)
 }
 
+/// Appends `batch` through the journal with its journal copy in `wal`.
+fn journal_with_records(
+    owner: &PartitionOwner<SimFs>,
+    wal: &narad_storage::wal::Wal<SimFs>,
+    batch: &[Message],
+) -> JournalAppend {
+    use narad_storage::wal::WalRecordRef;
+    let taken = block_on(owner.journal_append(batch, 1_000, |base| {
+        let records: Vec<WalRecordRef<'_>> = batch
+            .iter()
+            .zip(base..)
+            .map(|(m, offset)| WalRecordRef {
+                id: m.id,
+                topic: "orders",
+                partition: 0,
+                key: None,
+                value: &m.value,
+                accept_ms: 1,
+                topic_incarnation: Some(1),
+                offset: Some(offset),
+                idempotency: None,
+                key_only: false,
+            })
+            .collect();
+        wal.append_batch(&records)
+    }));
+    match taken {
+        Ok(taken) => taken,
+        Err(_) => panic!("the journal took the batch"),
+    }
+}
+
 fn keyed(id: u128, key: &str) -> Message {
     Message {
         id,
@@ -434,36 +466,13 @@ fn a_copy_of_a_committed_key_is_dropped_across_a_reopen_until_the_window_ends() 
 /// was synced and read back.
 #[test]
 fn a_journal_batch_shows_once_durable_and_its_records_go_once_the_log_verified_it() {
-    use narad_storage::wal::WalRecordRef;
-
     let fs = SimFs::new(5);
     let clock = ManualClock::new(1_000);
     let owner = open(&fs, &clock, CONFIG);
     let wal = open_wal(&fs);
     owner.use_journal(wal.clone());
     let batch = messages(3);
-    let taken = block_on(owner.journal_append(&batch, 1_000, |base| {
-        let records: Vec<WalRecordRef<'_>> = batch
-            .iter()
-            .zip(base..)
-            .map(|(m, offset)| WalRecordRef {
-                id: m.id,
-                topic: "orders",
-                partition: 0,
-                key: None,
-                value: &m.value,
-                accept_ms: 1,
-                topic_incarnation: Some(1),
-                offset: Some(offset),
-                idempotency: None,
-                key_only: false,
-            })
-            .collect();
-        wal.append_batch(&records)
-    }));
-    let Ok(taken) = taken else {
-        panic!("the journal took the batch");
-    };
+    let taken = journal_with_records(&owner, &wal, &batch);
     assert_eq!(taken.base, 0);
     assert_eq!(
         owner.high_watermark(),
@@ -491,6 +500,65 @@ fn a_journal_batch_shows_once_durable_and_its_records_go_once_the_log_verified_i
             .len(),
         3
     );
+}
+
+/// A freeze for a handover waits for batches written behind whose journal
+/// copy is not durable yet: what it answers (the high watermark) covers all
+/// the log holds, so the copy a move installs ends where the source said.
+#[test]
+fn a_freeze_waits_for_journal_batches_written_behind_to_become_visible() {
+    for durable in [true, false] {
+        freeze_with_a_journal_batch_written_behind(durable);
+    }
+}
+
+/// The journal copy becomes `durable`, or fails (the WAL failed).
+fn freeze_with_a_journal_batch_written_behind(durable: bool) {
+    use std::cell::Cell;
+
+    let fs = SimFs::new(6);
+    let clock = ManualClock::new(1_000);
+    let owner = open(&fs, &clock, CONFIG);
+    let wal = open_wal(&fs);
+    owner.use_journal(wal.clone());
+    let batch = messages(3);
+    let taken = journal_with_records(&owner, &wal, &batch);
+    assert_eq!(
+        owner.high_watermark(),
+        0,
+        "invisible before its copy is durable"
+    );
+    let answered = Cell::new(None);
+    block_on(futures_lite::future::zip(
+        async {
+            owner.freeze().await;
+            answered.set(Some(owner.high_watermark()));
+        },
+        async {
+            for _ in 0..10 {
+                futures_lite::future::yield_now().await;
+            }
+            if durable {
+                wal.flush().await.expect("flush");
+                owner.journal_durable(taken.base, taken.appended.iter().map(|a| a.pos).collect());
+            } else {
+                owner.journal_failed(taken.base);
+            }
+        },
+    ));
+    assert_eq!(
+        answered.get(),
+        Some(3),
+        "the frozen partition's end covers the batch its log holds"
+    );
+    if durable {
+        assert_eq!(
+            wal.stats().uncommitted_records,
+            0,
+            "the freeze verified the log's copy and released the journal's"
+        );
+    }
+    assert!(!owner.journal_waiting());
 }
 
 /// Keyed messages through the journal: a batch holding a key the partition

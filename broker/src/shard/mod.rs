@@ -252,6 +252,8 @@ pub struct ShardEnv<F: FileSystem = NodeFs> {
     pub keys: Arc<NodeKeys>,
     /// Partitions that records recovered from the node's WALs go to.
     pub recovered: Arc<crate::recovered::Recovered>,
+    /// The topic folders in use on the node, and those being removed.
+    pub folders: Arc<crate::folders::TopicFolders>,
 }
 
 /// The partitions of this shard, each opened on first use.

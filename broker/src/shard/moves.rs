@@ -825,6 +825,13 @@ impl<F: FileSystem> Shard<F> {
             .ok()
             .filter(|t| t.incarnation == planned.incarnation)
             .ok_or_else(|| ApiError::new(ErrorCode::Conflict, "the topic was deleted"))?;
+        // The copy is written in the topic's folder: it stays until the
+        // move's last write.
+        let _folder = self
+            .env
+            .folders
+            .hold(&planned.topic, planned.incarnation)
+            .ok_or_else(|| ApiError::new(ErrorCode::Conflict, "the topic was deleted"))?;
         let (dir, incoming) = self.move_dirs(planned);
         let internal = |e: std::io::Error| ApiError::new(ErrorCode::Internal, e.to_string());
         self.env

@@ -23,6 +23,15 @@ impl<F: FileSystem> Shard<F> {
             }
             self.owners.changed.changed(seen).await;
         }
+        // Held before anything is created in it: a deleted topic's folder
+        // being removed (this shard may not know of the deletion yet) is
+        // not opened again.
+        let Some(hold) = self.env.folders.hold(&topic.name, topic.incarnation) else {
+            return Err(ApiError::new(
+                ErrorCode::TopicNotFound,
+                format!("topic {:?} was deleted", topic.name),
+            ));
+        };
         self.owners
             .slots
             .borrow_mut()
@@ -40,6 +49,7 @@ impl<F: FileSystem> Shard<F> {
         let mut owners = self.owners.slots.borrow_mut();
         let result = match opened {
             Ok(owner) => {
+                owner.hold_folder(hold);
                 let owner = Rc::new(owner);
                 // A partition frozen for a handover before it opened.
                 if self.is_frozen(topic, partition) {

@@ -226,6 +226,17 @@ impl<F: FileSystem> Shard<F> {
     /// Reconciles on every metadata change, whichever shard or node made it.
     pub async fn watch_topics(self: Rc<Self>) {
         let mut changes = self.env.meta.subscribe();
+        if self.identity.shard_id == 0 {
+            let (wake, woken) = futures_channel::mpsc::unbounded();
+            self.env.folders.wake_reaper_with(wake);
+            let reaper = self.clone();
+            self.env.runtime.spawn(Box::pin(async move {
+                let mut woken = woken;
+                while futures_util::StreamExt::next(&mut woken).await.is_some() {
+                    reaper.reap_deleted_topics().await;
+                }
+            }));
+        }
         self.reconcile_children();
         self.reap_deleted_topics().await;
         self.learn_peers();
@@ -242,8 +253,10 @@ impl<F: FileSystem> Shard<F> {
     /// Removes the partition folders of topics that no longer exist (deleted,
     /// or created again as a new incarnation), on shard 0 of every node, once
     /// the metadata is caught up (before that, a topic missing from this
-    /// node's view may merely be unknown yet). Through the file seam, off
-    /// the executor.
+    /// node's view may merely be unknown yet) and no shard holds the folder
+    /// any more (an owner's last append may still roll a segment there; its
+    /// release wakes this again: `crate::folders`). Through the file seam,
+    /// off the executor.
     pub(super) async fn reap_deleted_topics(&self) {
         if self.identity.shard_id != 0 || !self.env.meta.caught_up() {
             return;
@@ -268,6 +281,9 @@ impl<F: FileSystem> Shard<F> {
             if live {
                 continue;
             }
+            let Some(_reaping) = self.env.folders.reap(name, incarnation) else {
+                continue;
+            };
             let dir = root.join(&entry);
             match self.env.fs.remove_dir_all(&dir).await {
                 Ok(()) => {

@@ -504,6 +504,7 @@ impl SimCluster {
         let wal_failed = Arc::new(AtomicBool::new(false));
         let keys = NodeKeys::new(IDEMPOTENCY_KEYS_PER_SHARD_MAX * SHARDS, SHARDS);
         let recovered = Arc::new(narad_broker::recovered::Recovered::default());
+        let folders = Arc::new(narad_broker::folders::TopicFolders::default());
         let mut shards = Vec::with_capacity(SHARDS);
         sim.latency.instant.set(true);
         for index in 0..SHARDS {
@@ -560,6 +561,7 @@ impl SimCluster {
                     wal_failed: wal_failed.clone(),
                     keys: keys.clone(),
                     recovered: recovered.clone(),
+                    folders: folders.clone(),
                     http_budget: NodeBudget::new(1024, 1 << 30),
                     ship: Arc::new(NoRemoteClusters),
                     faults: FaultControl::new(false),

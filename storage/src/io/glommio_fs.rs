@@ -164,19 +164,10 @@ impl FileSystem for GlommioFs {
         options.read(true).write(true).create(mode.create);
         if mode.direct {
             // glommio's `dma_open` unwraps a `statfs` of the path after
-            // opening it: a file removed in between (a deleted topic's
-            // folder, reaped while its last commit rolls a segment) panics
-            // the whole shard. That panic becomes the error it should be.
-            let opening = std::panic::AssertUnwindSafe(options.dma_open(path));
-            let file = match futures_lite::FutureExt::catch_unwind(opening).await {
-                Ok(opened) => opened.map_err(io::Error::from)?,
-                Err(_) => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::NotFound,
-                        format!("{} went away while it was being opened", path.display()),
-                    ))
-                }
-            };
+            // opening it, so a file must not be removed while it opens: the
+            // broker removes a folder only once nothing that writes in it
+            // is left (a deleted topic's, after its owners' last append).
+            let file = options.dma_open(path).await.map_err(io::Error::from)?;
             Ok(GlommioFile::Direct {
                 file: Rc::new(file),
                 path: path.to_path_buf(),
