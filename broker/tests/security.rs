@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use base64::Engine;
 use hyper::Method;
-use narad_broker::api::{Need, ROUTES};
+use narad_broker::api::{Need, RouteId, ROUTES};
 use narad_raft::state::Action;
 use serde_json::{json, Value};
 use support::cluster::Cluster;
@@ -95,23 +95,25 @@ fn start_secured(dir: &std::path::Path) -> Node {
 /// The grant each route needs, as the API's "Users and grants" fixes it:
 /// written here on its own, so a route whose need changed in the router
 /// fails the sweep.
-fn documented_need(label: &str, method: &Method) -> Need {
-    match (label, method.as_str()) {
-        ("healthz" | "readyz" | "metrics" | "openapi", _) => Need::Open,
-        ("cluster" | "topics" | "schemas", _) | ("schema" | "moves", "GET") => Need::Anyone,
-        ("moves", "POST") => Need::Cluster,
-        ("cluster_nodes" | "cluster_node" | "decommission" | "rebalance", _) => Need::Cluster,
-        ("topic" | "children" | "child" | "redrive" | "redrive_task", _) => {
+fn documented_need(route: RouteId, method: &Method) -> Need {
+    use RouteId as R;
+    let get = method == Method::GET;
+    match route {
+        R::Healthz | R::Readyz | R::Metrics | R::OpenApi => Need::Open,
+        R::Cluster | R::Topics | R::Schemas => Need::Anyone,
+        R::Schema | R::Moves if get => Need::Anyone,
+        R::Moves | R::ClusterNodes | R::ClusterNode | R::Decommission | R::Rebalance => {
+            Need::Cluster
+        }
+        R::Topic | R::Children | R::Child | R::Redrive | R::RedriveTask => {
             Need::Topic(Action::Admin)
         }
-        ("produce" | "produce_batch", _) => Need::Topic(Action::Produce),
-        (
-            "consume" | "ack" | "nack" | "extend" | "ack_batch" | "nack_batch" | "extend_batch",
-            _,
-        ) => Need::Topic(Action::Consume),
-        ("schema" | "users" | "user" | "user_grants", _) => Need::Cluster,
-        ("user_tokens" | "user_token", _) => Need::SelfOrCluster,
-        _ => panic!("route {label} {method} is not in the sweep: add it"),
+        R::Produce | R::ProduceBatch => Need::Topic(Action::Produce),
+        R::Consume | R::Ack | R::Nack | R::Extend | R::AckBatch | R::NackBatch | R::ExtendBatch => {
+            Need::Topic(Action::Consume)
+        }
+        R::Schema | R::Users | R::User | R::UserGrants => Need::Cluster,
+        R::UserTokens | R::UserToken => Need::SelfOrCluster,
     }
 }
 
@@ -197,9 +199,9 @@ fn every_route_answers_401_401_401_403_then_succeeds() {
         for (method, need) in spec.methods {
             assert_eq!(
                 *need,
-                documented_need(spec.label, method),
+                documented_need(spec.id, method),
                 "{} {method} needs what the API says",
-                spec.label
+                spec.label()
             );
             // The right caller for this need, and the user in the path.
             // (Never the user admin, which holds every grant anyway.)
@@ -211,7 +213,7 @@ fn every_route_answers_401_401_401_403_then_succeeds() {
                 ),
                 // `orders` and its child `orders.audit`.
                 // A redrive also writes to its target: `produce` there.
-                Need::Topic(action) if spec.label == "redrive" => (
+                Need::Topic(action) if spec.id == RouteId::Redrive => (
                     format!("can-{}-redrive", action.as_str()),
                     json!([
                         {"topic": "orders*", "actions": [action.as_str()]},
@@ -231,7 +233,7 @@ fn every_route_answers_401_401_401_403_then_succeeds() {
             user_with(&node, "victim", json!([]));
             // A redrive's target, and a running redrive to cancel.
             let mut redrive_id = String::new();
-            if spec.label.starts_with("redrive") {
+            if matches!(spec.id, RouteId::Redrive | RouteId::RedriveTask) {
                 admin(
                     &node,
                     "PUT",
@@ -247,7 +249,7 @@ fn every_route_answers_401_401_401_403_then_succeeds() {
                 assert_eq!(status, 202, "{answer}");
                 redrive_id = answer["id"].as_str().unwrap_or_default().to_string();
             }
-            if spec.label == "child" {
+            if spec.id == RouteId::Child {
                 // A child to change or delete (PUT again answers 200).
                 admin(
                     &node,
@@ -271,12 +273,12 @@ fn every_route_answers_401_401_401_403_then_succeeds() {
             } else {
                 "victim"
             };
-            let in_path = if spec.label == "redrive_task" {
+            let in_path = if spec.label() == "redrive_task" {
                 redrive_id.clone()
             } else {
                 token_of(path_user)
             };
-            let (path, body) = fixture(spec.label, spec.path, method, path_user, &in_path);
+            let (path, body) = fixture(spec.label(), spec.path, method, path_user, &in_path);
             let m = method.as_str();
             let what = format!("{m} {path}");
             if *need == Need::Open {
@@ -301,7 +303,13 @@ fn every_route_answers_401_401_401_403_then_succeeds() {
             } else {
                 // A user acting on another user's tokens needs `cluster`.
                 let (path, body) = if *need == Need::SelfOrCluster {
-                    fixture(spec.label, spec.path, method, "victim", &token_of("victim"))
+                    fixture(
+                        spec.label(),
+                        spec.path,
+                        method,
+                        "victim",
+                        &token_of("victim"),
+                    )
                 } else {
                     (path.clone(), body.clone())
                 };
@@ -319,14 +327,14 @@ fn every_route_answers_401_401_401_403_then_succeeds() {
             };
             let (status, answer) = call(&node, &auth, m, &path, &body);
             let receipt_route = matches!(
-                spec.label,
+                spec.label(),
                 "ack" | "nack" | "extend" | "ack_batch" | "nack_batch" | "extend_batch"
             );
             // A lone node cannot admit a second node 1, remove itself or
             // hand its partitions to nobody: past the grant, the cluster
             // refuses.
             let lone_node_refuses = matches!(
-                (spec.label, m),
+                (spec.label(), m),
                 ("cluster_nodes" | "cluster_node" | "decommission", _) | ("moves", "POST")
             );
             if receipt_route {

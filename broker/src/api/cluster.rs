@@ -1,6 +1,7 @@
 //! The cluster routes' bodies and answers: admitting a node, node ids in
 //! paths, node states, and moves as JSON.
 
+use super::*;
 use narad_net::{ApiError, ErrorCode};
 use narad_raft::state::{Move, NodeId};
 use serde_json::{json, Value};
@@ -108,6 +109,42 @@ fn move_json(m: &Move) -> Value {
         value["promoted_at_offset"] = json!(offset);
     }
     value
+}
+
+/// `GET /v1/cluster`: the members, their state as the controller last
+/// judged it (through Raft), and how many partitions each owns.
+pub(super) fn cluster_json(shard: &Shard) -> Value {
+    let meta = shard.meta();
+    let view = meta.view();
+    let state = &view.state;
+    let learners = meta.learners();
+    let nodes: Vec<Value> = meta
+        .members()
+        .into_iter()
+        .map(|(id, addr)| {
+            let record = state.nodes.get(&id);
+            let alive = record.is_none_or(|record| record.alive);
+            let partitions = state
+                .topics
+                .values()
+                .flat_map(|t| t.owners.iter())
+                .filter(|owner| **owner == id)
+                .count();
+            json!({
+                "id": id,
+                "addr": addr,
+                "kafka_addr": state.kafka_addrs.get(&id),
+                "state": cluster::node_state(alive, record.is_some_and(|r| r.decommissioning), learners.contains(&id), partitions),
+                "partitions": partitions,
+            })
+        })
+        .collect();
+    json!({
+        "cluster_id": state.cluster_id,
+        "leader": meta.leader(),
+        "term": meta.term(),
+        "nodes": nodes,
+    })
 }
 
 #[cfg(test)]
