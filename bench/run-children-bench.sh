@@ -16,12 +16,8 @@ seconds="${1:-10}"
 rounds="${2:-3}"
 shards="${3:-$(nproc)}"
 cargo build --release -p narad-broker -p narad-bench >/dev/null
-work="$(mktemp -d)"
-pids=()
-cleanup() { stop_all "${pids[@]}"; rm -rf "$work"; }
-trap cleanup EXIT
-
 . bench/lib.sh
+bench_work
 
 target/release/narad serve --data-dir "$work/node" --listen 127.0.0.1:0 --shards "$shards" \
   --set storage.wal_ring_bytes=268435456 >"$work/node.out" 2>"$work/node.err" &

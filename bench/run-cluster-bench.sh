@@ -8,12 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${1:-5}"
 cargo build --release -p narad-broker -p narad-bench >/dev/null
-work="$(mktemp -d)"
-pids=()
-cleanup() { stop_all "${pids[@]}"; rm -rf "$work"; }
-trap cleanup EXIT
-
 . bench/lib.sh
+bench_work
 
 ready() { # address: waits (with a deadline) until /readyz answers 200
   for _ in $(seq 1 600); do

@@ -17,12 +17,8 @@ cd "$(dirname "$0")/.."
 fill="${1:-10}"
 rounds="${2:-3}"
 cargo build --release -p narad-broker -p narad-bench >/dev/null
-work="$(mktemp -d)"
-pids=()
-cleanup() { stop_all "${pids[@]}"; rm -rf "$work"; }
-trap cleanup EXIT
-
 . bench/lib.sh
+bench_work
 
 free_udp_port() { python3 -c 'import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 median() { sort -n | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }

@@ -8,12 +8,8 @@ cd "$(dirname "$0")/.."
 seconds="${1:-5}"
 shards="${2:-$(nproc)}"
 cargo build --release -p narad-broker -p narad-bench >/dev/null
-work="$(mktemp -d)"
-pids=()
-cleanup() { stop_all "${pids[@]}"; rm -rf "$work"; }
-trap cleanup EXIT
-
 . bench/lib.sh
+bench_work
 
 target/release/narad serve --data-dir "$work/narad" --listen 127.0.0.1:0 --shards "$shards" >"$work/narad.out" 2>"$work/narad.err" &
 pids+=($!)

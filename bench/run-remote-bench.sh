@@ -21,12 +21,8 @@ seconds="${1:-10}"
 rounds="${2:-3}"
 shards="${3:-$(nproc)}"
 cargo build --release -p narad-broker -p narad-bench >/dev/null
-work="$(mktemp -d)"
-pids=()
-cleanup() { stop_all "${pids[@]}"; rm -rf "$work"; }
-trap cleanup EXIT
-
 . bench/lib.sh
+bench_work
 
 for name in parent remote; do
   target/release/narad serve --data-dir "$work/$name" --listen 127.0.0.1:0 --shards "$shards" \

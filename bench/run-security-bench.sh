@@ -14,12 +14,8 @@ seconds="${1:-10}"
 rounds="${2:-3}"
 shards="${3:-$(nproc)}"
 cargo build --release -p narad-broker -p narad-bench >/dev/null
-work="$(mktemp -d)"
-pids=()
-cleanup() { stop_all "${pids[@]}"; rm -rf "$work"; }
-trap cleanup EXIT
-
 . bench/lib.sh
+bench_work
 
 start() { # name, extra flags...
   local name="$1"; shift
