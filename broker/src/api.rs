@@ -261,11 +261,11 @@ async fn dispatch(
             Ok(json_response(StatusCode::OK, &cluster_json(shard)))
         }
         RouteId::ClusterNode => {
-            shard.remove_node(cluster::node_id(route.node)?).await?;
+            shard.remove_node(cluster::node_id(route.node()?)?).await?;
             Ok(empty_response(StatusCode::NO_CONTENT))
         }
         RouteId::Decommission => {
-            let moves = shard.decommission(cluster::node_id(route.node)?).await?;
+            let moves = shard.decommission(cluster::node_id(route.node()?)?).await?;
             Ok(json_response(
                 StatusCode::ACCEPTED,
                 &cluster::moves_json(&moves),

@@ -9,6 +9,11 @@ use std::collections::BTreeMap;
 use narad_raft::state::NodeId;
 
 use crate::mesh::shard_for;
+use crate::rpc::Reach;
+
+/// This node's shards and other nodes a fan-out asks, each with its
+/// partitions ([`Placement::fan_out`]).
+pub type FanoutParts = (Vec<(usize, Vec<u32>)>, Vec<(NodeId, Vec<u32>)>);
 
 /// Where a partition lives, seen from one shard (ordered: here first, then
 /// this node's other shards, then other nodes).
@@ -92,6 +97,32 @@ impl Placement<'_> {
             .enumerate()
             .filter(|(_, group)| !group.is_empty())
             .collect()
+    }
+}
+
+impl Placement<'_> {
+    /// The parts of a fan-out over `partitions` within `reach`: this node's
+    /// shards (this one among them) and other nodes, each with its
+    /// partitions in the order given, each list rotated by `rotation` (so
+    /// no partition starves behind another). A shard or node beyond the
+    /// reach is left out.
+    pub fn fan_out(
+        &self,
+        partitions: impl IntoIterator<Item = u32>,
+        reach: Reach,
+        rotation: u32,
+    ) -> FanoutParts {
+        let (mine, others) = self.split_by_node(partitions);
+        let shards = rotated(self.group_by_shard(mine), rotation)
+            .into_iter()
+            .filter(|(shard, _)| *shard == self.shard || reach.crosses_shards())
+            .collect();
+        let nodes = if reach.crosses_nodes() {
+            rotated(others.into_iter().collect(), rotation)
+        } else {
+            Vec::new()
+        };
+        (shards, nodes)
     }
 }
 
@@ -282,6 +313,35 @@ mod tests {
                 .collect();
             assert!(positions.windows(2).all(|w| w[0] < w[1]), "order kept");
         }
+    }
+
+    #[test]
+    fn a_fan_out_asks_what_its_reach_allows_in_a_rotating_order() {
+        // Node 1 has partitions 0, 2, 4, 5 over two shards; 1 and 3 are
+        // node 2's, 6 node 3's.
+        let owners = [1, 2, 1, 2, 1, 1, 3];
+        let here = placement(&owners, 0, 2);
+        let all = 0..7u32;
+        let (shards, nodes) = here.fan_out(all.clone(), Reach::Cluster, 0);
+        let mine: Vec<u32> = shards.iter().flat_map(|(_, g)| g.clone()).collect();
+        assert_eq!(mine.len(), 4);
+        assert_eq!(nodes, vec![(2, vec![1, 3]), (3, vec![6])]);
+        let (_, turned) = here.fan_out(all.clone(), Reach::Cluster, 1);
+        assert_eq!(turned, vec![(3, vec![6]), (2, vec![1, 3])], "rotated");
+        // From another node: this node's shards only.
+        let (node_shards, node_nodes) = here.fan_out(all.clone(), Reach::Node, 0);
+        assert_eq!(node_shards, shards);
+        assert!(node_nodes.is_empty());
+        // From another shard: this shard only.
+        let (only, none) = here.fan_out(all, Reach::Shard, 1);
+        assert!(only.iter().all(|(shard, _)| *shard == 0));
+        assert_eq!(
+            only.iter().map(|(_, g)| g.len()).sum::<usize>(),
+            (0..7u32)
+                .filter(|p| owners[*p as usize] == 1 && here.shard_of(*p) == 0)
+                .count()
+        );
+        assert!(none.is_empty());
     }
 
     #[test]

@@ -42,7 +42,7 @@ use narad_storage::rng::SimRng;
 use sim::cluster::{Network, SimCluster, SimShard, SHARDS};
 use sim::executor::{Executor, Group};
 
-const ITERATIONS_DEFAULT: u64 = 800;
+const ITERATIONS_DEFAULT: u64 = 600;
 const NODES: u64 = 3;
 const TOPIC: &str = "orders";
 /// The dead-letter topic of the dead-letter scenario, and its limit.

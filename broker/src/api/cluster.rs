@@ -45,14 +45,15 @@ pub(super) fn parse_move(body: &[u8]) -> Result<(String, u32, NodeId), ApiError>
 }
 
 /// The node id a path names.
-pub(super) fn node_id(segment: Option<&str>) -> Result<NodeId, ApiError> {
+pub(super) fn node_id(segment: &str) -> Result<NodeId, ApiError> {
     segment
-        .and_then(|s| s.parse::<NodeId>().ok())
+        .parse::<NodeId>()
+        .ok()
         .filter(|id| (1..=u64::from(u16::MAX)).contains(id))
         .ok_or_else(|| {
             ApiError::new(
                 ErrorCode::InvalidRequest,
-                format!("{:?} is not a node id (1 to 65535)", segment.unwrap_or("")),
+                format!("{segment:?} is not a node id (1 to 65535)"),
             )
         })
 }
@@ -174,8 +175,8 @@ mod tests {
                 .code,
             ErrorCode::UnknownField
         );
-        assert_eq!(node_id(Some("3")).expect("ok"), 3);
-        assert!(node_id(Some("x")).is_err() && node_id(Some("0")).is_err());
+        assert_eq!(node_id("3").expect("ok"), 3);
+        assert!(node_id("x").is_err() && node_id("0").is_err());
     }
 
     #[test]

@@ -371,6 +371,10 @@ impl<'a> Route<'a> {
     pub(super) fn token(&self) -> Result<&'a str, ApiError> {
         self.segment(self.token, "token")
     }
+
+    pub(super) fn node(&self) -> Result<&'a str, ApiError> {
+        self.segment(self.node, "node")
+    }
 }
 
 pub(super) fn route(path: &str) -> Option<Route<'_>> {
@@ -506,7 +510,7 @@ mod tests {
                     "schema" => matched.schema().ok(),
                     "user" => matched.user().ok(),
                     "token" => matched.token().ok(),
-                    _ => matched.node,
+                    _ => matched.node().ok(),
                 };
                 assert_eq!(
                     got,

@@ -139,18 +139,11 @@ impl<F: FileSystem> Shard<F> {
         reach: Reach,
         rotation: u32,
     ) -> Collected {
-        let placement = self.placement(topic);
         let count = topic.config.partitions;
-        let (mine, others) =
-            placement.split_by_node(op.partitions.iter().copied().filter(|p| *p < count));
-        let others = if reach.crosses_nodes() {
-            others
-        } else {
-            BTreeMap::new()
-        };
+        let fanout = self.fan_out(topic, &op.partitions, reach, rotation);
         let max = op.max as usize;
         let mut out = Vec::new();
-        for (shard, partitions) in rotated(placement.group_by_shard(mine), rotation) {
+        for (shard, partitions) in fanout.shards {
             let room = max - out.len();
             if room == 0 {
                 break;
@@ -158,7 +151,7 @@ impl<F: FileSystem> Shard<F> {
             let got = if shard == self.shard_index() {
                 self.collect_here(topic, &partitions, room, op.visibility_ms)
                     .await
-            } else if reach.crosses_shards() {
+            } else {
                 // Asked for every partition there: what it answers says
                 // whether it has anything of the topic at all.
                 let whole = op.partitions.len() >= count as usize;
@@ -183,8 +176,6 @@ impl<F: FileSystem> Shard<F> {
                     polls.found_empty(&topic.name, shard, asked_at);
                 }
                 got
-            } else {
-                continue;
             };
             match got {
                 Ok(got) => out.extend(got),
@@ -194,7 +185,7 @@ impl<F: FileSystem> Shard<F> {
                     tracing::warn!(shard, %error, "consume: a shard failed; answering with what others gave");
                     break;
                 }
-                Err(error) if others.is_empty() => return Err(error),
+                Err(error) if fanout.other_nodes == 0 => return Err(error),
                 Err(error) => {
                     tracing::warn!(%error, "consume: this node's partitions failed; asking the others");
                     break;
@@ -204,13 +195,13 @@ impl<F: FileSystem> Shard<F> {
         let Some(peers) = self.remote.peers.clone() else {
             return Ok(out);
         };
-        for (node, partitions) in rotated(others.into_iter().collect(), rotation) {
+        for (node, partitions) in fanout.nodes {
             let room = max - out.len();
             if room == 0 {
                 break;
             }
             let asked_at = self.now();
-            if self.is_dead(node) || !peers.worth_asking(node, &topic.name, asked_at) {
+            if !peers.worth_asking(node, &topic.name, asked_at) {
                 continue;
             }
             let timeout = if out.is_empty() {
@@ -224,23 +215,13 @@ impl<F: FileSystem> Shard<F> {
                 max: u32::try_from(room).unwrap_or(u32::MAX),
                 visibility_ms: op.visibility_ms,
             };
-            match self.call(Address::Node(node), part, Some(timeout)).await {
-                Ok(Ok(got)) if got.is_empty() => peers.found_empty(node, &topic.name, asked_at),
-                Ok(Ok(got)) => {
+            match self.ask_node(node, part, timeout, "consume").await {
+                Some(got) if got.is_empty() => peers.found_empty(node, &topic.name, asked_at),
+                Some(got) => {
                     peers.found_messages(node, &topic.name);
                     out.extend(got);
                 }
-                Ok(Err(error)) | Err(CallError::Refused(error)) => {
-                    tracing::debug!(node, %error, "consume: a node refused");
-                }
-                Err(CallError::Unreachable(reason)) => {
-                    tracing::debug!(
-                        node,
-                        reason,
-                        "consume: a node did not answer; skipping it for a while"
-                    );
-                    peers.unreachable(node, self.now());
-                }
+                None => {}
             }
         }
         Ok(out)

@@ -72,6 +72,7 @@ use crate::wakeups::{PollWaiters, EVERY_POLL};
 mod children;
 mod consume;
 mod dispatch;
+mod fanout;
 mod health;
 mod journal;
 mod moves;

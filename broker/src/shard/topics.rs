@@ -344,15 +344,12 @@ impl<F: FileSystem> Shard<F> {
     /// that own them; other nodes that are dead, recently unreachable or
     /// refuse are left out.
     pub(super) async fn stats(&self, topic: &Topic, op: Stats, reach: Reach) -> Figures {
-        let placement = self.placement(topic);
-        let count = topic.config.partitions;
-        let (mine, others) =
-            placement.split_by_node(op.partitions.iter().copied().filter(|p| *p < count));
+        let fanout = self.fan_out(topic, &op.partitions, reach, 0);
         let mut figures = TopicFigures::default();
-        for (shard, partitions) in placement.group_by_shard(mine) {
+        for (shard, partitions) in fanout.shards {
             if shard == self.shard_index() {
                 figures.merge(self.stats_here(topic, &partitions).await?);
-            } else if reach.crosses_shards() {
+            } else {
                 let to = Address::Shard(shard);
                 let part = Stats {
                     topic: op.topic.clone(),
@@ -365,36 +362,16 @@ impl<F: FileSystem> Shard<F> {
                 );
             }
         }
-        if !reach.crosses_nodes() {
-            return Ok(figures);
-        }
-        for (node, partitions) in others {
-            let unreachable = self
-                .remote
-                .peers
-                .as_ref()
-                .is_some_and(|p| p.recently_unreachable(node, self.now()));
-            if self.is_dead(node) || unreachable {
-                continue;
-            }
+        for (node, partitions) in fanout.nodes {
             let part = Stats {
                 topic: op.topic.clone(),
                 partitions,
             };
-            match self
-                .call(Address::Node(node), part, Some(STATS_CALL_TIMEOUT))
-                .await
-            {
-                Ok(Ok(list)) => figures.merge(list),
-                Ok(Err(error)) | Err(CallError::Refused(error)) => {
-                    tracing::debug!(node, %error, "partition figures: a node refused")
-                }
-                Err(CallError::Unreachable(reason)) => {
-                    tracing::debug!(node, reason, "partition figures: no answer from a node");
-                    if let Some(peers) = &self.remote.peers {
-                        peers.unreachable(node, self.now());
-                    }
-                }
+            let answer = self
+                .ask_node(node, part, STATS_CALL_TIMEOUT, "partition figures")
+                .await;
+            if let Some(list) = answer {
+                figures.merge(list);
             }
         }
         Ok(figures)
