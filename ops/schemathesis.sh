@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Checks docs/openapi.yaml against the code and against a real node:
 #
-#   1. every path and method of the router's ROUTES table (broker/src/api.rs)
+#   1. every path and method of the router's ROUTES table (broker/src/api/routes.rs)
 #      is in the document with operationId LABEL_METHOD, and nothing else;
 #   2. openapi-spec-validator accepts the document;
 #   3. schemathesis sends generated requests to a fresh single node and checks
@@ -62,8 +62,8 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-echo "== ROUTES of broker/src/api.rs against $SPEC"
-python3 - "$SPEC" broker/src/api.rs <<'EOF'
+echo "== ROUTES of broker/src/api/routes.rs against $SPEC"
+python3 - "$SPEC" broker/src/api/routes.rs <<'EOF'
 import re
 import sys
 
@@ -73,8 +73,11 @@ spec_path, api_path = sys.argv[1], sys.argv[2]
 source = open(api_path, encoding="utf-8").read()
 table = source[source.index("pub const ROUTES"):]
 table = table[:table.index("];")]
+# Each RouteId's label, from `RouteId::label`.
+labels = dict(re.findall(r'Self::(\w+) => "([a-z_]+)",', source))
 routes = {}
-for label, path, methods in re.findall(r'spec\(\s*"([^"]+)",\s*"([^"]+)",\s*&\[(.*?)\],?\s*\)', table, re.S):
+for variant, path, methods in re.findall(r'spec\(\s*RouteId::(\w+),\s*"([^"]+)",\s*&\[(.*?)\],?\s*\)', table, re.S):
+    label = labels[variant]
     for method in re.findall(r"Method::([A-Z]+)", methods):
         routes[(path, method.lower())] = f"{label}_{method.lower()}"
 if not routes:
