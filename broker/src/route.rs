@@ -27,6 +27,19 @@ pub enum Location {
     Node(NodeId),
 }
 
+impl Location {
+    /// Whether an operation that may travel `reach` from here may go to
+    /// this location: the one rule of reach (an operation another shard
+    /// sent stays on this shard; one another node sent stays on this node).
+    pub fn within(self, reach: Reach) -> bool {
+        match self {
+            Location::Here => true,
+            Location::Shard(_) => reach.crosses_shards(),
+            Location::Node(_) => reach.crosses_nodes(),
+        }
+    }
+}
+
 /// What one shard knows about a topic's placement.
 #[derive(Debug, Clone, Copy)]
 pub struct Placement<'a> {
@@ -115,13 +128,12 @@ impl Placement<'_> {
         let (mine, others) = self.split_by_node(partitions);
         let shards = rotated(self.group_by_shard(mine), rotation)
             .into_iter()
-            .filter(|(shard, _)| *shard == self.shard || reach.crosses_shards())
+            .filter(|(shard, _)| *shard == self.shard || Location::Shard(*shard).within(reach))
             .collect();
-        let nodes = if reach.crosses_nodes() {
-            rotated(others.into_iter().collect(), rotation)
-        } else {
-            Vec::new()
-        };
+        let nodes = rotated(others.into_iter().collect(), rotation)
+            .into_iter()
+            .filter(|(node, _)| Location::Node(*node).within(reach))
+            .collect();
         (shards, nodes)
     }
 }

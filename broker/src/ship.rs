@@ -78,31 +78,13 @@ impl Shipper {
     /// Starts the thread. `ca_file`: the CA `https://` remotes are verified
     /// against (else the system's bundle).
     pub fn start(ca_file: Option<String>, max_in_flight: usize) -> Result<Self, String> {
-        let (ready_sender, ready) = std::sync::mpsc::channel();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        std::thread::Builder::new()
-            .name("narad-ship".into())
-            .spawn(move || {
-                let runtime = match tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                {
-                    Ok(runtime) => runtime,
-                    Err(error) => {
-                        let _ = ready_sender.send(Err(error.to_string()));
-                        return;
-                    }
-                };
-                let _ = ready_sender.send(Ok(runtime.handle().clone()));
-                // Runs the shipments until the node drops its shipper.
-                runtime.block_on(async move {
-                    let _ = stopped.await;
-                });
-            })
-            .map_err(|e| format!("starting the remote children's thread: {e}"))?;
-        let runtime = ready
-            .recv()
-            .map_err(|e| format!("starting the remote children's thread: {e}"))??;
+        // Runs the shipments until the node drops its shipper.
+        let (runtime, _thread) = narad_thread::start("narad-ship", |ready| async move {
+            ready.send(tokio::runtime::Handle::current());
+            let _ = stopped.await;
+        })
+        .map_err(|e| format!("starting the remote children's thread: {e}"))?;
         Ok(Self {
             runtime,
             lanes: Arc::new(Mutex::new(HashMap::new())),

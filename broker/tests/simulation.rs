@@ -37,9 +37,9 @@ use narad_net::types::{
 use narad_net::ApiError;
 use narad_raft::state::{Applied, Command, MovePlan, MoveState, NodeId};
 use narad_storage::io::sim::{FaultError, FaultOp, FaultRule};
-use narad_storage::rng::SimRng;
+use narad_storage::rng::{SimRng, SimSeeds};
 
-use sim::cluster::{Network, SimCluster, SimShard, SHARDS};
+use sim::cluster::{Network, SimCluster, SimShard, StandIn, SHARDS};
 use sim::executor::{Executor, Group};
 
 const ITERATIONS_DEFAULT: u64 = 600;
@@ -59,18 +59,14 @@ const SETTLE_MS: u64 = 120_000;
 /// A client gives up on a request after this long.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
 
-fn iterations() -> u64 {
-    std::env::var("NARAD_SIM_ITERATIONS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(ITERATIONS_DEFAULT)
+/// The run's seeds: `NARAD_SIM_SEED` and `NARAD_SIM_ITERATIONS`, else these.
+fn seeds() -> SimSeeds {
+    SimSeeds::from_env(0xC1A5_0000, ITERATIONS_DEFAULT)
 }
 
-fn first_seed() -> u64 {
-    std::env::var("NARAD_SIM_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0xC1A5_0000)
+/// What replays a failure of `test` at one seed (after the seed's variables).
+fn replay(test: &str) -> String {
+    format!("cargo test -p narad-broker --test simulation {test}")
 }
 
 type Local<T> = Pin<Box<dyn Future<Output = T>>>;
@@ -745,18 +741,14 @@ fn create_children(cluster: &SimCluster, clients: &Rc<Clients>) {
     }
 }
 
-/// Moves one partition of the topic to another node. A third of the time
-/// its source crashes once the handover began, a third its destination
-/// crashes mid-copy; each comes back within two seconds. Then waits (a
-/// while) for the move to end.
-fn move_among_faults(
-    cluster: &mut SimCluster,
-    clients: &Clients,
+/// Plans a move of a random partition of [`TOPIC`] to another node through
+/// the stand-in: the move's id, its source and its destination (`None`
+/// when the topic is not there or the plan was refused).
+fn plan_random_move(
+    standin: &StandIn,
     rng: &mut SimRng,
-    faults: bool,
-) -> Option<MoveState> {
-    let executor = cluster.executor.clone();
-    let standin = cluster.standin.clone();
+    now_ms: u64,
+) -> Option<(String, NodeId, NodeId)> {
     let view = standin.view();
     let topic = view.state.topics.get(TOPIC)?;
     let partition = u32::try_from(rng.below(u64::from(PARTITIONS))).unwrap_or(0);
@@ -770,12 +762,27 @@ fn move_among_faults(
             to,
         }],
         decommission: None,
-        now_ms: executor.now_ms(),
+        now_ms,
     };
     let Ok(Applied::MovesPlanned(planned)) = standin.apply(&plan) else {
         return None;
     };
-    let id = planned[0].id.clone();
+    Some((planned[0].id.clone(), from, to))
+}
+
+/// Moves one partition of the topic to another node. A third of the time
+/// its source crashes once the handover began, a third its destination
+/// crashes mid-copy; each comes back within two seconds. Then waits (a
+/// while) for the move to end.
+fn move_among_faults(
+    cluster: &mut SimCluster,
+    clients: &Clients,
+    rng: &mut SimRng,
+    faults: bool,
+) -> Option<MoveState> {
+    let executor = cluster.executor.clone();
+    let standin = cluster.standin.clone();
+    let (id, from, to) = plan_random_move(&standin, rng, executor.now_ms())?;
     let state = {
         let (standin, id) = (standin.clone(), id.clone());
         move || standin.view().state.moves.get(&id).map(|m| m.state)
@@ -1336,7 +1343,7 @@ fn history(events: &[Event]) -> String {
 
 #[test]
 fn another_nodes_availability_notice_is_answered() {
-    let mut cluster = SimCluster::new(first_seed(), NODES, &[]);
+    let mut cluster = SimCluster::new(seeds().first, NODES, &[]);
     let _teardown = Teardown(cluster.executor.clone());
     for node in 1..=NODES {
         cluster.start(node);
@@ -1356,23 +1363,14 @@ fn another_nodes_availability_notice_is_answered() {
     assert_eq!(answer.borrow_mut().take(), Some(Ok(())));
 }
 
-/// Runs `scenario` for every seed of the run; reports the first that fails.
-fn for_each_seed(test: &str, scenario: &Scenario, seeds: u64) {
-    let start = first_seed();
-    for seed in start..start + seeds {
-        run_seed(test, scenario, seed);
-    }
+/// Runs `scenario` for `count` seeds of the run; reports the first that fails.
+fn for_each_seed(test: &str, scenario: &Scenario, count: u64) {
+    seeds().run(count, &replay(test), |seed| drop(run(seed, scenario)));
 }
 
 /// Runs `scenario` at `seed`; a failure names the command that replays it.
 fn run_seed(test: &str, scenario: &Scenario, seed: u64) {
-    if let Err(panic) = std::panic::catch_unwind(|| drop(run(seed, scenario))) {
-        eprintln!(
-            "simulation failed with seed {seed}; replay with NARAD_SIM_SEED={seed} \
-             NARAD_SIM_ITERATIONS=1 cargo test -p narad-broker --test simulation {test}"
-        );
-        std::panic::resume_unwind(panic);
-    }
+    narad_storage::rng::run_seed(seed, &replay(test), |seed| drop(run(seed, scenario)));
 }
 
 /// A seed replays alone: nothing of its run depends on what ran before it
@@ -1382,7 +1380,7 @@ fn run_seed(test: &str, scenario: &Scenario, seed: u64) {
 /// then the first again: the two histories must match byte for byte.
 #[test]
 fn a_seed_gives_the_same_history_when_run_again_after_another() {
-    let seed = first_seed();
+    let seed = seeds().first;
     let first = history(&run(seed, &MOVES_SCENARIO));
     run(seed + 1, &MOVES_SCENARIO);
     let again = history(&run(seed, &MOVES_SCENARIO));
@@ -1411,7 +1409,7 @@ fn a_simulated_cluster_keeps_the_delivery_contract_under_faults() {
     for_each_seed(
         "a_simulated_cluster_keeps_the_delivery_contract_under_faults",
         &CHURN,
-        iterations(),
+        seeds().iterations,
     );
 }
 
@@ -1425,7 +1423,7 @@ fn a_full_disk_loses_no_acked_message() {
     for_each_seed(
         "a_full_disk_loses_no_acked_message",
         &FULL_DISKS,
-        iterations().div_ceil(4),
+        seeds().iterations.div_ceil(4),
     );
 }
 
@@ -1437,7 +1435,7 @@ fn a_simulated_cluster_dead_letters_on_time_under_faults() {
     for_each_seed(
         "a_simulated_cluster_dead_letters_on_time_under_faults",
         &DEAD_LETTERS,
-        iterations().div_ceil(4),
+        seeds().iterations.div_ceil(4),
     );
 }
 
@@ -1450,7 +1448,7 @@ fn nothing_seen_before_its_flush_is_durable_is_lost_at_a_power_cut() {
     for_each_seed(
         "nothing_seen_before_its_flush_is_durable_is_lost_at_a_power_cut",
         &MID_FLUSH,
-        iterations().div_ceil(8),
+        seeds().iterations.div_ceil(8),
     );
 }
 
@@ -1476,7 +1474,7 @@ fn a_simulated_clusters_children_get_every_message_under_faults() {
     for_each_seed(
         "a_simulated_clusters_children_get_every_message_under_faults",
         &CHILDREN_SCENARIO,
-        iterations().div_ceil(8),
+        seeds().iterations.div_ceil(8),
     );
 }
 
@@ -1489,7 +1487,7 @@ fn a_simulated_cluster_moves_partitions_under_faults_and_loses_nothing() {
     for_each_seed(
         "a_simulated_cluster_moves_partitions_under_faults_and_loses_nothing",
         &MOVES_SCENARIO,
-        iterations().div_ceil(8),
+        seeds().iterations.div_ceil(8),
     );
 }
 
@@ -1500,7 +1498,7 @@ fn a_simulated_cluster_loses_only_what_a_lost_volume_held() {
     for_each_seed(
         "a_simulated_cluster_loses_only_what_a_lost_volume_held",
         &LOST_VOLUMES,
-        iterations().div_ceil(4),
+        seeds().iterations.div_ceil(4),
     );
 }
 
@@ -1525,84 +1523,75 @@ const PROMOTION_SLACK_MS: u64 = 500;
 #[test]
 fn a_move_whose_source_dies_is_promoted_on_the_contracts_clock() {
     let promote_after = PROMOTE_AFTER_MS.to_string();
-    for seed in first_seed()..first_seed() + PROMOTION_SEEDS {
-        let (mut cluster, _teardown) = running_cluster(
-            seed,
-            &[("cluster.move_promote_after_ms", promote_after.as_str())],
-        );
-        let executor = cluster.executor.clone();
-        let standin = cluster.standin.clone();
-        create_plain_topic(&cluster);
-        let mut rng = SimRng::new(seed);
-        let partition = u32::try_from(rng.below(u64::from(PARTITIONS))).unwrap_or(0);
-        let from = standin.view().state.topics[TOPIC].owners[partition as usize];
-        let to = 1 + (from + rng.below(NODES - 1)) % NODES;
-        let plan = Command::PlanMoves {
-            moves: vec![MovePlan {
-                topic: TOPIC.into(),
-                partition,
-                from,
-                to,
-            }],
-            decommission: None,
-            now_ms: executor.now_ms(),
-        };
-        let Ok(Applied::MovesPlanned(planned)) = standin.apply(&plan) else {
-            panic!("seed {seed}: the move was not planned");
-        };
-        let id = planned[0].id.clone();
-        let died_at = executor.now_ms();
-        cluster.crash(from, rng.chance(1, 2));
-        let marked_dead = {
-            let standin = standin.clone();
-            move || {
-                standin
-                    .view()
-                    .state
-                    .nodes
-                    .get(&from)
-                    .is_some_and(|n| !n.alive)
-            }
-        };
-        let dead_after = cluster.settings.cluster.node_dead_after_ms;
-        assert!(
+    seeds().run(
+        PROMOTION_SEEDS,
+        &replay("a_move_whose_source_dies_is_promoted_on_the_contracts_clock"),
+        |seed| {
+            let (mut cluster, _teardown) = running_cluster(
+                seed,
+                &[("cluster.move_promote_after_ms", promote_after.as_str())],
+            );
+            let executor = cluster.executor.clone();
+            let standin = cluster.standin.clone();
+            create_plain_topic(&cluster);
+            let mut rng = SimRng::new(seed);
+            let Some((id, from, _)) = plan_random_move(&standin, &mut rng, executor.now_ms())
+            else {
+                panic!("seed {seed}: the move was not planned");
+            };
+            let died_at = executor.now_ms();
+            cluster.crash(from, rng.chance(1, 2));
+            let marked_dead = {
+                let standin = standin.clone();
+                move || {
+                    standin
+                        .view()
+                        .state
+                        .nodes
+                        .get(&from)
+                        .is_some_and(|n| !n.alive)
+                }
+            };
+            let dead_after = cluster.settings.cluster.node_dead_after_ms;
+            assert!(
             executor.run_until(died_at + dead_after + DETECTOR_SLACK_MS, marked_dead),
             "seed {seed}: node {from} marked dead within {dead_after} ms (+{DETECTOR_SLACK_MS}) \
              of its death"
         );
-        let ended = {
-            let (standin, id) = (standin.clone(), id.clone());
-            move || {
-                standin
-                    .view()
-                    .state
-                    .moves
-                    .get(&id)
-                    .is_none_or(|m| !m.state.is_active())
-            }
-        };
-        assert!(
-            executor.run_until(died_at + PROMOTE_AFTER_MS + PROMOTION_SLACK_MS, ended),
-            "seed {seed}: the move from node {from} ended within {PROMOTE_AFTER_MS} ms \
+            let ended = {
+                let (standin, id) = (standin.clone(), id.clone());
+                move || {
+                    standin
+                        .view()
+                        .state
+                        .moves
+                        .get(&id)
+                        .is_none_or(|m| !m.state.is_active())
+                }
+            };
+            assert!(
+                executor.run_until(died_at + PROMOTE_AFTER_MS + PROMOTION_SLACK_MS, ended),
+                "seed {seed}: the move from node {from} ended within {PROMOTE_AFTER_MS} ms \
              (+{PROMOTION_SLACK_MS}) of its source's death (now {} ms after it)",
-            executor.now_ms() - died_at
-        );
-        let ended_after = executor.now_ms() - died_at;
-        let state = standin.view().state.moves.get(&id).map(|m| m.state);
-        assert_eq!(
-            state,
-            Some(MoveState::Promoted),
-            "seed {seed}: the destination promoted its copy"
-        );
-        // Not before: the source's last heartbeat came at most one interval
-        // before its death.
-        let interval = cluster.settings.cluster.heartbeat_interval_ms;
-        assert!(
-            ended_after + interval >= PROMOTE_AFTER_MS,
-            "seed {seed}: promoted {ended_after} ms after the source died, before \
+                executor.now_ms() - died_at
+            );
+            let ended_after = executor.now_ms() - died_at;
+            let state = standin.view().state.moves.get(&id).map(|m| m.state);
+            assert_eq!(
+                state,
+                Some(MoveState::Promoted),
+                "seed {seed}: the destination promoted its copy"
+            );
+            // Not before: the source's last heartbeat came at most one interval
+            // before its death.
+            let interval = cluster.settings.cluster.heartbeat_interval_ms;
+            assert!(
+                ended_after + interval >= PROMOTE_AFTER_MS,
+                "seed {seed}: promoted {ended_after} ms after the source died, before \
              {PROMOTE_AFTER_MS} ms"
-        );
-    }
+            );
+        },
+    );
 }
 
 /// Creates [`TOPIC`] with [`PARTITIONS`] partitions through node 1, and
@@ -1649,100 +1638,104 @@ const WAL_SAMPLE_MS: u64 = 50;
 fn a_cut_off_owners_records_go_to_a_sibling_on_the_contracts_clock() {
     let reroute_after = sim::cluster::settings(&[]).dispatcher.reroute_after_ms;
     let mut longest = 0;
-    for seed in first_seed()..first_seed() + REROUTE_SEEDS {
-        // The production setting: the cut ends long before the node would
-        // be marked dead, so the reroute comes from failing commits alone.
-        let (cluster, _teardown) =
-            running_cluster(seed, &[("cluster.node_dead_after_ms", "30000")]);
-        let executor = cluster.executor.clone();
-        create_plain_topic(&cluster);
-        // A produce every 10 ms at every node, and a sample of every WAL.
-        type Samples = RefCell<BTreeMap<(NodeId, usize), Vec<(u64, u64, u64)>>>;
-        let samples: Rc<Samples> = Rc::default();
-        {
-            let (network, executor_in) = (cluster.network.clone(), executor.clone());
-            let samples = samples.clone();
-            executor.spawn(
-                executor.group(),
-                Box::pin(async move {
-                    let mut turn = 0u64;
-                    loop {
-                        executor_in.sleep(Duration::from_millis(10)).await;
-                        turn += 1;
-                        for node in 1..=NODES {
-                            let Some((group, shards)) = network.target(node) else {
-                                continue;
-                            };
-                            let shard = shards[(turn % shards.len() as u64) as usize].clone();
-                            let body = Bytes::from(format!("n{node}-{turn}"));
-                            executor_in.spawn(
-                                group,
-                                Box::pin(async move {
-                                    if let Ok(topic) = shard.topic(TOPIC) {
-                                        let _ = shard
-                                            .produce(&topic, vec![Incoming::value(body)])
-                                            .await;
-                                    }
-                                }),
-                            );
-                        }
-                        if turn % (WAL_SAMPLE_MS / 10) == 0 {
-                            let now = executor_in.now_ms();
+    seeds().run(
+        REROUTE_SEEDS,
+        &replay("a_cut_off_owners_records_go_to_a_sibling_on_the_contracts_clock"),
+        |seed| {
+            // The production setting: the cut ends long before the node would
+            // be marked dead, so the reroute comes from failing commits alone.
+            let (cluster, _teardown) =
+                running_cluster(seed, &[("cluster.node_dead_after_ms", "30000")]);
+            let executor = cluster.executor.clone();
+            create_plain_topic(&cluster);
+            // A produce every 10 ms at every node, and a sample of every WAL.
+            type Samples = RefCell<BTreeMap<(NodeId, usize), Vec<(u64, u64, u64)>>>;
+            let samples: Rc<Samples> = Rc::default();
+            {
+                let (network, executor_in) = (cluster.network.clone(), executor.clone());
+                let samples = samples.clone();
+                executor.spawn(
+                    executor.group(),
+                    Box::pin(async move {
+                        let mut turn = 0u64;
+                        loop {
+                            executor_in.sleep(Duration::from_millis(10)).await;
+                            turn += 1;
                             for node in 1..=NODES {
-                                let Some((_, shards)) = network.target(node) else {
+                                let Some((group, shards)) = network.target(node) else {
                                     continue;
                                 };
-                                for (i, shard) in shards.iter().enumerate() {
-                                    let wal = shard.wal().stats();
-                                    samples.borrow_mut().entry((node, i)).or_default().push((
-                                        now,
-                                        wal.durable_end,
-                                        wal.tail,
-                                    ));
+                                let shard = shards[(turn % shards.len() as u64) as usize].clone();
+                                let body = Bytes::from(format!("n{node}-{turn}"));
+                                executor_in.spawn(
+                                    group,
+                                    Box::pin(async move {
+                                        if let Ok(topic) = shard.topic(TOPIC) {
+                                            let _ = shard
+                                                .produce(&topic, vec![Incoming::value(body)])
+                                                .await;
+                                        }
+                                    }),
+                                );
+                            }
+                            if turn % (WAL_SAMPLE_MS / 10) == 0 {
+                                let now = executor_in.now_ms();
+                                for node in 1..=NODES {
+                                    let Some((_, shards)) = network.target(node) else {
+                                        continue;
+                                    };
+                                    for (i, shard) in shards.iter().enumerate() {
+                                        let wal = shard.wal().stats();
+                                        samples.borrow_mut().entry((node, i)).or_default().push((
+                                            now,
+                                            wal.durable_end,
+                                            wal.tail,
+                                        ));
+                                    }
                                 }
                             }
                         }
-                    }
-                }),
-            );
-        }
-        executor.run_until(executor.now_ms() + 2_000, || false);
-        let victim = 1 + SimRng::new(seed).below(NODES);
-        let cut_at = executor.now_ms();
-        cluster.network.cut.borrow_mut().insert(victim);
-        executor.run_until(cut_at + REROUTE_CUT_MS, || false);
-        cluster.network.cut.borrow_mut().remove(&victim);
-        let first_bound = reroute_after + REROUTE_SLACK_MS;
-        for ((node, shard), series) in samples.borrow().iter() {
-            for &(at, _, tail) in series
-                .iter()
-                .filter(|s| s.0 >= cut_at && s.0 <= cut_at + REROUTE_CUT_MS)
-            {
-                let bound = if at >= cut_at + 2 * first_bound {
-                    REROUTED_AT_ONCE_MS
-                } else {
-                    first_bound
-                };
-                // Where the durable data ended `bound` before this sample.
-                let Some(&(_, then_end, _)) = series.iter().rev().find(|s| s.0 + bound <= at)
-                else {
-                    continue;
-                };
-                // How long the oldest record still waiting has waited.
-                let waited = series
+                    }),
+                );
+            }
+            executor.run_until(executor.now_ms() + 2_000, || false);
+            let victim = 1 + SimRng::new(seed).below(NODES);
+            let cut_at = executor.now_ms();
+            cluster.network.cut.borrow_mut().insert(victim);
+            executor.run_until(cut_at + REROUTE_CUT_MS, || false);
+            cluster.network.cut.borrow_mut().remove(&victim);
+            let first_bound = reroute_after + REROUTE_SLACK_MS;
+            for ((node, shard), series) in samples.borrow().iter() {
+                for &(at, _, tail) in series
                     .iter()
-                    .find(|s| s.1 > tail)
-                    .map_or(0, |s| at.saturating_sub(s.0));
-                longest = longest.max(waited);
-                assert!(
+                    .filter(|s| s.0 >= cut_at && s.0 <= cut_at + REROUTE_CUT_MS)
+                {
+                    let bound = if at >= cut_at + 2 * first_bound {
+                        REROUTED_AT_ONCE_MS
+                    } else {
+                        first_bound
+                    };
+                    // Where the durable data ended `bound` before this sample.
+                    let Some(&(_, then_end, _)) = series.iter().rev().find(|s| s.0 + bound <= at)
+                    else {
+                        continue;
+                    };
+                    // How long the oldest record still waiting has waited.
+                    let waited = series
+                        .iter()
+                        .find(|s| s.1 > tail)
+                        .map_or(0, |s| at.saturating_sub(s.0));
+                    longest = longest.max(waited);
+                    assert!(
                     tail >= then_end,
                     "seed {seed}: {} ms into the cut of node {victim}, node {node} shard {shard} \
                      still holds a record that was durable {bound} ms before (it waited about \
                      {waited} ms); replay with NARAD_SIM_SEED={seed}",
                     at - cut_at
                 );
+                }
             }
-        }
-    }
+        },
+    );
     eprintln!("the longest a record waited in a WAL during a cut: about {longest} ms");
 }

@@ -237,55 +237,35 @@ impl PeerEndpoint {
         let mut client_config = quinn::ClientConfig::new(Arc::new(client_crypto));
         client_config.transport_config(transport);
 
-        let (ready_sender, ready) = std::sync::mpsc::channel();
-        std::thread::Builder::new()
-            .name("narad-peer".into())
-            .spawn(move || {
-                let runtime = match tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                {
-                    Ok(runtime) => runtime,
-                    Err(error) => {
-                        let _ = ready_sender.send(Err(PeerError::Endpoint(error.to_string())));
-                        return;
-                    }
-                };
-                runtime.block_on(async move {
-                    let endpoint = match quinn::Endpoint::server(server_config, bind) {
-                        Ok(endpoint) => endpoint,
-                        Err(error) => {
-                            let _ = ready_sender
-                                .send(Err(PeerError::Endpoint(format!("binding {bind}: {error}"))));
-                            return;
-                        }
-                    };
-                    let (stop, stopped) = tokio::sync::oneshot::channel();
-                    let _ = ready_sender.send(Ok((
-                        endpoint.clone(),
-                        tokio::runtime::Handle::current(),
-                        stop,
-                    )));
-                    let answering = Arc::new(AtomicUsize::new(0));
-                    let accepting = accept_loop(endpoint.clone(), handler, answering.clone());
-                    tokio::select! {
-                        () = accepting => {}
-                        _ = stopped => {}
-                    }
-                    let deadline = tokio::time::Instant::now() + ANSWER_DRAIN_TIMEOUT;
-                    while answering.load(Ordering::SeqCst) > 0
-                        && tokio::time::Instant::now() < deadline
-                    {
-                        tokio::time::sleep(ANSWER_DRAIN_POLL).await;
-                    }
-                    endpoint.close(0u32.into(), b"stopping");
-                    endpoint.wait_idle().await;
-                });
-            })
-            .map_err(|e| PeerError::Endpoint(e.to_string()))?;
-        let (endpoint, runtime, stop) = ready
-            .recv()
-            .map_err(|e| PeerError::Endpoint(e.to_string()))??;
+        let started = narad_thread::start("narad-peer", move |ready| async move {
+            let endpoint = match quinn::Endpoint::server(server_config, bind) {
+                Ok(endpoint) => endpoint,
+                Err(error) => {
+                    ready.send(Err(PeerError::Endpoint(format!("binding {bind}: {error}"))));
+                    return;
+                }
+            };
+            let (stop, stopped) = tokio::sync::oneshot::channel();
+            ready.send(Ok((
+                endpoint.clone(),
+                tokio::runtime::Handle::current(),
+                stop,
+            )));
+            let answering = Arc::new(AtomicUsize::new(0));
+            let accepting = accept_loop(endpoint.clone(), handler, answering.clone());
+            tokio::select! {
+                () = accepting => {}
+                _ = stopped => {}
+            }
+            let deadline = tokio::time::Instant::now() + ANSWER_DRAIN_TIMEOUT;
+            while answering.load(Ordering::SeqCst) > 0 && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(ANSWER_DRAIN_POLL).await;
+            }
+            endpoint.close(0u32.into(), b"stopping");
+            endpoint.wait_idle().await;
+        });
+        let (bound, _thread) = started.map_err(|e| PeerError::Endpoint(e.to_string()))?;
+        let (endpoint, runtime, stop) = bound?;
         let local_addr = endpoint.local_addr().map_err(|e| endpoint_err(&e))?;
         Ok(Arc::new(Self {
             endpoint,

@@ -37,3 +37,45 @@ impl SimRng {
         }
     }
 }
+
+/// The seeds a simulation test runs: `NARAD_SIM_SEED` names the first
+/// (else the test's own) and `NARAD_SIM_ITERATIONS` how many (else the
+/// test's own), so that a failure, printed with its seed, replays alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SimSeeds {
+    pub first: u64,
+    pub iterations: u64,
+}
+
+impl SimSeeds {
+    /// The run's seeds, from the environment or these defaults.
+    pub fn from_env(first: u64, iterations: u64) -> Self {
+        let read = |name: &str| std::env::var(name).ok().and_then(|v| v.parse().ok());
+        Self {
+            first: read("NARAD_SIM_SEED").unwrap_or(first),
+            iterations: read("NARAD_SIM_ITERATIONS").unwrap_or(iterations),
+        }
+    }
+
+    /// Runs `run` on `count` seeds from the first. A seed that fails is
+    /// printed with the command that replays it (`replay` follows
+    /// `NARAD_SIM_SEED=<seed> NARAD_SIM_ITERATIONS=1`), and the failure
+    /// goes on.
+    pub fn run(&self, count: u64, replay: &str, mut run: impl FnMut(u64)) {
+        for seed in self.first..self.first.saturating_add(count) {
+            run_seed(seed, replay, &mut run);
+        }
+    }
+}
+
+/// Runs `run` at `seed`; a failure is printed with the command that
+/// replays it (see [`SimSeeds::run`]) and goes on.
+pub fn run_seed(seed: u64, replay: &str, run: impl FnOnce(u64)) {
+    if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(seed))) {
+        eprintln!(
+            "simulation failed with seed {seed}; replay with NARAD_SIM_SEED={seed} \
+             NARAD_SIM_ITERATIONS=1 {replay}"
+        );
+        std::panic::resume_unwind(panic);
+    }
+}

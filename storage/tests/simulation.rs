@@ -18,34 +18,20 @@ use narad_storage::frame::frame_len;
 use narad_storage::io::sim::SimFs;
 use narad_storage::limits::BLOCK_BYTES;
 use narad_storage::log::{LogConfig, Message, PartitionLog};
-use narad_storage::rng::SimRng;
+use narad_storage::rng::{SimRng, SimSeeds};
 use narad_storage::wal::{Durable, Idempotency, Wal, WalConfig, WalRecord};
 
 const ITERATIONS_DEFAULT: u64 = 2000;
 
-fn iterations() -> u64 {
-    std::env::var("NARAD_SIM_ITERATIONS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(ITERATIONS_DEFAULT)
-}
-
-fn first_seed() -> u64 {
-    std::env::var("NARAD_SIM_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0x5EED_0000)
-}
-
-/// Runs `run` for each seed and reports the first failing seed.
-fn for_each_seed(name: &str, run: impl Fn(u64) + std::panic::RefUnwindSafe) {
-    let start = first_seed();
-    for seed in start..start + iterations() {
-        if let Err(panic) = std::panic::catch_unwind(|| run(seed)) {
-            eprintln!("{name}: simulation failed with seed {seed}; reproduce with NARAD_SIM_SEED={seed} NARAD_SIM_ITERATIONS=1");
-            std::panic::resume_unwind(panic);
-        }
-    }
+/// Runs `run` for each seed of the run; a failure prints the seed and
+/// the command that replays it.
+fn for_each_seed(test: &str, run: impl Fn(u64)) {
+    let seeds = SimSeeds::from_env(0x5EED_0000, ITERATIONS_DEFAULT);
+    seeds.run(
+        seeds.iterations,
+        &format!("cargo test -p narad-storage --test simulation {test}"),
+        run,
+    );
 }
 
 /// Batches appended behind were synced and verified: what a crash may
@@ -307,7 +293,10 @@ fn wal_workload(seed: u64) {
 
 #[test]
 fn wal_recovers_every_durable_record_through_crashes_and_power_loss() {
-    for_each_seed("wal", wal_workload);
+    for_each_seed(
+        "wal_recovers_every_durable_record_through_crashes_and_power_loss",
+        wal_workload,
+    );
 }
 
 // ---------------------------------------------------------------- partition log
@@ -625,7 +614,10 @@ impl NowForTest for ManualClock {
 
 #[test]
 fn partition_log_keeps_every_acknowledged_batch_through_crashes_and_power_loss() {
-    for_each_seed("partition log", log_workload);
+    for_each_seed(
+        "partition_log_keeps_every_acknowledged_batch_through_crashes_and_power_loss",
+        log_workload,
+    );
 }
 
 // ---------------------------------------------------------------- consumer state
@@ -716,7 +708,10 @@ fn consumer_workload(seed: u64) {
 
 #[test]
 fn consumer_state_never_loses_a_synced_ack_nor_invents_one() {
-    for_each_seed("consumer state", consumer_workload);
+    for_each_seed(
+        "consumer_state_never_loses_a_synced_ack_nor_invents_one",
+        consumer_workload,
+    );
 }
 
 /// Seeds that once found a bug, kept so the bug stays fixed.

@@ -14,14 +14,14 @@ use narad_raft::state::{Child, ChildKind, RemoteTarget};
 use narad_storage::cursor::Cursor;
 use narad_storage::log::StoredMessage;
 
+use super::child_cursor::{due_count, CopyCursor, Next, Observed};
 use super::*;
 use crate::controller::place_replica;
 use crate::limits::{
-    CHILD_BEHIND_AFTER_MS, CHILD_COPY_BYTES_MAX, CHILD_COPY_RECORDS_MAX,
-    CHILD_CURSOR_STORE_INTERVAL, CHILD_IDLE_RECHECK, CHILD_OBSERVED_COALESCE_MS,
-    CHILD_OBSERVED_MARKS_MAX, CHILD_RETRY_BACKOFF_MAX, CHILD_RETRY_BACKOFF_MIN,
-    CHILD_START_CLOCK_SLACK_MS, REMOTE_RATE_BATCH_DIVISOR, REMOTE_RETRY_BACKOFF_MAX,
-    REMOTE_RETRY_BACKOFF_MIN, REMOTE_SHIP_BYTES_MAX, REMOTE_SHIP_RECORDS_MAX,
+    CHILD_BEHIND_AFTER_MS, CHILD_COPY_BYTES_MAX, CHILD_COPY_RECORDS_MAX, CHILD_RETRY_BACKOFF_MAX,
+    CHILD_RETRY_BACKOFF_MIN, CHILD_START_CLOCK_SLACK_MS, REMOTE_RATE_BATCH_DIVISOR,
+    REMOTE_RETRY_BACKOFF_MAX, REMOTE_RETRY_BACKOFF_MIN, REMOTE_SHIP_BYTES_MAX,
+    REMOTE_SHIP_RECORDS_MAX,
 };
 use crate::ship::Shipment;
 
@@ -76,89 +76,6 @@ pub struct ChildStatus {
     pub dropped_messages: u64,
     pub state: &'static str,
     pub last_error: Option<String>,
-}
-
-/// When the owner saw the high watermark pass offsets: a delay copy makes
-/// no copy earlier than `delay_ms` after the owner's own clock first saw
-/// the message (nor after its produce time), so a node whose clock runs
-/// behind another's never makes one early.
-#[derive(Default)]
-struct Observed {
-    /// Offsets below `hw` (and above the mark before) were first seen by
-    /// `at`, oldest first: (hw, at, when the mark was opened).
-    marks: VecDeque<(u64, u64, u64)>,
-    /// Offsets below this were in the partition when the copy started.
-    from: Option<u64>,
-}
-
-impl Observed {
-    fn note(&mut self, high_watermark: u64, now_ms: u64) {
-        if self.from.is_none() {
-            // What the partition held before: its produce times count.
-            self.from = Some(high_watermark);
-            return;
-        }
-        match self.marks.back_mut() {
-            Some((hw, _, _)) if *hw >= high_watermark => {}
-            // A mark stays open for a short while: what it covers counts as
-            // seen at its latest sight (later, never earlier), and a mark
-            // closes however busy the partition is.
-            Some((hw, at, opened))
-                if now_ms.saturating_sub(*opened) < CHILD_OBSERVED_COALESCE_MS =>
-            {
-                *hw = high_watermark;
-                *at = now_ms;
-            }
-            _ if self.from.is_some_and(|from| high_watermark <= from) => {}
-            _ => {
-                self.marks.push_back((high_watermark, now_ms, now_ms));
-                self.thin();
-            }
-        }
-    }
-
-    /// When the owner first saw `offset` (`None`: before this copy
-    /// started); one it has not noted yet (committed since its last look)
-    /// counts as seen `now`.
-    fn seen_at(&self, offset: u64, now_ms: u64) -> Option<u64> {
-        if self.from.is_none_or(|from| offset < from) {
-            return None;
-        }
-        // Marks rise in both fields: the first whose watermark passed it.
-        let index = self.marks.partition_point(|(hw, _, _)| *hw <= offset);
-        Some(self.marks.get(index).map_or(now_ms, |(_, at, _)| *at))
-    }
-
-    /// Halves the marks when there are too many (a long delay on a busy
-    /// partition): each pair becomes its later mark, so what they cover
-    /// comes due later, never earlier.
-    fn thin(&mut self) {
-        if self.marks.len() < CHILD_OBSERVED_MARKS_MAX {
-            return;
-        }
-        let marks: Vec<(u64, u64, u64)> = self.marks.drain(..).collect();
-        self.marks = marks
-            .chunks(2)
-            .filter_map(|pair| pair.last().copied())
-            .collect();
-    }
-
-    /// Forgets marks wholly below `offset`.
-    fn forget_below(&mut self, offset: u64) {
-        while self.marks.front().is_some_and(|(hw, _, _)| *hw <= offset) {
-            self.marks.pop_front();
-        }
-    }
-}
-
-/// When a message may be copied to a delay child.
-fn due_at(message: &StoredMessage, observed: &Observed, delay_ms: u64, now_ms: u64) -> u64 {
-    let accepted = observed
-        .seen_at(message.offset, now_ms)
-        .map_or(message.message.produced_at_ms, |seen| {
-            seen.max(message.message.produced_at_ms)
-        });
-    accepted.saturating_add(delay_ms)
 }
 
 /// The child partition a parent partition's message goes to: the same
@@ -597,23 +514,16 @@ impl<F: FileSystem> Shard<F> {
                 .await
                 .map_err(|e| from_storage(&e))?,
         };
-        // How far the child's owners confirmed: stored at most every
-        // CHILD_CURSOR_STORE_INTERVAL while copying, and whenever the copy
-        // catches up, stops or fails (a crash in between copies those again).
-        let mut position = cursor.position();
-        let mut stored_at = self.now();
-        // A delay copy whose next message is not due: nothing is read
-        // again before then (commits meanwhile are only noted).
-        let mut waiting_until: Option<u64> = None;
+        // What to do next is `child_cursor.rs`'s to say: this loop reads,
+        // commits and stores.
+        let mut at = CopyCursor::new(cursor.position(), self.now());
         loop {
             let seen = owner.version();
             let woken = state.wake.version();
             let now = self.now();
-            let due_to_store =
-                now.saturating_sub(stored_at) >= CHILD_CURSOR_STORE_INTERVAL.as_millis() as u64;
             let ending = state.stop.get() || self.is_stopping();
             let Some((parent, target, link)) = self.copy_topics(key).filter(|_| !ending) else {
-                if position != cursor.position() {
+                if let Some(position) = at.unstored() {
                     cursor.store(position).await.map_err(|e| from_storage(&e))?;
                 }
                 return Ok(());
@@ -621,43 +531,36 @@ impl<F: FileSystem> Shard<F> {
             let high_watermark = owner.high_watermark();
             observed.note(high_watermark, now);
             let start = owner.log_start_offset();
-            if position < start {
-                let lost = start - position;
+            let lost = at.skip_to(start);
+            if lost > 0 {
                 state.dropped.set(state.dropped.get() + lost);
                 tracing::warn!(parent = %key.parent, partition = key.partition, child = %key.child, skipped = lost, oldest_retained = start, "a child fell behind its parent's retention; skipped the messages retention removed");
-                position = start;
             }
-            if position != cursor.position() && due_to_store {
-                cursor.store(position).await.map_err(|e| from_storage(&e))?;
-                stored_at = now;
-            }
-            observed.forget_below(position);
-            if let Some(due) = waiting_until.filter(|due| now < *due) {
-                let wait = Duration::from_millis(due - now).min(CHILD_IDLE_RECHECK);
-                self.idle(&owner, seen, state, woken, wait).await;
-                continue;
-            }
-            waiting_until = None;
-            if position >= high_watermark {
-                state.lag_messages.set(0);
-                state.lag_ms.set(0);
-                if let Target::Remote(_) = target {
-                    state
-                        .headroom_ms
-                        .set(Some(headroom_ms(parent.config.retention_ms, None, now)));
+            observed.forget_below(at.position());
+            let position = match at.next(now, high_watermark) {
+                Next::Store(position) => {
+                    cursor.store(position).await.map_err(|e| from_storage(&e))?;
+                    at.stored(position, now);
+                    continue;
                 }
-                *state.last_error.borrow_mut() = None;
-                // Caught up with a cursor not stored yet: look again when
-                // it is due to be.
-                let at_most = if position == cursor.position() {
-                    CHILD_IDLE_RECHECK
-                } else {
-                    let store_at = stored_at + CHILD_CURSOR_STORE_INTERVAL.as_millis() as u64;
-                    Duration::from_millis(store_at.saturating_sub(now).max(1))
-                };
-                self.idle(&owner, seen, state, woken, at_most).await;
-                continue;
-            }
+                Next::Idle { at_most, caught_up } => {
+                    if caught_up {
+                        state.lag_messages.set(0);
+                        state.lag_ms.set(0);
+                        if let Target::Remote(_) = target {
+                            state.headroom_ms.set(Some(headroom_ms(
+                                parent.config.retention_ms,
+                                None,
+                                now,
+                            )));
+                        }
+                        *state.last_error.borrow_mut() = None;
+                    }
+                    self.idle(&owner, seen, state, woken, at_most).await;
+                    continue;
+                }
+                Next::Read(position) => position,
+            };
             let (records_max, bytes_max) = match &target {
                 Target::Local(_) => (CHILD_COPY_RECORDS_MAX, CHILD_COPY_BYTES_MAX),
                 Target::Remote(remote) => (
@@ -678,7 +581,7 @@ impl<F: FileSystem> Shard<F> {
                 // The log could not return the message at the cursor
                 // (damaged, and already logged as such): go past it.
                 state.dropped.set(state.dropped.get() + 1);
-                position += 1;
+                at.skip_unreadable();
                 continue;
             };
             state.lag_messages.set(high_watermark - position);
@@ -693,20 +596,11 @@ impl<F: FileSystem> Shard<F> {
                 ChildKind::Delay { delay_ms } => Some(delay_ms),
                 ChildKind::Fanout | ChildKind::Replica | ChildKind::Remote { .. } => None,
             };
-            let oldest_due = delay_ms.map_or(first.message.produced_at_ms, |delay| {
-                due_at(first, observed, delay, now)
-            });
+            let (due, oldest_due) = due_count(&batch, delay_ms, observed, now);
             state.lag_ms.set(now.saturating_sub(oldest_due));
-            let due = match delay_ms {
-                Some(delay) => batch
-                    .iter()
-                    .take_while(|m| due_at(m, observed, delay, now) <= now)
-                    .count(),
-                None => batch.len(),
-            };
             if due == 0 {
                 tracing::trace!(parent = %key.parent, partition = key.partition, child = %key.child, position, high_watermark, oldest_due, now, "a delay copy waits");
-                waiting_until = Some(oldest_due.max(now + 1));
+                at.wait_until(oldest_due, now);
                 continue;
             }
             let copied = batch.get(..due).unwrap_or_default();
@@ -719,24 +613,16 @@ impl<F: FileSystem> Shard<F> {
             };
             if let Err(error) = sent {
                 // Keep what was confirmed before this attempt failed.
-                if position != cursor.position() {
+                if let Some(position) = at.unstored() {
                     cursor.store(position).await.map_err(|e| from_storage(&e))?;
                 }
                 return Err(error);
             }
-            // Offsets the log skipped (damaged records, or retention that
-            // went past the cursor meanwhile) are counted as dropped.
-            let mut expected = position;
-            let mut skipped = 0;
-            for stored in copied {
-                skipped += stored.offset.saturating_sub(expected);
-                expected = stored.offset + 1;
-            }
+            let skipped = at.copied(copied.iter().map(|m| m.offset));
             if skipped > 0 {
                 state.dropped.set(state.dropped.get() + skipped);
                 tracing::warn!(parent = %key.parent, partition = key.partition, child = %key.child, skipped, "a child's copy went past messages its parent's log could not return");
             }
-            position = expected;
             *state.last_error.borrow_mut() = None;
         }
     }
@@ -960,62 +846,6 @@ pub fn child_statuses(parent: &Topic, copies: &[CopyFigures]) -> Vec<ChildStatus
 #[cfg(test)]
 mod tests {
     use super::*;
-    use narad_storage::log::Message;
-
-    fn stored(offset: u64, produced_at_ms: u64) -> StoredMessage {
-        StoredMessage {
-            offset,
-            message: Message {
-                idempotency_key: None,
-                id: u128::from(offset),
-                produced_at_ms,
-                key: None,
-                value: bytes::Bytes::new(),
-            },
-        }
-    }
-
-    #[test]
-    fn a_delay_counts_from_the_later_of_produce_time_and_the_owners_first_sight() {
-        let mut observed = Observed::default();
-        // What the partition held when the copy started: produce times.
-        observed.note(4, 900);
-        assert_eq!(observed.seen_at(3, 900), None);
-        observed.note(10, 1_000);
-        // Close marks merge into the later one.
-        observed.note(12, 1_020);
-        observed.note(20, 2_000);
-        assert_eq!(observed.seen_at(3, 2_500), None);
-        assert_eq!(observed.seen_at(5, 2_500), Some(1_020));
-        assert_eq!(observed.seen_at(15, 2_500), Some(2_000));
-        // Committed since the last look: seen now.
-        assert_eq!(observed.seen_at(25, 2_500), Some(2_500));
-        // A busy partition: sights every 10 ms still close a mark within
-        // the coalescing time, so what it covers comes due.
-        let mut busy = Observed::default();
-        busy.note(0, 0);
-        for i in 1..=100 {
-            busy.note(i, i * 10);
-        }
-        assert!(busy
-            .seen_at(1, 5_000)
-            .is_some_and(|at| at < CHILD_OBSERVED_COALESCE_MS + 10));
-        assert!(busy.marks.len() > 10);
-        // A producer's clock ahead of the owner's: its time counts.
-        assert_eq!(due_at(&stored(15, 2_500), &observed, 100, 2_500), 2_600);
-        // Behind: the owner's first sight counts, never earlier.
-        assert_eq!(due_at(&stored(15, 1_500), &observed, 100, 2_500), 2_100);
-        observed.forget_below(12);
-        assert_eq!(observed.seen_at(15, 2_500), Some(2_000));
-        // Too many marks: halved, each pair as its later one.
-        let mut long = Observed::default();
-        long.note(0, 0);
-        for i in 1..=(CHILD_OBSERVED_MARKS_MAX as u64) {
-            long.note(i, i * 100);
-        }
-        assert!(long.marks.len() <= CHILD_OBSERVED_MARKS_MAX / 2 + 1);
-        assert_eq!(long.seen_at(0, 0), Some(200), "later, never earlier");
-    }
 
     #[test]
     fn children_with_the_parents_count_keep_partitions_others_go_by_key() {

@@ -69,12 +69,14 @@ use crate::settings::Settings;
 use crate::signal::Signal;
 use crate::wakeups::{PollWaiters, EVERY_POLL};
 
+mod child_cursor;
 mod children;
 mod consume;
 mod dispatch;
 mod fanout;
 mod health;
 mod journal;
+mod move_copy;
 mod moves;
 mod nodes;
 mod owners;

@@ -19,36 +19,30 @@ use narad_raft::node::MemberChange;
 use narad_raft::state::{Move, MoveEnd, MoveState};
 use narad_storage::consumer::{write_initial, AckSet};
 use narad_storage::cursor::Cursor;
-use narad_storage::log::copy::{sync_copied, write_copied, CopyProgress, VerifiedCopy};
-use narad_storage::log::SegmentExtent;
+use narad_storage::log::copy::{sync_copied, write_copied, VerifiedCopy};
 use std::path::Path;
 
-use super::redrive::Bucket;
+use super::move_copy::{MoveCopy, Step};
 use super::*;
 use crate::limits::{
     DECOMMISSION_REPLAN_INTERVAL_MS, MOVES_PER_PLAN_MAX, MOVE_CALL_TIMEOUT, MOVE_CHUNK_BYTES,
-    MOVE_FREEZE_BELOW_BYTES, MOVE_FREEZE_MAX, MOVE_HOLD_POLL, MOVE_POLL_INTERVAL,
-    MOVE_PROGRESS_INTERVAL_MS, MOVE_PROMOTION_CHECK, MOVE_RETRY_BACKOFF_MAX,
-    MOVE_RETRY_BACKOFF_MIN,
+    MOVE_FREEZE_MAX, MOVE_HOLD_POLL, MOVE_POLL_INTERVAL, MOVE_PROMOTION_CHECK,
+    MOVE_RETRY_BACKOFF_MAX, MOVE_RETRY_BACKOFF_MIN,
 };
 use crate::metric_names::{MOVES_IN_PROGRESS, MOVE_COPIED_BYTES_TOTAL};
 use crate::rpc::{MoveAction, MoveSource, SourceAnswer, SourceState};
 
-/// A move this shard runs: where its copy grows, what it copied, and the
-/// source's last answer (its bytes taken out): the ack set, cursors and
-/// recent ids a handover or a promotion installs.
+/// A move this shard runs: where its copy grows, the copy's state machine
+/// (what it copied and the source's last answer: the ack set, cursors and
+/// recent ids a handover or a promotion installs), and what of the copy
+/// was read back and checked (so that the handover checks only the bytes
+/// copied during the freeze).
 struct MoveRun {
     planned: Move,
     dir: PathBuf,
     incoming: PathBuf,
-    progress: CopyProgress,
-    /// Segment files written since they were last synced.
-    dirty: std::collections::BTreeSet<String>,
-    /// What of the copy was read back and checked (so that the handover
-    /// checks only the bytes copied during the freeze).
+    copy: MoveCopy,
     verified: VerifiedCopy,
-    latest: SourceState,
-    reported_at: u64,
 }
 
 /// Why a move stopped short of its handover.
@@ -694,17 +688,20 @@ impl<F: FileSystem> Shard<F> {
 
     /// Asks the source, trying again (with backoff) while it does not
     /// answer, for as long as the move stays this shard's to run, or until
-    /// the source has been dead long enough for a promotion. The answer
-    /// becomes the run's latest.
-    async fn ask_patiently(&self, run: &mut MoveRun, action: MoveAction) -> Result<(), Stalled> {
+    /// the source has been dead long enough for a promotion.
+    async fn ask_patiently(
+        &self,
+        planned: &Move,
+        action: MoveAction,
+    ) -> Result<SourceState, Stalled> {
         let mut backoff = MOVE_RETRY_BACKOFF_MIN;
         loop {
             // Dropping the call when the promotion comes due is safe: the
             // source is dead, and the answer would change nothing here.
             let asked = futures_lite::future::or(
-                async { Some(self.ask_source(&run.planned, action.clone()).await) },
+                async { Some(self.ask_source(planned, action.clone()).await) },
                 async {
-                    self.promotion_comes_due(&run.planned).await;
+                    self.promotion_comes_due(planned).await;
                     None
                 },
             )
@@ -713,31 +710,28 @@ impl<F: FileSystem> Shard<F> {
                 return Err(Stalled::SourceGone);
             };
             match answer {
-                Ok(state) => {
-                    run.latest = state;
-                    return Ok(());
-                }
+                Ok(state) => return Ok(state),
                 Err(error) if error.code.retry() && !self.is_stopping() => {
                     let still_running = self
                         .view()
                         .state
                         .moves
-                        .get(&run.planned.id)
+                        .get(&planned.id)
                         .is_some_and(|m| m.state.is_running());
                     if !still_running {
                         return Err(Stalled::Failed(error));
                     }
-                    if self.promotion_due(&run.planned) {
+                    if self.promotion_due(planned) {
                         return Err(Stalled::SourceGone);
                     }
-                    tracing::debug!(id = run.planned.id, %error, "the move's source did not answer; trying again");
+                    tracing::debug!(id = planned.id, %error, "the move's source did not answer; trying again");
                     let due = futures_lite::future::or(
                         async {
                             self.env.runtime.sleep(backoff).await;
                             false
                         },
                         async {
-                            self.promotion_comes_due(&run.planned).await;
+                            self.promotion_comes_due(planned).await;
                             true
                         },
                     )
@@ -748,56 +742,6 @@ impl<F: FileSystem> Shard<F> {
                     backoff = (backoff * 2).min(MOVE_RETRY_BACKOFF_MAX);
                 }
                 Err(error) => return Err(Stalled::Failed(error)),
-            }
-        }
-    }
-
-    /// Copies until less than `until` bytes are missing.
-    async fn copy_from_source(
-        &self,
-        run: &mut MoveRun,
-        bucket: &mut Bucket,
-        until: u64,
-    ) -> Result<(), Stalled> {
-        let fs = &self.env.fs;
-        loop {
-            let extents = extents_of(&run.latest);
-            for name in run.progress.drop_stale(&extents) {
-                let _ = fs.remove_file(&run.incoming.join(name)).await;
-            }
-            let remaining = run.progress.remaining(&extents);
-            if self.now().saturating_sub(run.reported_at) >= MOVE_PROGRESS_INTERVAL_MS {
-                run.reported_at = self.now();
-                self.report_progress(&run.planned, run.progress.copied_bytes(), remaining, false)
-                    .await;
-            }
-            // A read is never more than a second's worth of the rate (and
-            // at least a block), so the rate holds from the first read on.
-            let block = narad_storage::limits::BLOCK_BYTES;
-            let chunk = MOVE_CHUNK_BYTES
-                .min(bucket.rate() / block * block)
-                .max(block);
-            let next = run.progress.next_read(&extents, chunk);
-            let Some(read) = next.filter(|_| remaining >= until.max(1)) else {
-                return Ok(());
-            };
-            // At most `cluster.move_bytes_per_s`.
-            while bucket.available(self.now()) < read.len.min(bucket.rate()) {
-                let wait = bucket.wait_ms().max(1);
-                self.env.runtime.sleep(Duration::from_millis(wait)).await;
-            }
-            bucket.take(read.len);
-            let asked = MoveAction::Read(Some((read.name.clone(), read.pos, read.len)));
-            self.ask_patiently(run, asked).await?;
-            let bytes = std::mem::take(&mut run.latest.bytes);
-            if !bytes.is_empty() {
-                write_copied(fs, &run.incoming, &read.name, read.pos, &bytes)
-                    .await
-                    .map_err(|e| Stalled::Failed(from_storage(&e)))?;
-                run.progress
-                    .record(&read.name, read.pos, bytes.len() as u64);
-                run.dirty.insert(read.name.clone());
-                metrics::counter!(MOVE_COPIED_BYTES_TOTAL).increment(bytes.len() as u64);
             }
         }
     }
@@ -848,11 +792,8 @@ impl<F: FileSystem> Shard<F> {
             planned: planned.clone(),
             dir,
             incoming,
-            progress: CopyProgress::default(),
-            dirty: std::collections::BTreeSet::new(),
+            copy: MoveCopy::new(self.settings.cluster.move_bytes_per_s, self.now()),
             verified: VerifiedCopy::default(),
-            latest: SourceState::default(),
-            reported_at: self.now(),
         };
         match self.copy_and_hand_over(&topic, &mut run).await {
             Ok(()) => Ok(()),
@@ -861,63 +802,63 @@ impl<F: FileSystem> Shard<F> {
         }
     }
 
+    /// Runs the copy's state machine (`move_copy.rs`) against the source
+    /// and the disk until the copy holds all a frozen source holds, then
+    /// installs it and hands over.
     async fn copy_and_hand_over(&self, topic: &Topic, run: &mut MoveRun) -> Result<(), Stalled> {
-        let mut bucket = Bucket::new(self.settings.cluster.move_bytes_per_s, self.now());
-        // While the source serves.
-        self.ask_patiently(run, MoveAction::Read(None)).await?;
-        self.copy_from_source(run, &mut bucket, MOVE_FREEZE_BELOW_BYTES)
-            .await?;
-        // What is copied so far is synced and checked before the freeze:
-        // the freeze syncs and checks only what it copies itself. What the
-        // source appended meanwhile is copied (and checked) once more.
-        self.sync_and_verify(run).await?;
-        self.ask_patiently(run, MoveAction::Read(None)).await?;
-        self.copy_from_source(run, &mut bucket, 1).await?;
-        self.sync_and_verify(run).await?;
-        // The handover. A source that restarted since it froze took the
-        // freeze up again (the move says `freezing`), but may have served
-        // a moment before: freeze once more, and copy again, until a frozen
-        // source holds nothing the copy lacks. The tail copied after a
-        // freeze is complete when every answer came from the start of the
-        // source that froze (it stayed frozen, so its log did not change).
-        self.report_progress(&run.planned, run.progress.copied_bytes(), 0, true)
-            .await;
-        let froze_at = self.now();
-        let mut unlimited = Bucket::new(u64::MAX / 4, self.now());
-        let complete = |run: &MoveRun| {
-            let extents = extents_of(&run.latest);
-            let stale = run
-                .progress
-                .names()
-                .any(|n| !extents.iter().any(|e| e.name == n));
-            run.progress.remaining(&extents) == 0 && !stale
-        };
+        let fs = &self.env.fs;
+        let mut froze_at = self.now();
         loop {
-            self.ask_patiently(run, MoveAction::Freeze).await?;
-            while self.env.faults.is_raised(Fault::HoldMoveFreeze) {
-                self.env.runtime.sleep(MOVE_HOLD_POLL).await;
-            }
-            if complete(run) {
-                break;
-            }
-            let (frozen_by, recent) = (run.latest.incarnation, run.latest.recent.clone());
-            self.copy_from_source(run, &mut unlimited, 0).await?;
-            if run.latest.incarnation == frozen_by && complete(run) {
-                // Reads answer no recent ids: the freeze's are the ones.
-                run.latest.recent = recent;
-                break;
+            match run.copy.next(self.now()) {
+                Step::Ask(action) => {
+                    let freeze = action == MoveAction::Freeze;
+                    let answer = self.ask_patiently(&run.planned, action).await?;
+                    while freeze && self.env.faults.is_raised(Fault::HoldMoveFreeze) {
+                        self.env.runtime.sleep(MOVE_HOLD_POLL).await;
+                    }
+                    run.copy.answered(answer);
+                }
+                Step::Write { name, pos, bytes } => {
+                    write_copied(fs, &run.incoming, &name, pos, &bytes)
+                        .await
+                        .map_err(|e| Stalled::Failed(from_storage(&e)))?;
+                    let written = run.copy.written();
+                    metrics::counter!(MOVE_COPIED_BYTES_TOTAL).increment(written);
+                }
+                Step::Forget(name) => {
+                    let _ = fs.remove_file(&run.incoming.join(name)).await;
+                }
+                Step::Report {
+                    copied,
+                    remaining,
+                    freezing,
+                } => {
+                    self.report_progress(&run.planned, copied, remaining, freezing)
+                        .await;
+                    if freezing {
+                        froze_at = self.now();
+                    }
+                }
+                Step::Throttle(wait) => self.env.runtime.sleep(wait).await,
+                // What is copied so far is synced and checked before the
+                // freeze: the freeze syncs and checks only what it copies.
+                Step::Sync => {
+                    self.sync_and_verify(run).await?;
+                    run.copy.synced();
+                }
+                Step::Install => break,
             }
         }
         let copied_at = self.now();
         let owner = self.install(topic, run, true).await?;
         let installed_at = self.now();
-        if owner.high_watermark() != run.latest.high_watermark {
+        if owner.high_watermark() != run.copy.latest().high_watermark {
             return Err(Stalled::Failed(ApiError::new(
                 ErrorCode::Internal,
                 format!(
                     "the copy ends at offset {}, the source at {}",
                     owner.high_watermark(),
-                    run.latest.high_watermark
+                    run.copy.latest().high_watermark
                 ),
             )));
         }
@@ -933,7 +874,7 @@ impl<F: FileSystem> Shard<F> {
             copy_ms = copied_at.saturating_sub(froze_at),
             install_ms = installed_at.saturating_sub(copied_at),
             hand_over_ms = self.now().saturating_sub(installed_at),
-            bytes = run.progress.copied_bytes(),
+            bytes = run.copy.progress().copied_bytes(),
             "partition handed over"
         );
         Ok(())
@@ -943,16 +884,16 @@ impl<F: FileSystem> Shard<F> {
     /// back and checks what was synced.
     async fn sync_and_verify(&self, run: &mut MoveRun) -> Result<(), Stalled> {
         let failed = |e: StorageError| Stalled::Failed(from_storage(&e));
+        let dirty = run.copy.take_dirty();
         sync_copied(
             &self.env.fs,
             &run.incoming,
-            run.dirty.iter().map(String::as_str),
+            dirty.iter().map(String::as_str),
         )
         .await
         .map_err(failed)?;
-        run.dirty.clear();
         run.verified
-            .verify(&self.env.fs, &run.incoming, &run.progress)
+            .verify(&self.env.fs, &run.incoming, run.copy.progress())
             .await
             .map_err(failed)
     }
@@ -1009,11 +950,12 @@ impl<F: FileSystem> Shard<F> {
         // A copy whose source died mid-read ends inside a batch: it is
         // promoted at the end of its last whole batch.
         run.verified
-            .cut_partial_batches(fs, &run.incoming, &run.progress)
+            .cut_partial_batches(fs, &run.incoming, run.copy.progress())
             .await
             .map_err(failed)?;
         let synced_at = self.now();
-        let acks = match AckSet::decode(&run.latest.acks) {
+        let latest = run.copy.latest();
+        let acks = match AckSet::decode(&latest.acks) {
             Some(acks) => acks,
             None if exact => {
                 return Err(Stalled::Failed(ApiError::new(
@@ -1028,7 +970,7 @@ impl<F: FileSystem> Shard<F> {
             .await
             .map_err(failed)?;
         let children = run.incoming.join("children");
-        for (child, incarnation, position) in &run.latest.cursors {
+        for (child, incarnation, position) in &latest.cursors {
             Cursor::create(
                 fs,
                 &children,
@@ -1055,7 +997,7 @@ impl<F: FileSystem> Shard<F> {
         let opened = self.owner(topic, run.planned.partition).await;
         self.moves.verified.borrow_mut().remove(&key);
         let owner = opened?;
-        owner.remember_recent(&run.latest.recent);
+        owner.remember_recent(&run.copy.latest().recent);
         tracing::info!(
             id = run.planned.id,
             sync_ms = synced_at.saturating_sub(started),
@@ -1353,16 +1295,4 @@ impl<F: FileSystem> Shard<F> {
             .map(|_| ())
             .map_err(|e| from_meta(&e))
     }
-}
-
-/// The source's segments as the copy's bookkeeping takes them.
-fn extents_of(state: &SourceState) -> Vec<SegmentExtent> {
-    state
-        .extents
-        .iter()
-        .map(|(name, written)| SegmentExtent {
-            name: name.clone(),
-            written: *written,
-        })
-        .collect()
 }

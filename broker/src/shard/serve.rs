@@ -176,13 +176,7 @@ impl<F: FileSystem> Shard<F> {
         reach: Reach,
     ) -> Result<Location, ApiError> {
         let location = self.placement(topic).locate(partition);
-        let within = partition < topic.config.partitions
-            && match location {
-                Location::Here => true,
-                Location::Shard(_) => reach.crosses_shards(),
-                Location::Node(_) => reach.crosses_nodes(),
-            };
-        if !within {
+        if partition >= topic.config.partitions || !location.within(reach) {
             return Err(ApiError::new(
                 ErrorCode::Conflict,
                 format!(

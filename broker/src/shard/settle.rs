@@ -46,17 +46,19 @@ impl<F: FileSystem> Shard<F> {
                     outcomes.put_all(group.indexes, answers);
                     continue;
                 }
-                Location::Shard(shard) if reach.crosses_shards() => Address::Shard(shard),
-                Location::Node(node) if reach.crosses_nodes() => {
+                // Beyond the reach, the sender's metadata differs from
+                // this node's: the partition moved, and its leases with it.
+                _ if !location.within(reach) => {
+                    outcomes.put_all(group.indexes, vec![Err(Self::lease_gone()); count]);
+                    continue;
+                }
+                Location::Shard(shard) => Address::Shard(shard),
+                Location::Node(node) => {
                     if self.is_dead(node) {
                         outcomes.put_all(group.indexes, vec![Err(Self::owner_dead(node)); count]);
                         continue;
                     }
                     Address::Node(node)
-                }
-                Location::Shard(_) | Location::Node(_) => {
-                    outcomes.put_all(group.indexes, vec![Err(Self::lease_gone()); count]);
-                    continue;
                 }
             };
             let timeout = matches!(to, Address::Node(_)).then_some(SETTLE_CALL_TIMEOUT);

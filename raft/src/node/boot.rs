@@ -56,7 +56,6 @@ impl MetaNode {
     /// Starts the node's thread, opens its storage and, on a first start,
     /// bootstraps a single-member cluster.
     pub fn start(config: MetaNodeConfig) -> Result<Self, MetaError> {
-        let (ready_sender, ready) = std::sync::mpsc::channel();
         let (stop, stopped) = oneshot::channel::<()>();
         let node_id = config.node_id;
         let caller = config.caller.clone();
@@ -68,73 +67,47 @@ impl MetaNode {
         let contact = LeaderContact::default();
         let guard_contact = contact.clone();
         let election_timeout_min = Duration::from_millis(config.election_timeout_min_ms);
-        let thread = std::thread::Builder::new()
-            .name("narad-raft".into())
-            .spawn(move || {
-                let runtime = match tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                {
-                    Ok(runtime) => runtime,
-                    Err(error) => {
-                        let _ = ready_sender.send(Err(MetaError::Failed(error.to_string())));
-                        return;
-                    }
-                };
-                runtime.block_on(async move {
-                    match Self::boot(&config).await {
-                        Ok((raft, view, refuse, catch_up_to)) => {
-                            let handle = tokio::runtime::Handle::current();
-                            let controller = Controller {
+        let started = narad_thread::start("narad-raft", move |ready| async move {
+            match Self::boot(&config).await {
+                Ok((raft, view, refuse, catch_up_to)) => {
+                    let handle = tokio::runtime::Handle::current();
+                    let controller = Controller {
+                        raft: raft.clone(),
+                        view: view.clone(),
+                        caller: config.caller.clone(),
+                        node_id: config.node_id,
+                        addr: config.peer_addr.clone(),
+                        interval: Duration::from_millis(config.liveness_interval_ms),
+                        dead_after: Duration::from_millis(config.node_dead_after_ms),
+                        heard: heard.clone(),
+                        leaving: controller_leaving,
+                        contact: guard_contact.clone(),
+                        join: config.join.clone(),
+                    };
+                    tokio::spawn(controller.run());
+                    if let Some(caller) = config.caller.clone() {
+                        tokio::spawn(
+                            Guard {
                                 raft: raft.clone(),
-                                view: view.clone(),
-                                caller: config.caller.clone(),
                                 node_id: config.node_id,
-                                addr: config.peer_addr.clone(),
-                                interval: Duration::from_millis(config.liveness_interval_ms),
-                                dead_after: Duration::from_millis(config.node_dead_after_ms),
-                                heard: heard.clone(),
-                                leaving: controller_leaving,
-                                contact: guard_contact.clone(),
-                                join: config.join.clone(),
-                            };
-                            tokio::spawn(controller.run());
-                            if let Some(caller) = config.caller.clone() {
-                                tokio::spawn(
-                                    Guard {
-                                        raft: raft.clone(),
-                                        node_id: config.node_id,
-                                        caller,
-                                        contact: guard_contact,
-                                        leaving: guard_leaving,
-                                        interval: Duration::from_millis(
-                                            config.heartbeat_interval_ms,
-                                        ),
-                                        election_timeout_min,
-                                    }
-                                    .run(),
-                                );
+                                caller,
+                                contact: guard_contact,
+                                leaving: guard_leaving,
+                                interval: Duration::from_millis(config.heartbeat_interval_ms),
+                                election_timeout_min,
                             }
-                            let _ = ready_sender.send(Ok((
-                                raft.clone(),
-                                view,
-                                handle,
-                                refuse,
-                                catch_up_to,
-                            )));
-                            let _ = stopped.await;
-                            let _ = raft.shutdown().await;
-                        }
-                        Err(error) => {
-                            let _ = ready_sender.send(Err(error));
-                        }
+                            .run(),
+                        );
                     }
-                });
-            })
-            .map_err(|e| MetaError::Failed(e.to_string()))?;
-        let (raft, view, runtime, refuse_votes_up_to, catch_up_to) = ready
-            .recv()
-            .map_err(|e| MetaError::Failed(e.to_string()))??;
+                    ready.send(Ok((raft.clone(), view, handle, refuse, catch_up_to)));
+                    let _ = stopped.await;
+                    let _ = raft.shutdown().await;
+                }
+                Err(error) => ready.send(Err(error)),
+            }
+        });
+        let (booted, thread) = started.map_err(|e| MetaError::Failed(e.to_string()))?;
+        let (raft, view, runtime, refuse_votes_up_to, catch_up_to) = booted?;
         Ok(Self {
             raft,
             view,
