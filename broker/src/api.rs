@@ -9,6 +9,7 @@
 
 use std::rc::Rc;
 
+mod browse;
 mod cluster;
 mod control;
 mod data;
@@ -234,6 +235,7 @@ async fn dispatch(
     }
     let body = request.body().clone();
     let method = request.method().clone();
+    let query = request.uri().query();
     match route.spec.id {
         RouteId::Healthz => Ok(json_response(StatusCode::OK, &json!({"status": "ok"}))),
         RouteId::Readyz => match shard.not_ready().await {
@@ -320,6 +322,7 @@ async fn dispatch(
             produce_batch(shard, route.topic()?, request.headers(), &body).await
         }
         RouteId::Consume => consume(shard, route.topic()?, request.headers(), &body).await,
+        RouteId::Browse => browse::browse(shard, route, query).await,
         RouteId::Ack
         | RouteId::AckBatch
         | RouteId::Nack

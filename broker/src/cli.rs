@@ -128,6 +128,70 @@ pub struct ConsumeArgs {
     pub visibility_timeout_ms: Option<u64>,
 }
 
+/// `narad browse`: which page of which partition.
+#[derive(Args, Debug)]
+pub struct BrowseArgs {
+    pub topic: String,
+    /// The partition to read.
+    #[arg(long)]
+    pub partition: u32,
+    /// The first offset to show; the partition's frontier (its oldest
+    /// unacked message) unless given.
+    #[arg(long)]
+    pub offset: Option<u64>,
+    /// At most this many messages (1-1000).
+    #[arg(long, default_value_t = crate::limits::BROWSE_LIMIT_DEFAULT, value_parser = clap::value_parser!(u32).range(1..=i64::from(crate::limits::BROWSE_LIMIT_MAX)))]
+    pub limit: u32,
+}
+
+/// `narad browse TOPIC --partition P [--offset O] [--limit N]`: a page of
+/// one partition with each message's state and delivery count; nothing is
+/// leased or acked.
+pub fn browse(args: &ClientArgs, browse: &BrowseArgs) -> Result<(), String> {
+    let client = client(args)?;
+    let mut path = format!(
+        "/v1/topics/{}/partitions/{}/messages?limit={}",
+        encode_segment(&browse.topic),
+        browse.partition,
+        browse.limit
+    );
+    if let Some(offset) = browse.offset {
+        path.push_str(&format!("&offset={offset}"));
+    }
+    let answer = client
+        .request("GET", &path, &[], Vec::new(), Duration::ZERO)
+        .map_err(failed)?
+        .body;
+    if args.output == Output::Json {
+        print_json(&answer);
+        return Ok(());
+    }
+    let messages = answer["messages"].as_array().cloned().unwrap_or_default();
+    if messages.is_empty() {
+        println!("no messages from offset {}", cell(&answer["next_offset"]));
+    } else {
+        let rows: Vec<Vec<String>> = messages
+            .iter()
+            .map(|m| {
+                let mut row = message_row(m);
+                // In place of the receipt (a browse has none): the state.
+                row[4] = cell(&m["state"]);
+                row
+            })
+            .collect();
+        let mut columns = MESSAGE_COLUMNS;
+        columns[4] = "STATE";
+        print_table(&columns, &rows);
+    }
+    println!(
+        "next offset {}, frontier {}, high watermark {}",
+        cell(&answer["next_offset"]),
+        cell(&answer["frontier"]),
+        cell(&answer["high_watermark"])
+    );
+    Ok(())
+}
+
 /// What `narad ack|nack|extend` does with a receipt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Settle {

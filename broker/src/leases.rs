@@ -257,6 +257,14 @@ impl LeaseTable {
             .collect()
     }
 
+    /// Whether `offset` is out with a live lease now (not once it ran out,
+    /// even before a sweep).
+    pub fn is_leased(&self, offset: u64, now_ms: u64) -> bool {
+        self.leases
+            .get(&offset)
+            .is_some_and(|l| now_ms <= l.expires_at_ms)
+    }
+
     /// Deliveries of `offset` since the owner started.
     pub fn delivery_count(&self, offset: u64) -> u32 {
         self.delivery_counts.get(&offset).copied().unwrap_or(0)

@@ -392,6 +392,17 @@ pub const JOURNAL_SYNC_INTERVAL: std::time::Duration = std::time::Duration::from
 /// records wait for the metadata or an open.
 pub const JOURNAL_REPLAY_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
 
+/// Messages a browse answers when the request names no `limit`.
+pub const BROWSE_LIMIT_DEFAULT: u32 = 20;
+/// The most messages one browse or search answers (`limit`: 1 to this).
+pub const BROWSE_LIMIT_MAX: u32 = 1000;
+/// Bytes of values a page of a browse holds at most (at least one
+/// message): a thousand large messages do not make one answer of a
+/// gigabyte.
+pub const BROWSE_BYTES_MAX: usize = 4 << 20;
+/// How long a browse waits for another node's owner: then 502.
+pub const BROWSE_CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,8 +4,8 @@ use std::process::ExitCode;
 
 use clap::{Args, CommandFactory, Parser, Subcommand};
 use narad_broker::cli::{
-    self, ChildAction, ClientArgs, ClusterAction, ConsumeArgs, DlqAction, GrantAction, ProduceArgs,
-    QuarantineAction, SchemaAction, Settle, TokenAction, TopicAction, UserAction,
+    self, BrowseArgs, ChildAction, ClientArgs, ClusterAction, ConsumeArgs, DlqAction, GrantAction,
+    ProduceArgs, QuarantineAction, SchemaAction, Settle, TokenAction, TopicAction, UserAction,
 };
 use narad_broker::config::Config;
 
@@ -107,6 +107,14 @@ enum Command {
     Consume {
         #[command(flatten)]
         consume: ConsumeArgs,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Show a page of one partition with each message's state and
+    /// delivery count; nothing is leased, acked or counted.
+    Browse {
+        #[command(flatten)]
+        browse: BrowseArgs,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -290,6 +298,7 @@ fn main() -> ExitCode {
         Command::Quarantine { action, client } => cli::quarantine(client, action),
         Command::Produce { produce, client } => cli::produce(client, produce),
         Command::Consume { consume, client } => cli::consume(client, consume),
+        Command::Browse { browse, client } => cli::browse(client, browse),
         Command::Ack {
             topic,
             receipt,

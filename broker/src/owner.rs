@@ -21,6 +21,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeSet, HashSet, VecDeque};
 
+use narad_net::types::MessageState;
 use narad_storage::consumer::ConsumerState;
 use narad_storage::io::FileSystem;
 use narad_storage::log::{Message, PartitionLog, StoredMessage};
@@ -399,6 +400,35 @@ impl<F: FileSystem> PartitionOwner<F> {
         let mut read = self.log.read(from, max, max_bytes).await?;
         read.retain(|stored| stored.offset < visible);
         Ok(read)
+    }
+
+    /// Up to `max` committed messages from `from` on (about `max_bytes` of
+    /// values, at least one), each with how it stands now and its
+    /// deliveries since the owner started. Leases, acks and counts
+    /// nothing: a browse changes no message's state.
+    pub async fn browse(
+        &self,
+        from: u64,
+        max: usize,
+        max_bytes: usize,
+        now_ms: u64,
+    ) -> Result<Vec<(StoredMessage, MessageState, u32)>, OwnerError> {
+        let read = self.read(from, max, max_bytes).await?;
+        let leases = self.leases.borrow();
+        Ok(read
+            .into_iter()
+            .map(|stored| {
+                let offset = stored.offset;
+                let state = if self.acks.is_acked(offset) {
+                    MessageState::Acked
+                } else if leases.is_leased(offset, now_ms) {
+                    MessageState::Leased
+                } else {
+                    MessageState::Available
+                };
+                (stored, state, leases.delivery_count(offset))
+            })
+            .collect())
     }
 
     /// Appends a batch and makes it visible. Commits from several shards

@@ -109,9 +109,14 @@ fn documented_need(route: RouteId, method: &Method) -> Need {
             Need::Topic(Action::Admin)
         }
         R::Produce | R::ProduceBatch => Need::Topic(Action::Produce),
-        R::Consume | R::Ack | R::Nack | R::Extend | R::AckBatch | R::NackBatch | R::ExtendBatch => {
-            Need::Topic(Action::Consume)
-        }
+        R::Consume
+        | R::Browse
+        | R::Ack
+        | R::Nack
+        | R::Extend
+        | R::AckBatch
+        | R::NackBatch
+        | R::ExtendBatch => Need::Topic(Action::Consume),
         R::Schema | R::Users | R::User | R::UserGrants => Need::Cluster,
         R::UserTokens | R::UserToken => Need::SelfOrCluster,
     }
@@ -131,7 +136,8 @@ fn fixture(
         .replace("{schema}", "order")
         .replace("{user}", caller)
         .replace("{token}", token_id)
-        .replace("{node}", "1");
+        .replace("{node}", "1")
+        .replace("{partition}", "0");
     let body = match (label, method.as_str()) {
         ("cluster_nodes", _) => json!({"id": 1, "addr": "127.0.0.1:1"}),
         ("moves", "POST") => json!({"topic": "orders", "partition": 0, "to": 1}),
@@ -151,6 +157,7 @@ fn fixture(
         ("produce", _) => return (path, b"hello".to_vec()),
         ("produce_batch", _) => json!({"messages": [{"value": "a"}, {"value": "b"}]}),
         ("consume", _) => json!({"max_messages": 1}),
+        ("browse", _) => json!({}),
         ("ack" | "nack" | "extend", _) => json!({"receipt": "not-a-receipt"}),
         ("ack_batch" | "nack_batch" | "extend_batch", _) => {
             json!({"receipts": ["not-a-receipt"]})

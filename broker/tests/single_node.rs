@@ -68,12 +68,7 @@ fn thousands_of_messages_are_delivered_once_each_and_acked() {
         let messages: Vec<Value> = (0..100)
             .map(|i| json!({"key": format!("k{i}"), "value": format!("b{batch}-{i}")}))
             .collect();
-        let (status, answer) = node.json(
-            "POST",
-            "/v1/topics/orders/messages/batch",
-            json!({ "messages": messages }),
-        );
-        assert_eq!(status, 202, "{answer}");
+        let answer = node.produce_batch("orders", messages);
         expected.extend(
             answer["ids"]
                 .as_array()
@@ -2388,5 +2383,207 @@ fn a_commit_wakes_only_polls_of_its_topic_one_per_message() {
         counted(),
         0.0,
         "no poll was woken for the other topic's commits or for the message the other took"
+    );
+}
+
+/// A browse shows a partition's messages with their state and delivery
+/// count, pages by offset, and changes nothing: a consume afterwards gets
+/// what it would have got. Bad parameters are 400 in the error shape.
+#[test]
+fn browsing_a_partition_shows_each_messages_state_and_changes_nothing() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let node = Node::start(&tmp.path().join("n"), &[]);
+    node.create_topic("jobs", json!({"partitions": 1}));
+    let messages = json!({"messages": [
+        {"key": "customer-1", "value": "m0"}, {"value": "m1"},
+        {"value_base64": "AP8="}, {"value": "{\"total\": 12}"}, {"value": "m4"}]});
+    let (status, answer) = node.json("POST", "/v1/topics/jobs/messages/batch", messages);
+    assert_eq!(status, 202, "{answer}");
+    let leased = node.consume("jobs", json!({"max_messages": 2}));
+    assert_eq!(leased.len(), 2);
+    let (status, _) = node.json(
+        "POST",
+        "/v1/topics/jobs/ack",
+        json!({"receipt": leased[0]["receipt"]}),
+    );
+    assert_eq!(status, 204);
+
+    let (status, page) = node.request("GET", "/v1/topics/jobs/partitions/0/messages?offset=0", b"");
+    assert_eq!(status, 200, "{page}");
+    let shown: Vec<(u64, &str, u64)> = page["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .map(|m| {
+            let state = m["state"].as_str().expect("state");
+            (
+                m["offset"].as_u64().expect("offset"),
+                state,
+                m["delivery_count"].as_u64().expect("count"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        shown,
+        // An acked message's count is not kept.
+        vec![
+            (0, "acked", 0),
+            (1, "leased", 1),
+            (2, "available", 0),
+            (3, "available", 0),
+            (4, "available", 0)
+        ]
+    );
+    let first = &page["messages"][0];
+    assert_eq!(first["key"], "customer-1");
+    assert_eq!(first["value"], "m0");
+    assert_eq!(first["id"], leased[0]["id"]);
+    assert!(first["produced_at_ms"].as_u64().is_some_and(|t| t > 0));
+    assert!(
+        first.get("receipt").is_none(),
+        "a browse hands out no receipt"
+    );
+    assert_eq!(page["messages"][2]["value_base64"], "AP8=");
+    assert!(page["messages"][2].get("value").is_none());
+    assert_eq!(
+        (
+            page["next_offset"].as_u64(),
+            page["frontier"].as_u64(),
+            page["high_watermark"].as_u64()
+        ),
+        (Some(5), Some(1), Some(5))
+    );
+
+    // Without an offset: from the frontier; pages by `limit`.
+    let (_, from_frontier) = node.request("GET", "/v1/topics/jobs/partitions/0/messages", b"");
+    assert_eq!(from_frontier["messages"][0]["offset"], 1);
+    assert_eq!(from_frontier["messages"].as_array().map(Vec::len), Some(4));
+    let (_, paged) = node.request(
+        "GET",
+        "/v1/topics/jobs/partitions/0/messages?offset=1&limit=2",
+        b"",
+    );
+    assert_eq!(paged["messages"].as_array().map(Vec::len), Some(2));
+    assert_eq!(paged["next_offset"], 3);
+    let (_, past_end) = node.request(
+        "GET",
+        "/v1/topics/jobs/partitions/0/messages?offset=99",
+        b"",
+    );
+    assert_eq!(past_end["messages"], json!([]));
+    assert_eq!(past_end["next_offset"], 5);
+
+    // Nothing changed: the next consume gets offsets 2, 3 and 4, first
+    // deliveries, and the leased one is still leased.
+    let rest = node.consume("jobs", json!({"max_messages": 10}));
+    let offsets: Vec<u64> = rest.iter().filter_map(|m| m["offset"].as_u64()).collect();
+    assert_eq!(offsets, vec![2, 3, 4]);
+    assert!(rest.iter().all(|m| m["delivery_count"] == 1));
+
+    for (path, code) in [
+        (
+            "/v1/topics/jobs/partitions/0/messages?limit=0",
+            "invalid_request",
+        ),
+        (
+            "/v1/topics/jobs/partitions/0/messages?limit=1001",
+            "invalid_request",
+        ),
+        (
+            "/v1/topics/jobs/partitions/0/messages?offset=-1",
+            "invalid_request",
+        ),
+        (
+            "/v1/topics/jobs/partitions/0/messages?colour=red",
+            "unknown_field",
+        ),
+        ("/v1/topics/jobs/partitions/1/messages", "invalid_request"),
+        (
+            "/v1/topics/jobs/partitions/first/messages",
+            "invalid_request",
+        ),
+    ] {
+        let (status, error) = node.request("GET", path, b"");
+        assert_eq!(status, 400, "{path}: {error}");
+        assert_eq!(error["error"]["code"], code, "{path}");
+    }
+    let (status, error) = node.request("GET", "/v1/topics/nope/partitions/0/messages", b"");
+    assert_eq!(
+        (status, error["error"]["code"].as_str()),
+        (404, Some("topic_not_found"))
+    );
+
+    // The CLI shows the same page.
+    let (ok, out, err) = narad(
+        &node,
+        &["browse", "jobs", "--partition", "0", "--offset", "0"],
+        None,
+    );
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("acked") && out.contains("leased") && out.contains("customer-1"),
+        "{out}"
+    );
+    assert!(
+        out.contains("next offset 5, frontier 1, high watermark 5"),
+        "{out}"
+    );
+    let (ok, out, err) = narad(
+        &node,
+        &[
+            "browse",
+            "jobs",
+            "--partition",
+            "0",
+            "--limit",
+            "1",
+            "--output",
+            "json",
+        ],
+        None,
+    );
+    assert!(ok, "{err}");
+    let json: Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(json["messages"].as_array().map(Vec::len), Some(1));
+}
+
+/// Partitions on another shard are read at their owner through the mesh:
+/// browsing every partition shows every message once, each in its own.
+#[test]
+fn browsing_every_partition_of_a_two_shard_node_shows_every_message_once() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let node = Node::start(&tmp.path().join("n"), &["--shards", "2"]);
+    node.create_topic("orders", json!({"partitions": 4}));
+    let messages: Vec<Value> = (0..40)
+        .map(|i| json!({"key": format!("customer-{i}"), "value": format!("order {i}")}))
+        .collect();
+    node.produce_batch("orders", messages);
+    // Accepted messages reach their owners a moment after the 202.
+    let browse_all = || {
+        let mut seen = BTreeSet::new();
+        for partition in 0..4 {
+            let path =
+                format!("/v1/topics/orders/partitions/{partition}/messages?offset=0&limit=1000");
+            let (status, page) = node.request("GET", &path, b"");
+            assert_eq!(status, 200, "{page}");
+            for m in page["messages"].as_array().expect("messages") {
+                assert_eq!(m["partition"], partition);
+                assert_eq!(m["state"], "available");
+                assert!(
+                    seen.insert(m["value"].as_str().expect("value").to_string()),
+                    "{m}"
+                );
+            }
+        }
+        seen
+    };
+    let mut seen = BTreeSet::new();
+    assert!(
+        eventually(WAIT, || {
+            seen = browse_all();
+            seen.len() == 40
+        }),
+        "browsed {} of 40",
+        seen.len()
     );
 }

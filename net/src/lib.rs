@@ -21,6 +21,7 @@ pub mod error;
 pub mod http_server;
 pub mod names;
 pub mod peer;
+pub mod query;
 pub mod tls;
 pub mod types;
 pub mod value;

@@ -537,6 +537,117 @@ pub struct ConsumedMessage {
     pub lease_expires_at_ms: u64,
 }
 
+/// How a message stands at its owner when a browse or a search looks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub enum MessageState {
+    /// Not acked and not out on a lease: a consume may get it (now, or once
+    /// a nack's delay ends).
+    Available,
+    /// Out on a lease that has not ended.
+    Leased,
+    Acked,
+}
+
+impl MessageState {
+    /// Its name in the API.
+    pub fn label(self) -> &'static str {
+        match self {
+            MessageState::Available => "available",
+            MessageState::Leased => "leased",
+            MessageState::Acked => "acked",
+        }
+    }
+}
+
+/// One message as a browse or a search shows it: where it is, what it
+/// holds and how it stands, with no lease and no receipt.
+#[derive(Debug, Clone, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub struct BrowsedMessage {
+    pub id: u128,
+    pub partition: u32,
+    pub offset: u64,
+    pub key: Option<Vec<u8>>,
+    pub value: Bytes,
+    pub produced_at_ms: u64,
+    pub state: MessageState,
+    /// Deliveries since the owner last started (an acked message's count
+    /// is not kept: 0).
+    pub delivery_count: u32,
+}
+
+/// A page of one partition's messages, read at its owner.
+#[derive(Debug, Clone, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub struct BrowsePage {
+    pub messages: Vec<BrowsedMessage>,
+    /// Where the next page starts.
+    pub next_offset: u64,
+    pub frontier: u64,
+    pub high_watermark: u64,
+}
+
+/// Appends one browsed message as the API writes it.
+fn write_browsed(out: &mut Vec<u8>, m: &BrowsedMessage) {
+    out.extend_from_slice(b"{\"id\":\"");
+    write_hex_u128(out, m.id);
+    out.extend_from_slice(b"\",\"partition\":");
+    write_u64(out, u64::from(m.partition));
+    out.extend_from_slice(b",\"offset\":");
+    write_u64(out, m.offset);
+    if let Some(key) = &m.key {
+        out.extend_from_slice(b",\"key\":");
+        write_str(out, &String::from_utf8_lossy(key));
+    }
+    out.push(b',');
+    write_value_field(out, &m.value);
+    out.extend_from_slice(b",\"produced_at_ms\":");
+    write_u64(out, m.produced_at_ms);
+    out.extend_from_slice(b",\"state\":\"");
+    out.extend_from_slice(m.state.label().as_bytes());
+    out.extend_from_slice(b"\",\"delivery_count\":");
+    write_u64(out, u64::from(m.delivery_count));
+    out.push(b'}');
+}
+
+/// Appends `"messages":[...]`.
+fn write_browsed_list(out: &mut Vec<u8>, messages: &[BrowsedMessage]) {
+    out.extend_from_slice(b"\"messages\":[");
+    for (i, m) in messages.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        write_browsed(out, m);
+    }
+    out.push(b']');
+}
+
+fn browsed_bytes(messages: &[BrowsedMessage]) -> usize {
+    messages
+        .iter()
+        .map(|m| 200 + m.key.as_ref().map_or(0, |k| k.len() * 6) + value_json_len(&m.value))
+        .sum::<usize>()
+        + 100
+}
+
+/// The answer to a browse: `{"messages": [...], "next_offset",
+/// "frontier", "high_watermark"}`.
+pub fn browse_response_json(page: &BrowsePage) -> Vec<u8> {
+    let mut out = Vec::with_capacity(browsed_bytes(&page.messages));
+    out.push(b'{');
+    write_browsed_list(&mut out, &page.messages);
+    for (name, value) in [
+        ("next_offset", page.next_offset),
+        ("frontier", page.frontier),
+        ("high_watermark", page.high_watermark),
+    ] {
+        out.extend_from_slice(b",\"");
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(b"\":");
+        write_u64(&mut out, value);
+    }
+    out.push(b'}');
+    out
+}
+
 /// The media type of the binary consume answer: a client that sends it in
 /// `Accept` gets each message's fields and bytes length-prefixed, with
 /// nothing to escape or parse (docs/http-api.md, "Consume").
@@ -870,6 +981,48 @@ mod tests {
             produced_at_ms: 1_700_000_000_000,
             lease_expires_at_ms: u64::MAX,
         }
+    }
+
+    #[test]
+    fn a_browse_answer_is_json_with_each_messages_state_and_no_receipt() {
+        let browsed = |key: Option<&str>, value: &[u8], state| BrowsedMessage {
+            id: 42,
+            partition: 3,
+            offset: 17,
+            key: key.map(|k| k.as_bytes().to_vec()),
+            value: Bytes::copy_from_slice(value),
+            produced_at_ms: 1_700_000_000_000,
+            state,
+            delivery_count: 2,
+        };
+        let page = BrowsePage {
+            messages: vec![
+                browsed(Some("k\"1"), b"{\"a\": 1}", MessageState::Leased),
+                browsed(None, &[0, 0xff], MessageState::Acked),
+                browsed(Some(""), b"", MessageState::Available),
+            ],
+            next_offset: 18,
+            frontier: 5,
+            high_watermark: 30,
+        };
+        let parsed: Value =
+            serde_json::from_slice(&browse_response_json(&page)).expect("valid JSON");
+        let fields = |state: &str, value: (&str, &str)| {
+            let mut m = json!({"id": "0000000000000000000000000000002a", "partition": 3,
+                "offset": 17, "produced_at_ms": 1_700_000_000_000_u64, "state": state,
+                "delivery_count": 2});
+            m[value.0] = json!(value.1);
+            m
+        };
+        let mut first = fields("leased", ("value", "{\"a\": 1}"));
+        first["key"] = json!("k\"1");
+        let mut third = fields("available", ("value", ""));
+        third["key"] = json!("");
+        assert_eq!(
+            parsed,
+            json!({"messages": [first, fields("acked", ("value_base64", "AP8=")), third],
+                "next_offset": 18, "frontier": 5, "high_watermark": 30})
+        );
     }
 
     #[test]

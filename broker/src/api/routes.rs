@@ -39,6 +39,7 @@ pub enum RouteId {
     Produce,
     ProduceBatch,
     Consume,
+    Browse,
     Ack,
     AckBatch,
     Nack,
@@ -77,6 +78,7 @@ impl RouteId {
             Self::Produce => "produce",
             Self::ProduceBatch => "produce_batch",
             Self::Consume => "consume",
+            Self::Browse => "browse",
             Self::Ack => "ack",
             Self::AckBatch => "ack_batch",
             Self::Nack => "nack",
@@ -206,6 +208,11 @@ pub const ROUTES: &[RouteSpec] = &[
         &[(Method::POST, Need::Topic(Action::Consume))],
     ),
     spec(
+        RouteId::Browse,
+        "/v1/topics/{topic}/partitions/{partition}/messages",
+        &[(Method::GET, Need::Topic(Action::Consume))],
+    ),
+    spec(
         RouteId::Ack,
         "/v1/topics/{topic}/ack",
         &[(Method::POST, Need::Topic(Action::Consume))],
@@ -312,6 +319,7 @@ pub(super) struct Route<'a> {
     pub(super) user: Option<&'a str>,
     pub(super) token: Option<&'a str>,
     pub(super) node: Option<&'a str>,
+    pub(super) partition: Option<&'a str>,
 }
 
 impl<'a> Route<'a> {
@@ -375,6 +383,18 @@ impl<'a> Route<'a> {
     pub(super) fn node(&self) -> Result<&'a str, ApiError> {
         self.segment(self.node, "node")
     }
+
+    /// The `{partition}` segment as a partition number: 400 when it is not
+    /// one (whether the topic has it is the handler's to say).
+    pub(super) fn partition(&self) -> Result<u32, ApiError> {
+        let text = self.segment(self.partition, "partition")?;
+        text.parse().map_err(|_| {
+            ApiError::new(
+                ErrorCode::InvalidRequest,
+                format!("partition must be a whole number, got {text:?}"),
+            )
+        })
+    }
 }
 
 pub(super) fn route(path: &str) -> Option<Route<'_>> {
@@ -394,6 +414,7 @@ pub(super) fn route(path: &str) -> Option<Route<'_>> {
             user: None,
             token: None,
             node: None,
+            partition: None,
         };
         for (want, got) in pattern.split('/').zip(path.split('/')) {
             match want {
@@ -404,6 +425,7 @@ pub(super) fn route(path: &str) -> Option<Route<'_>> {
                 "{user}" => route.user = Some(got),
                 "{token}" => route.token = Some(got),
                 "{node}" => route.node = Some(got),
+                "{partition}" => route.partition = Some(got),
                 literal if literal == got => {}
                 _ => return None,
             }

@@ -642,3 +642,132 @@ fn a_log_that_went_back_under_a_failed_journal_append_breaks_the_journal() {
         "a commit judged against a batch the log lost: {retry:?}"
     );
 }
+
+/// Browsing changes nothing: two owners get the same commits, consumes,
+/// acks, nacks and sweeps, and one of them is also browsed from random
+/// offsets between every step. What each consume gets (offsets, messages,
+/// lease ids, so receipts, and delivery counts), what each settle answers,
+/// and the figures at the end are the same; and what a browse shows of each
+/// message (acked, leased, available; its delivery count) is what the
+/// operations made of it.
+#[test]
+fn browsing_never_changes_what_a_consume_then_gets_its_receipts_or_delivery_counts() {
+    use narad_net::types::MessageState;
+    use narad_storage::rng::SimRng;
+    use std::collections::{BTreeMap, BTreeSet};
+
+    for seed in 0..60u64 {
+        let clock = ManualClock::new(1_000);
+        let (fs_plain, fs_browsed) = (SimFs::new(seed), SimFs::new(seed));
+        let plain = open(&fs_plain, &clock, CONFIG);
+        let browsed = open(&fs_browsed, &clock, CONFIG);
+        let mut rng = SimRng::new(seed);
+        let mut next_id: u128 = 0;
+        // What the operations made of each offset.
+        let mut acked: BTreeSet<u64> = BTreeSet::new();
+        let mut leased: BTreeMap<u64, (u64, u64)> = BTreeMap::new(); // offset -> (lease id, expiry)
+        let mut deliveries: BTreeMap<u64, u32> = BTreeMap::new();
+        for step in 0..150 {
+            let now = clock.now_ms();
+            match rng.below(6) {
+                0 | 1 => {
+                    let n = 1 + rng.below(8) as u128;
+                    let batch: Vec<Message> = (next_id..next_id + n)
+                        .map(|id| Message {
+                            id,
+                            produced_at_ms: now,
+                            key: (id % 3 == 0).then(|| format!("k{id}").into_bytes()),
+                            value: format!("value {id}").into_bytes().into(),
+                            idempotency_key: None,
+                        })
+                        .collect();
+                    next_id += n;
+                    let a = block_on(plain.commit(&batch, now)).expect("commit");
+                    let b = block_on(browsed.commit(&batch, now)).expect("commit");
+                    assert_eq!(a, b, "seed {seed} step {step}");
+                }
+                2 => {
+                    let (max, visibility) = (1 + rng.below(6) as usize, 1 + rng.below(3_000));
+                    let a = block_on(plain.consume(max, visibility, now)).expect("consume");
+                    let b = block_on(browsed.consume(max, visibility, now)).expect("consume");
+                    assert_eq!(a, b, "seed {seed} step {step}: a consume after browses");
+                    for d in &a {
+                        leased.insert(d.offset, (d.lease.lease_id, d.lease.expires_at_ms));
+                        *deliveries.entry(d.offset).or_default() += 1;
+                    }
+                }
+                3 | 4 => {
+                    let Some((&offset, &(lease_id, _))) = leased
+                        .iter()
+                        .nth(rng.below(leased.len().max(1) as u64) as usize)
+                    else {
+                        continue;
+                    };
+                    let ack = rng.chance(1, 2);
+                    let settle = |owner: &PartitionOwner<SimFs>| {
+                        if ack {
+                            owner.ack(offset, lease_id, now).is_ok()
+                        } else {
+                            owner.nack(offset, lease_id, 0, now).is_ok()
+                        }
+                    };
+                    let (a, b) = (settle(&plain), settle(&browsed));
+                    assert_eq!(a, b, "seed {seed} step {step}: a settle after browses");
+                    leased.remove(&offset);
+                    if a && ack {
+                        acked.insert(offset);
+                    }
+                }
+                _ => {
+                    clock.advance_ms(rng.below(2_000));
+                    let now = clock.now_ms();
+                    assert_eq!(
+                        plain.sweep(now),
+                        browsed.sweep(now),
+                        "seed {seed} step {step}"
+                    );
+                    leased.retain(|_, (_, expires)| *expires >= now);
+                }
+            }
+            // Browse the second owner a few times, anywhere.
+            let now = clock.now_ms();
+            for _ in 0..3 {
+                let from = rng.below(browsed.high_watermark() + 2);
+                let limit = 1 + rng.below(20) as usize;
+                let page = block_on(browsed.browse(from, limit, 1 << 20, now)).expect("browse");
+                assert!(page.len() <= limit);
+                for (stored, state, count) in &page {
+                    let offset = stored.offset;
+                    assert!(offset >= from && offset < browsed.high_watermark());
+                    assert_eq!(
+                        stored.message.value,
+                        format!("value {}", stored.message.id).into_bytes()
+                    );
+                    let expected = if acked.contains(&offset) {
+                        MessageState::Acked
+                    } else if leased.get(&offset).is_some_and(|(_, e)| *e >= now) {
+                        MessageState::Leased
+                    } else {
+                        MessageState::Available
+                    };
+                    assert_eq!(*state, expected, "seed {seed} step {step}: offset {offset}");
+                    // An acked message's count is not kept.
+                    let deliveries_now = if acked.contains(&offset) {
+                        0
+                    } else {
+                        deliveries.get(&offset).copied().unwrap_or(0)
+                    };
+                    assert_eq!(
+                        *count, deliveries_now,
+                        "seed {seed} step {step}: deliveries of {offset}"
+                    );
+                }
+            }
+        }
+        let now = clock.now_ms();
+        assert_eq!(plain.stats(now), browsed.stats(now), "seed {seed}");
+        let rest_a = block_on(plain.consume(10_000, 1_000, now)).expect("consume");
+        let rest_b = block_on(browsed.consume(10_000, 1_000, now)).expect("consume");
+        assert_eq!(rest_a, rest_b, "seed {seed}: what is left");
+    }
+}

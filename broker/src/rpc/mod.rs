@@ -13,10 +13,10 @@ mod transport;
 mod wire;
 
 pub use ops::{
-    Available, Collect, Collected, Commit, Committed, CopyFigures, Envelope, Figures, Gained,
-    Gauges, KeyAt, KeyedCommit, MoveAction, MoveSource, Operation, Produce, ProduceKey, Produced,
-    Record, Reply, Settle, SettleOutcome, Settled, ShardGauges, SourceAnswer, SourceState, Stats,
-    TopicFigures, TopicRef, Visit, Wake,
+    Available, Browse, Browsed, Collect, Collected, Commit, Committed, CopyFigures, Envelope,
+    Figures, Gained, Gauges, KeyAt, KeyedCommit, MoveAction, MoveSource, Operation, Produce,
+    ProduceKey, Produced, Record, Reply, Settle, SettleOutcome, Settled, ShardGauges, SourceAnswer,
+    SourceState, Stats, TopicFigures, TopicRef, Visit, Wake,
 };
 pub use transport::{answer_from_wire, call, Address, CallError, Delivered, Links, Transport};
 pub use wire::{decode_answer, encode_refusal, encode_request};

@@ -8,15 +8,15 @@
 
 use bytes::Bytes;
 use futures_channel::oneshot;
-use narad_net::types::{ConsumedMessage, SettleAction};
+use narad_net::types::{BrowsePage, ConsumedMessage, SettleAction};
 use narad_net::ApiError;
 use narad_raft::state::{NodeId, Topic};
 use narad_storage::log::Message;
 use rkyv::{Archive, Deserialize, Serialize};
 
 use super::wire::{
-    Wire, KIND_AVAILABLE, KIND_COLLECT, KIND_COMMIT, KIND_GAINED, KIND_GAUGES, KIND_KEYED_COMMIT,
-    KIND_MOVE_SOURCE, KIND_PRODUCE, KIND_SETTLE, KIND_STATS, KIND_WAKE,
+    Wire, KIND_AVAILABLE, KIND_BROWSE, KIND_COLLECT, KIND_COMMIT, KIND_GAINED, KIND_GAUGES,
+    KIND_KEYED_COMMIT, KIND_MOVE_SOURCE, KIND_PRODUCE, KIND_SETTLE, KIND_STATS, KIND_WAKE,
 };
 use crate::owner::PartitionStats;
 
@@ -178,6 +178,18 @@ pub struct Settle {
 pub type SettleOutcome = Result<Option<u64>, ApiError>;
 pub type Settled = Vec<SettleOutcome>;
 
+/// A page of one partition's messages from `from` on (`None`: its
+/// frontier), at most `limit` of them, read at its owner: leases, acks and
+/// counts nothing.
+#[derive(Debug, Clone, PartialEq, Eq, Archive, Serialize, Deserialize)]
+pub struct Browse {
+    pub topic: TopicRef,
+    pub partition: u32,
+    pub from: Option<u64>,
+    pub limit: u32,
+}
+pub type Browsed = Result<BrowsePage, ApiError>;
+
 /// Figures of these partitions (opening them if needed).
 #[derive(Debug, Clone, PartialEq, Eq, Archive, Serialize, Deserialize)]
 pub struct Stats {
@@ -332,6 +344,7 @@ pub enum Envelope {
     Produce(Produce, Reply<Produced>),
     Collect(Collect, Reply<Collected>),
     Settle(Settle, Reply<Settled>),
+    Browse(Browse, Reply<Browsed>),
     Stats(Stats, Reply<Figures>),
     Gauges(Gauges, Reply<ShardGauges>),
     Available(Available, Reply<()>),
@@ -354,6 +367,7 @@ impl Envelope {
             Self::Produce(..) => Produce::KIND,
             Self::Collect(..) => Collect::KIND,
             Self::Settle(..) => Settle::KIND,
+            Self::Browse(..) => Browse::KIND,
             Self::Stats(..) => Stats::KIND,
             Self::Gauges(..) => Gauges::KIND,
             Self::Available(..) => Available::KIND,
@@ -371,6 +385,7 @@ impl Envelope {
             Self::Produce(op, reply) => visitor.visit(op, reply),
             Self::Collect(op, reply) => visitor.visit(op, reply),
             Self::Settle(op, reply) => visitor.visit(op, reply),
+            Self::Browse(op, reply) => visitor.visit(op, reply),
             Self::Stats(op, reply) => visitor.visit(op, reply),
             Self::Gauges(op, reply) => visitor.visit(op, reply),
             Self::Available(op, reply) => visitor.visit(op, reply),
@@ -390,6 +405,7 @@ impl Envelope {
             Self::Collect(op, _) => Some((&op.topic.name, first(&op.partitions))),
             Self::Stats(op, _) => Some((&op.topic.name, first(&op.partitions))),
             Self::Settle(op, _) => Some((&op.topic.name, 0)),
+            Self::Browse(op, _) => Some((&op.topic.name, op.partition)),
             Self::MoveSource(op, _) => Some((&op.topic.name, op.partition)),
             Self::Gauges(..) | Self::Available(..) | Self::Gained(..) | Self::Wake(..) => None,
         }
@@ -417,6 +433,7 @@ operation!(KeyedCommit, Committed, KIND_KEYED_COMMIT);
 operation!(Produce, Produced, KIND_PRODUCE);
 operation!(Collect, Collected, KIND_COLLECT);
 operation!(Settle, Settled, KIND_SETTLE);
+operation!(Browse, Browsed, KIND_BROWSE);
 operation!(Stats, Figures, KIND_STATS);
 operation!(Gauges, ShardGauges, KIND_GAUGES);
 operation!(Available, (), KIND_AVAILABLE);

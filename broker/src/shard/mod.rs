@@ -58,10 +58,10 @@ use crate::route::{
     consume_order, group_by, reroute_target, rotated, InOrder, Location, Placement,
 };
 use crate::rpc::{
-    Address, Available, CallError, Collect, Collected, Commit, Committed, CopyFigures, Envelope,
-    Figures, Gained, Gauges, KeyAt, KeyedCommit, Links, Operation, Produce, ProduceKey, Produced,
-    Reach, Record, Settle, SettleOutcome, Settled, ShardGauges, Stats, TopicFigures, TopicRef,
-    Transport, Wake,
+    Address, Available, Browse, Browsed, CallError, Collect, Collected, Commit, Committed,
+    CopyFigures, Envelope, Figures, Gained, Gauges, KeyAt, KeyedCommit, Links, Operation, Produce,
+    ProduceKey, Produced, Reach, Record, Settle, SettleOutcome, Settled, ShardGauges, Stats,
+    TopicFigures, TopicRef, Transport, Wake,
 };
 use crate::runtime::SharedRuntime;
 use crate::schemas::CompiledSchemas;
@@ -69,6 +69,7 @@ use crate::settings::Settings;
 use crate::signal::Signal;
 use crate::wakeups::{PollWaiters, EVERY_POLL};
 
+mod browse;
 mod child_cursor;
 mod children;
 mod consume;

@@ -318,6 +318,18 @@ impl Node {
         answer["id"].as_str().expect("id").to_string()
     }
 
+    /// Produces a batch (`messages` as the batch API takes them); it must
+    /// be answered 202. Returns the answer.
+    pub fn produce_batch(&self, topic: &str, messages: Vec<Value>) -> Value {
+        let (status, answer) = self.json(
+            "POST",
+            &format!("/v1/topics/{topic}/messages/batch"),
+            serde_json::json!({ "messages": messages }),
+        );
+        assert_eq!(status, 202, "{answer}");
+        answer
+    }
+
     pub fn create_topic(&self, name: &str, body: Value) {
         let (status, answer) = self.json("PUT", &format!("/v1/topics/{name}"), body);
         assert!(

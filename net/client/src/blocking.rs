@@ -193,6 +193,18 @@ impl Client {
             .block_on(self.inner.consume_acking(topic, acks, request))
     }
 
+    /// See [`crate::Client::browse`].
+    pub fn browse(
+        &self,
+        topic: &str,
+        partition: u32,
+        offset: Option<u64>,
+        limit: u32,
+    ) -> Result<crate::BrowsedPage, Error> {
+        self.runtime
+            .block_on(self.inner.browse(topic, partition, offset, limit))
+    }
+
     /// See [`crate::Client::ack`].
     pub fn ack(&self, topic: &str, receipt: &str) -> Result<(), Error> {
         self.runtime.block_on(self.inner.ack(topic, receipt))

@@ -314,6 +314,86 @@ pub struct Delivery {
     pub lease_expires_at_ms: u64,
 }
 
+/// A message as a browse shows it: no lease, no receipt; how it stands at
+/// its owner when the browse looked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Browsed {
+    /// The message's id, as the produce answered it.
+    pub id: String,
+    /// Its partition.
+    pub partition: u32,
+    /// Its offset in the partition.
+    pub offset: u64,
+    /// Its key, if it was produced with one.
+    pub key: Option<String>,
+    /// Its bytes.
+    pub value: Bytes,
+    /// When the node accepted it (Unix ms).
+    pub produced_at_ms: u64,
+    /// `available`, `leased` or `acked`.
+    pub state: String,
+    /// Deliveries since the partition's owner last started.
+    pub delivery_count: u32,
+}
+
+/// A page of one partition ([`Client::browse`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BrowsedPage {
+    /// The page's messages, in offset order.
+    pub messages: Vec<Browsed>,
+    /// Where the next page starts.
+    pub next_offset: u64,
+    /// The partition's oldest unacked offset.
+    pub frontier: u64,
+    /// The offset the partition's next message gets.
+    pub high_watermark: u64,
+}
+
+/// A browsed message as the API writes it.
+#[derive(Deserialize)]
+struct WireBrowsed {
+    id: String,
+    partition: u32,
+    offset: u64,
+    key: Option<String>,
+    value: Option<String>,
+    value_base64: Option<String>,
+    produced_at_ms: u64,
+    state: String,
+    delivery_count: u32,
+}
+
+/// A message's bytes from `value` or `value_base64`.
+fn value_of(value: Option<String>, value_base64: Option<String>) -> Result<Bytes, Error> {
+    match (value, value_base64) {
+        (Some(text), None) => Ok(Bytes::from(text)),
+        (None, Some(encoded)) => base64::engine::general_purpose::STANDARD
+            .decode(encoded)
+            .map(Bytes::from)
+            .map_err(|e| Error::BadResponse(format!("value_base64: {e}"))),
+        _ => Err(Error::BadResponse(
+            "a message with neither or both of value and value_base64".into(),
+        )),
+    }
+}
+
+impl TryFrom<WireBrowsed> for Browsed {
+    type Error = Error;
+
+    fn try_from(wire: WireBrowsed) -> Result<Self, Error> {
+        Ok(Self {
+            value: value_of(wire.value, wire.value_base64)?,
+            id: wire.id,
+            partition: wire.partition,
+            offset: wire.offset,
+            key: wire.key,
+            produced_at_ms: wire.produced_at_ms,
+            state: wire.state,
+            delivery_count: wire.delivery_count,
+        })
+    }
+}
+
 /// A delivery as the API writes it.
 #[derive(Deserialize)]
 struct WireDelivery {
@@ -354,18 +434,7 @@ impl TryFrom<WireDelivery> for Delivery {
     type Error = Error;
 
     fn try_from(wire: WireDelivery) -> Result<Self, Error> {
-        let value = match (wire.value, wire.value_base64) {
-            (Some(text), None) => Bytes::from(text),
-            (None, Some(encoded)) => base64::engine::general_purpose::STANDARD
-                .decode(encoded)
-                .map(Bytes::from)
-                .map_err(|e| Error::BadResponse(format!("value_base64: {e}")))?,
-            _ => {
-                return Err(Error::BadResponse(
-                    "a message with neither or both of value and value_base64".into(),
-                ))
-            }
-        };
+        let value = value_of(wire.value, wire.value_base64)?;
         Ok(Self {
             id: wire.id,
             topic: wire.topic,
@@ -733,6 +802,45 @@ impl Client {
             })
         })
         .await
+    }
+
+    /// Reads up to `limit` messages (1 to 1,000) of one partition from
+    /// `offset` on (`None`: its frontier) at the partition's owner, each
+    /// with its state and delivery count. Nothing is leased, acked or
+    /// counted.
+    pub async fn browse(
+        &self,
+        topic: &str,
+        partition: u32,
+        offset: Option<u64>,
+        limit: u32,
+    ) -> Result<BrowsedPage, Error> {
+        let mut path = format!(
+            "/v1/topics/{}/partitions/{partition}/messages?limit={limit}",
+            encode_segment(topic)
+        );
+        if let Some(offset) = offset {
+            path.push_str(&format!("&offset={offset}"));
+        }
+        let mut answer = self
+            .call("GET", &path, &[], Bytes::new(), Duration::ZERO)
+            .await?;
+        let messages: Vec<WireBrowsed> = serde_json::from_value(answer["messages"].take())
+            .map_err(|e| Error::BadResponse(format!("messages: {e}")))?;
+        let number = |name: &str| {
+            answer[name]
+                .as_u64()
+                .ok_or_else(|| Error::BadResponse(format!("a browse answer without {name}")))
+        };
+        Ok(BrowsedPage {
+            next_offset: number("next_offset")?,
+            frontier: number("frontier")?,
+            high_watermark: number("high_watermark")?,
+            messages: messages
+                .into_iter()
+                .map(Browsed::try_from)
+                .collect::<Result<_, _>>()?,
+        })
     }
 
     /// Acks a delivery: done for good.
