@@ -93,7 +93,7 @@ pub fn screen(shard: &Shard, head: &hyper::http::request::Parts) -> Option<HttpR
         return None;
     }
     let path = head.uri.path();
-    let matched = route(path);
+    let matched = route(path).map(|r| r.for_method(&head.method));
     if matched.is_some_and(|r| r.spec.methods.iter().all(|(_, n)| *n == Need::Open)) {
         return None;
     }
@@ -128,7 +128,7 @@ const WWW_AUTHENTICATE: &str = r#"Basic realm="narad", Bearer realm="narad""#;
 pub async fn handle(shard: Rc<Shard>, request: HttpRequest) -> HttpResponse {
     let started = std::time::Instant::now();
     let path = request.uri().path().to_string();
-    let matched = route(&path);
+    let matched = route(&path).map(|r| r.for_method(request.method()));
     let label = matched.map_or("unknown", |r| r.spec.label());
     let mut response = match dispatch(&shard, request, &path, matched).await {
         Ok(response) => response,
@@ -318,6 +318,7 @@ async fn dispatch(
             }
         }
         RouteId::Produce => produce(shard, route.topic()?, request.headers(), &body).await,
+        RouteId::Search => browse::search(shard, route, query).await,
         RouteId::ProduceBatch => {
             produce_batch(shard, route.topic()?, request.headers(), &body).await
         }

@@ -192,6 +192,95 @@ pub fn browse(args: &ClientArgs, browse: &BrowseArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// `narad search`: what to look for.
+#[derive(Args, Debug)]
+pub struct SearchArgs {
+    pub topic: String,
+    /// Messages with exactly this key.
+    #[arg(long)]
+    pub key: Option<String>,
+    /// Messages whose key or value contains this text (case-sensitive).
+    #[arg(long)]
+    pub contains: Option<String>,
+    /// At most this many matches per request (1-1000).
+    #[arg(long, default_value_t = crate::limits::BROWSE_LIMIT_DEFAULT, value_parser = clap::value_parser!(u32).range(1..=i64::from(crate::limits::BROWSE_LIMIT_MAX)))]
+    pub limit: u32,
+    /// Go on from where an earlier search stopped (the cursor it printed).
+    #[arg(long)]
+    pub cursor: Option<String>,
+    /// Follow the cursor until every retained message was searched.
+    #[arg(long)]
+    pub all: bool,
+}
+
+/// `narad search TOPIC [--key K] [--contains TEXT] [--limit N] [--cursor C]
+/// [--all]`: the topic's messages with a key or some text, searched at
+/// their owners; nothing is leased or acked.
+pub fn search(args: &ClientArgs, search: &SearchArgs) -> Result<(), String> {
+    if search.key.is_none() && search.contains.as_deref().is_none_or(str::is_empty) {
+        return Err("give --key, or a non-empty --contains, or both".into());
+    }
+    let client = client(args)?;
+    let mut cursor = search.cursor.clone();
+    let mut printed_header = false;
+    loop {
+        let mut query = form_urlencoded::Serializer::new(String::new());
+        if let Some(key) = &search.key {
+            query.append_pair("key", key);
+        }
+        if let Some(contains) = &search.contains {
+            query.append_pair("contains", contains);
+        }
+        query.append_pair("limit", &search.limit.to_string());
+        if let Some(cursor) = &cursor {
+            query.append_pair("cursor", cursor);
+        }
+        let path = format!(
+            "/v1/topics/{}/messages?{}",
+            encode_segment(&search.topic),
+            query.finish()
+        );
+        let answer = client
+            .request("GET", &path, &[], Vec::new(), Duration::ZERO)
+            .map_err(failed)?
+            .body;
+        let messages = answer["messages"].as_array().cloned().unwrap_or_default();
+        cursor = answer["cursor"].as_str().map(str::to_string);
+        match args.output {
+            // One answer per line, as the API gave it.
+            Output::Json => println!("{answer}"),
+            Output::Human => {
+                let mut columns = MESSAGE_COLUMNS;
+                columns[4] = "STATE";
+                if !printed_header && !messages.is_empty() {
+                    println!("{}", columns.join("\t"));
+                    printed_header = true;
+                }
+                for m in &messages {
+                    let mut row = message_row(m);
+                    row[4] = cell(&m["state"]);
+                    println!("{}", row.join("\t"));
+                }
+            }
+        }
+        match (&cursor, search.all) {
+            (Some(_), true) => continue,
+            (Some(next), false) => {
+                if args.output == Output::Human {
+                    println!("more to search: --cursor {next}");
+                }
+                return Ok(());
+            }
+            (None, _) => {
+                if args.output == Output::Human {
+                    println!("every retained message searched");
+                }
+                return Ok(());
+            }
+        }
+    }
+}
+
 /// What `narad ack|nack|extend` does with a receipt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Settle {

@@ -400,6 +400,18 @@ pub const BROWSE_LIMIT_MAX: u32 = 1000;
 /// message): a thousand large messages do not make one answer of a
 /// gigabyte.
 pub const BROWSE_BYTES_MAX: usize = 4 << 20;
+/// Messages one search call looks at in each partition, at most; a cursor
+/// goes on from where it stopped.
+pub const SEARCH_SCAN_MAX: usize = 10_000;
+/// ... and bytes of values: a partition of large messages stops sooner.
+pub const SEARCH_SCAN_BYTES_MAX: usize = 64 << 20;
+/// A search reads a partition this many messages (and bytes of values) at
+/// a time.
+pub const SEARCH_READ_RECORDS: usize = 256;
+pub const SEARCH_READ_BYTES: usize = 4 << 20;
+/// How long a search waits for another node's owners (each scans up to
+/// `SEARCH_SCAN_MAX` messages of each of its partitions): then 502.
+pub const SEARCH_CALL_TIMEOUT: Duration = Duration::from_secs(15);
 /// How long a browse waits for another node's owner: then 502.
 pub const BROWSE_CALL_TIMEOUT: Duration = Duration::from_secs(5);
 

@@ -5,7 +5,8 @@ use std::process::ExitCode;
 use clap::{Args, CommandFactory, Parser, Subcommand};
 use narad_broker::cli::{
     self, BrowseArgs, ChildAction, ClientArgs, ClusterAction, ConsumeArgs, DlqAction, GrantAction,
-    ProduceArgs, QuarantineAction, SchemaAction, Settle, TokenAction, TopicAction, UserAction,
+    ProduceArgs, QuarantineAction, SchemaAction, SearchArgs, Settle, TokenAction, TopicAction,
+    UserAction,
 };
 use narad_broker::config::Config;
 
@@ -115,6 +116,14 @@ enum Command {
     Browse {
         #[command(flatten)]
         browse: BrowseArgs,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Search a topic's messages at their owners by key or text;
+    /// nothing is leased or acked. `--all` follows the cursor to the end.
+    Search {
+        #[command(flatten)]
+        search: SearchArgs,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -299,6 +308,7 @@ fn main() -> ExitCode {
         Command::Produce { produce, client } => cli::produce(client, produce),
         Command::Consume { consume, client } => cli::consume(client, consume),
         Command::Browse { browse, client } => cli::browse(client, browse),
+        Command::Search { search, client } => cli::search(client, search),
         Command::Ack {
             topic,
             receipt,

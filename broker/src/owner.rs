@@ -30,7 +30,7 @@ use narad_storage::StorageError;
 use crate::leases::{Lease, LeaseGone, LeaseTable};
 use crate::limits::{
     COMMIT_TIMES_MAX, OWNER_IDEMPOTENCY_KEYS_MAX, RECALL_BYTES_MAX, RECALL_REORDER_SLACK_MS,
-    RECALL_STEP_RECORDS, RECENT_IDS_MAX,
+    RECALL_STEP_RECORDS, RECENT_IDS_MAX, SEARCH_READ_BYTES, SEARCH_READ_RECORDS,
 };
 
 use crate::signal::{Changed, Signal};
@@ -73,6 +73,17 @@ pub struct Appended {
     /// Copies dropped because a copy with the same idempotency key was
     /// committed within the window.
     pub duplicates: u32,
+}
+
+/// How much one search of a partition may look at and find.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScanLimits {
+    /// Messages looked at, at most.
+    pub scan_max: usize,
+    /// Bytes of values looked at: the scan stops once past it.
+    pub scan_bytes: usize,
+    /// Matches, at most.
+    pub found_max: usize,
 }
 
 /// A message handed to a consumer under a lease.
@@ -429,6 +440,56 @@ impl<F: FileSystem> PartitionOwner<F> {
                 (stored, state, leases.delivery_count(offset))
             })
             .collect())
+    }
+
+    /// Scans committed messages from `from` on for those `wanted` takes, up
+    /// to `found_max` of them, looking at no more than `scan_max` messages
+    /// (about `scan_bytes` of values): the matches, each with its state and
+    /// delivery count as [`Self::browse`] gives them, and where the scan
+    /// stopped (`None`: it reached the end of what is committed). Like a
+    /// browse, it changes nothing.
+    pub async fn search(
+        &self,
+        from: u64,
+        limits: ScanLimits,
+        wanted: impl Fn(&Message) -> bool,
+        now_ms: u64,
+    ) -> Result<(Vec<(StoredMessage, MessageState, u32)>, Option<u64>), OwnerError> {
+        let mut found = Vec::new();
+        let mut next = from.max(self.log_start_offset());
+        let (mut scanned, mut bytes) = (0, 0);
+        loop {
+            if next >= self.high_watermark() {
+                return Ok((found, None));
+            }
+            if scanned >= limits.scan_max
+                || bytes >= limits.scan_bytes
+                || found.len() >= limits.found_max
+            {
+                return Ok((found, Some(next)));
+            }
+            let step = (limits.scan_max - scanned).min(SEARCH_READ_RECORDS);
+            let read = self.browse(next, step, SEARCH_READ_BYTES, now_ms).await?;
+            let Some(last) = read.last().map(|(stored, _, _)| stored.offset) else {
+                // Nothing readable at `next` (damaged, and logged as such):
+                // the scan goes past it.
+                next += 1;
+                scanned += 1;
+                continue;
+            };
+            for (stored, state, count) in read {
+                if found.len() >= limits.found_max {
+                    return Ok((found, Some(stored.offset)));
+                }
+                scanned += 1;
+                bytes += stored.message.value.len();
+                next = stored.offset + 1;
+                if wanted(&stored.message) {
+                    found.push((stored, state, count));
+                }
+            }
+            next = next.max(last + 1);
+        }
     }
 
     /// Appends a batch and makes it visible. Commits from several shards

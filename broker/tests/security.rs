@@ -109,6 +109,7 @@ fn documented_need(route: RouteId, method: &Method) -> Need {
             Need::Topic(Action::Admin)
         }
         R::Produce | R::ProduceBatch => Need::Topic(Action::Produce),
+        R::Search => Need::Topic(Action::Consume),
         R::Consume
         | R::Browse
         | R::Ack
@@ -158,6 +159,7 @@ fn fixture(
         ("produce_batch", _) => json!({"messages": [{"value": "a"}, {"value": "b"}]}),
         ("consume", _) => json!({"max_messages": 1}),
         ("browse", _) => json!({}),
+        ("search", _) => return (format!("{path}?key=customer-1"), Vec::new()),
         ("ack" | "nack" | "extend", _) => json!({"receipt": "not-a-receipt"}),
         ("ack_batch" | "nack_batch" | "extend_batch", _) => {
             json!({"receipts": ["not-a-receipt"]})

@@ -356,9 +356,15 @@ fn bad_input_gets_the_right_code_and_the_node_keeps_serving() {
         "topic_not_found",
     );
     expect(
-        code(node.request("GET", "/v1/topics/a/messages", b"")),
+        code(node.request("DELETE", "/v1/topics/a/messages", b"")),
         405,
         "method_not_allowed",
+    );
+    // A search needs a key or some text.
+    expect(
+        code(node.request("GET", "/v1/topics/a/messages", b"")),
+        400,
+        "invalid_request",
     );
     expect(
         code(node.request("GET", "/v1/cluster/movez", b"")),
@@ -2586,4 +2592,116 @@ fn browsing_every_partition_of_a_two_shard_node_shows_every_message_once() {
         "browsed {} of 40",
         seen.len()
     );
+}
+
+/// Search: a topic of 100,000 messages over four partitions on two shards,
+/// in many segments, holds a few planted matches, by key and by text.
+/// Following the cursor finds each exactly once and nothing else, and ends
+/// with a null cursor; since a call looks at no more than 10,000 messages
+/// of each partition, that takes several calls. Searching changes nothing.
+#[test]
+fn searching_a_hundred_thousand_messages_finds_the_few_that_match_by_following_the_cursor() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let node = Node::start(
+        &tmp.path().join("n"),
+        &["--shards", "2", "--set", "storage.segment_bytes=262144"],
+    );
+    node.create_topic("orders", json!({"partitions": 4}));
+    let needles = [137, 25_000, 51_234, 77_777, 99_999];
+    let gifts = [10, 33_333, 60_000, 88_001];
+    for batch in 0..100 {
+        let messages: Vec<Value> = (batch * 1000..(batch + 1) * 1000)
+            .map(|n| {
+                if needles.contains(&n) {
+                    json!({"key": "needle-customer", "value": format!("the needle {n}")})
+                } else if gifts.contains(&n) {
+                    json!({"key": format!("c{n}"), "value": format!("order {n}: gift card")})
+                } else {
+                    json!({"key": format!("c{}", n % 5000), "value": format!("order {n}")})
+                }
+            })
+            .collect();
+        node.produce_batch("orders", messages);
+    }
+    assert!(eventually(WAIT, || node
+        .stat_sum("orders", "high_watermark")
+        == 100_000));
+    // Follows the cursor to its end: the values found and the calls made.
+    let search = |query: &str| {
+        let (mut values, mut calls) = (Vec::new(), 0);
+        let mut cursor: Option<String> = None;
+        loop {
+            let mut path = format!("/v1/topics/orders/messages?{query}&limit=2");
+            if let Some(cursor) = &cursor {
+                path.push_str(&format!("&cursor={cursor}"));
+            }
+            let (status, answer) = node.request("GET", &path, b"");
+            assert_eq!(status, 200, "{answer}");
+            calls += 1;
+            for m in answer["messages"].as_array().expect("messages") {
+                assert_eq!(m["state"], "available");
+                values.push(m["value"].as_str().expect("value").to_string());
+            }
+            match answer["cursor"].as_str() {
+                Some(next) => cursor = Some(next.to_string()),
+                None => return (values, calls),
+            }
+            assert!(calls < 100, "the search does not end");
+        }
+    };
+    let (mut found, calls) = search("key=needle-customer");
+    found.sort();
+    let mut expected: Vec<String> = needles.iter().map(|n| format!("the needle {n}")).collect();
+    expected.sort();
+    assert_eq!(found, expected);
+    assert!(
+        calls >= 3,
+        "25,000 messages a partition at 10,000 a call: {calls} calls"
+    );
+    let (mut found, _) = search("contains=gift%20card");
+    found.sort();
+    let mut expected: Vec<String> = gifts
+        .iter()
+        .map(|n| format!("order {n}: gift card"))
+        .collect();
+    expected.sort();
+    assert_eq!(found, expected);
+    // Both at once: the key and the text.
+    let (found, _) = search("key=needle-customer&contains=needle%2077777");
+    assert_eq!(found, vec!["the needle 77777".to_string()]);
+
+    for (path, code) in [
+        ("/v1/topics/orders/messages", "invalid_request"),
+        ("/v1/topics/orders/messages?contains=", "invalid_request"),
+        (
+            "/v1/topics/orders/messages?key=a&limit=0",
+            "invalid_request",
+        ),
+        (
+            "/v1/topics/orders/messages?key=a&cursor=bm9wZQ",
+            "invalid_request",
+        ),
+        (
+            "/v1/topics/orders/messages?key=a&colour=red",
+            "unknown_field",
+        ),
+    ] {
+        let (status, error) = node.request("GET", path, b"");
+        assert_eq!(
+            (status, error["error"]["code"].as_str()),
+            (400, Some(code)),
+            "{path}: {error}"
+        );
+    }
+    // Searches leased nothing.
+    assert_eq!(node.stat_sum("orders", "in_flight"), 0);
+    // The CLI follows the cursor with --all.
+    let (ok, out, err) = narad(
+        &node,
+        &["search", "orders", "--key", "needle-customer", "--all"],
+        None,
+    );
+    assert!(ok, "{err}");
+    assert_eq!(out.matches("the needle").count(), 5, "{out}");
+    assert!(out.contains("every retained message searched"), "{out}");
 }

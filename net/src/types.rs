@@ -648,6 +648,20 @@ pub fn browse_response_json(page: &BrowsePage) -> Vec<u8> {
     out
 }
 
+/// The answer to a search: `{"messages": [...], "cursor": "..." | null}`.
+pub fn search_response_json(messages: &[BrowsedMessage], cursor: Option<&str>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(browsed_bytes(messages));
+    out.push(b'{');
+    write_browsed_list(&mut out, messages);
+    out.extend_from_slice(b",\"cursor\":");
+    match cursor {
+        Some(cursor) => write_str(&mut out, cursor),
+        None => out.extend_from_slice(b"null"),
+    }
+    out.push(b'}');
+    out
+}
+
 /// The media type of the binary consume answer: a client that sends it in
 /// `Accept` gets each message's fields and bytes length-prefixed, with
 /// nothing to escape or parse (docs/http-api.md, "Consume").

@@ -37,6 +37,7 @@ pub enum RouteId {
     Topics,
     Topic,
     Produce,
+    Search,
     ProduceBatch,
     Consume,
     Browse,
@@ -76,6 +77,7 @@ impl RouteId {
             Self::Topics => "topics",
             Self::Topic => "topic",
             Self::Produce => "produce",
+            Self::Search => "search",
             Self::ProduceBatch => "produce_batch",
             Self::Consume => "consume",
             Self::Browse => "browse",
@@ -196,6 +198,11 @@ pub const ROUTES: &[RouteSpec] = &[
         RouteId::Produce,
         "/v1/topics/{topic}/messages",
         &[(Method::POST, Need::Topic(Action::Produce))],
+    ),
+    spec(
+        RouteId::Search,
+        "/v1/topics/{topic}/messages",
+        &[(Method::GET, Need::Topic(Action::Consume))],
     ),
     spec(
         RouteId::ProduceBatch,
@@ -332,8 +339,27 @@ impl<'a> Route<'a> {
             .map(|(_, need)| *need)
     }
 
+    /// The methods this route's path takes (over every route of the path).
     pub(super) fn allowed(&self) -> Vec<&'static str> {
-        self.spec.methods.iter().map(|(m, _)| m.as_str()).collect()
+        self.siblings()
+            .flat_map(|spec| spec.methods.iter().map(|(m, _)| m.as_str()))
+            .collect()
+    }
+
+    /// The routes of the table with this route's path (this one among
+    /// them): a path may have a route per method.
+    fn siblings(&self) -> impl Iterator<Item = &'static RouteSpec> + '_ {
+        ROUTES.iter().filter(|spec| spec.path == self.spec.path)
+    }
+
+    /// The route of this path that takes `method`, with the same segments;
+    /// this one when none does (the request is then 405).
+    pub(super) fn for_method(self, method: &Method) -> Self {
+        let takes = |spec: &RouteSpec| spec.methods.iter().any(|(m, _)| m == method);
+        match self.siblings().find(|spec| takes(spec)) {
+            Some(spec) => Self { spec, ..self },
+            None => self,
+        }
     }
 
     /// The settle kind and whether it is a batch, for the settle routes.
@@ -460,6 +486,15 @@ mod tests {
             (child.spec.id, child.topic, child.child),
             (RouteId::Child, Some("orders"), Some("audit"))
         );
+        // One path, a route per method: a method neither takes is 405
+        // with both methods allowed.
+        let messages = route("/v1/topics/orders/messages").expect("messages");
+        assert_eq!(messages.for_method(&Method::GET).spec.id, RouteId::Search);
+        assert_eq!(messages.for_method(&Method::POST).spec.id, RouteId::Produce);
+        let put = messages.for_method(&Method::PUT);
+        assert_eq!(put.need(&Method::PUT), None);
+        assert_eq!(put.allowed(), vec!["POST", "GET"]);
+        assert_eq!(put.for_method(&Method::GET).topic, Some("orders"));
         assert_eq!(label("/v1/nothing"), None);
         assert_eq!(label("/healthz"), Some("healthz"));
         let token = route("/v1/users/ann/tokens/abc").expect("token");
@@ -506,17 +541,22 @@ mod tests {
                 )
                 .collect::<Vec<_>>()
                 .join("/");
-            let matched = route(&path).expect("a route's own path matches");
+            let method = &spec.methods[0].0;
+            let matched = route(&path)
+                .expect("a route's own path matches")
+                .for_method(method);
             assert_eq!(matched.spec.id, spec.id, "{path}");
             let reads: &[&str] = match spec.id {
                 RouteId::Topic
                 | RouteId::Produce
+                | RouteId::Search
                 | RouteId::ProduceBatch
                 | RouteId::Consume
                 | RouteId::Children
                 | RouteId::Redrive => &["topic"],
                 id if id.settle().is_some() => &["topic"],
                 RouteId::Child => &["topic", "child"],
+                RouteId::Browse => &["topic", "partition"],
                 RouteId::RedriveTask => &["topic", "task"],
                 RouteId::Schema => &["schema"],
                 RouteId::User | RouteId::UserTokens | RouteId::UserGrants => &["user"],
@@ -532,6 +572,8 @@ mod tests {
                     "schema" => matched.schema().ok(),
                     "user" => matched.user().ok(),
                     "token" => matched.token().ok(),
+                    // A number once parsed: its text is what the path gave.
+                    "partition" => matched.partition,
                     _ => matched.node().ok(),
                 };
                 assert_eq!(

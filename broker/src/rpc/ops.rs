@@ -8,7 +8,7 @@
 
 use bytes::Bytes;
 use futures_channel::oneshot;
-use narad_net::types::{BrowsePage, ConsumedMessage, SettleAction};
+use narad_net::types::{BrowsePage, BrowsedMessage, ConsumedMessage, SettleAction};
 use narad_net::ApiError;
 use narad_raft::state::{NodeId, Topic};
 use narad_storage::log::Message;
@@ -16,7 +16,8 @@ use rkyv::{Archive, Deserialize, Serialize};
 
 use super::wire::{
     Wire, KIND_AVAILABLE, KIND_BROWSE, KIND_COLLECT, KIND_COMMIT, KIND_GAINED, KIND_GAUGES,
-    KIND_KEYED_COMMIT, KIND_MOVE_SOURCE, KIND_PRODUCE, KIND_SETTLE, KIND_STATS, KIND_WAKE,
+    KIND_KEYED_COMMIT, KIND_MOVE_SOURCE, KIND_PRODUCE, KIND_SEARCH, KIND_SETTLE, KIND_STATS,
+    KIND_WAKE,
 };
 use crate::owner::PartitionStats;
 
@@ -190,6 +191,30 @@ pub struct Browse {
 }
 pub type Browsed = Result<BrowsePage, ApiError>;
 
+/// Searches partitions of a topic at their owners for messages whose key
+/// is `key` and whose key or value contains `contains` (each when given),
+/// from the offsets given, in the order given, until `limit` matches:
+/// each partition's scan looks at no more than `SEARCH_SCAN_MAX` messages.
+/// Changes nothing.
+#[derive(Debug, Clone, PartialEq, Eq, Archive, Serialize, Deserialize)]
+pub struct Search {
+    pub topic: TopicRef,
+    /// Each partition with the offset its scan goes on from.
+    pub from: Vec<(u32, u64)>,
+    pub key: Option<Vec<u8>>,
+    pub contains: Option<Vec<u8>>,
+    pub limit: u32,
+}
+
+/// What a search found, in the order it searched, and where each
+/// partition's scan stopped (`None`: it reached the partition's end).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Archive, Serialize, Deserialize)]
+pub struct SearchPage {
+    pub messages: Vec<BrowsedMessage>,
+    pub next: Vec<(u32, Option<u64>)>,
+}
+pub type Searched = Result<SearchPage, ApiError>;
+
 /// Figures of these partitions (opening them if needed).
 #[derive(Debug, Clone, PartialEq, Eq, Archive, Serialize, Deserialize)]
 pub struct Stats {
@@ -345,6 +370,7 @@ pub enum Envelope {
     Collect(Collect, Reply<Collected>),
     Settle(Settle, Reply<Settled>),
     Browse(Browse, Reply<Browsed>),
+    Search(Search, Reply<Searched>),
     Stats(Stats, Reply<Figures>),
     Gauges(Gauges, Reply<ShardGauges>),
     Available(Available, Reply<()>),
@@ -368,6 +394,7 @@ impl Envelope {
             Self::Collect(..) => Collect::KIND,
             Self::Settle(..) => Settle::KIND,
             Self::Browse(..) => Browse::KIND,
+            Self::Search(..) => Search::KIND,
             Self::Stats(..) => Stats::KIND,
             Self::Gauges(..) => Gauges::KIND,
             Self::Available(..) => Available::KIND,
@@ -386,6 +413,7 @@ impl Envelope {
             Self::Collect(op, reply) => visitor.visit(op, reply),
             Self::Settle(op, reply) => visitor.visit(op, reply),
             Self::Browse(op, reply) => visitor.visit(op, reply),
+            Self::Search(op, reply) => visitor.visit(op, reply),
             Self::Stats(op, reply) => visitor.visit(op, reply),
             Self::Gauges(op, reply) => visitor.visit(op, reply),
             Self::Available(op, reply) => visitor.visit(op, reply),
@@ -406,6 +434,7 @@ impl Envelope {
             Self::Stats(op, _) => Some((&op.topic.name, first(&op.partitions))),
             Self::Settle(op, _) => Some((&op.topic.name, 0)),
             Self::Browse(op, _) => Some((&op.topic.name, op.partition)),
+            Self::Search(op, _) => Some((&op.topic.name, op.from.first().map_or(0, |f| f.0))),
             Self::MoveSource(op, _) => Some((&op.topic.name, op.partition)),
             Self::Gauges(..) | Self::Available(..) | Self::Gained(..) | Self::Wake(..) => None,
         }
@@ -434,6 +463,7 @@ operation!(Produce, Produced, KIND_PRODUCE);
 operation!(Collect, Collected, KIND_COLLECT);
 operation!(Settle, Settled, KIND_SETTLE);
 operation!(Browse, Browsed, KIND_BROWSE);
+operation!(Search, Searched, KIND_SEARCH);
 operation!(Stats, Figures, KIND_STATS);
 operation!(Gauges, ShardGauges, KIND_GAUGES);
 operation!(Available, (), KIND_AVAILABLE);

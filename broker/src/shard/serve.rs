@@ -94,6 +94,13 @@ impl<F: FileSystem> Shard<F> {
                 };
                 let _ = reply.send(answer);
             }
+            Envelope::Search(op, reply) => {
+                let answer = match self.topic_at(&op.topic) {
+                    Ok(topic) => self.search_within(&topic, op, from).await,
+                    Err(error) => Err(error),
+                };
+                let _ = reply.send(answer);
+            }
             Envelope::Stats(op, reply) => {
                 let answer = match self.topic_at(&op.topic) {
                     Ok(topic) => self.stats(&topic, op, from).await,

@@ -330,6 +330,23 @@ impl Node {
         answer
     }
 
+    /// A figure of `GET /v1/topics/{topic}`'s `partition_stats` (such as
+    /// `high_watermark` or `in_flight`), summed over the partitions.
+    pub fn stat_sum(&self, topic: &str, figure: &str) -> u64 {
+        let (status, answer) = self.request("GET", &format!("/v1/topics/{topic}"), b"");
+        assert_eq!(status, 200, "{answer}");
+        answer["partition_stats"]
+            .as_array()
+            .expect("partition_stats")
+            .iter()
+            .map(|s| {
+                s[figure]
+                    .as_u64()
+                    .unwrap_or_else(|| panic!("{figure} in {s}"))
+            })
+            .sum()
+    }
+
     pub fn create_topic(&self, name: &str, body: Value) {
         let (status, answer) = self.json("PUT", &format!("/v1/topics/{name}"), body);
         assert!(
