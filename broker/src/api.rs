@@ -228,6 +228,11 @@ async fn dispatch(
                     shard.authorize(user, action, route.child)?;
                 }
             }
+            Need::TopicEither(first, second) => {
+                if shard.authorize(user, first, route.topic).is_err() {
+                    shard.authorize(user, second, route.topic)?;
+                }
+            }
             Need::Cluster => shard.authorize(user, Action::Cluster, None)?,
             Need::SelfOrCluster if route.user == Some(user.as_str()) => {}
             Need::SelfOrCluster => shard.authorize(user, Action::Cluster, None)?,
@@ -319,6 +324,7 @@ async fn dispatch(
         }
         RouteId::Produce => produce(shard, route.topic()?, request.headers(), &body).await,
         RouteId::Search => browse::search(shard, route, query).await,
+        RouteId::Rates => browse::rates(shard, route, query).await,
         RouteId::ProduceBatch => {
             produce_batch(shard, route.topic()?, request.headers(), &body).await
         }

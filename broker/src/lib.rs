@@ -34,6 +34,7 @@ pub mod metric_names;
 pub mod node;
 pub mod owner;
 pub mod partitioner;
+pub mod rates;
 pub mod receipt;
 pub mod recovered;
 pub mod remote;

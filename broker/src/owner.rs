@@ -32,6 +32,7 @@ use crate::limits::{
     COMMIT_TIMES_MAX, OWNER_IDEMPOTENCY_KEYS_MAX, RECALL_BYTES_MAX, RECALL_REORDER_SLACK_MS,
     RECALL_STEP_RECORDS, RECENT_IDS_MAX, SEARCH_READ_BYTES, SEARCH_READ_RECORDS,
 };
+use crate::rates::{RateEvent, RatePoint, Rates};
 
 use crate::signal::{Changed, Signal};
 
@@ -239,6 +240,8 @@ pub struct PartitionOwner<F: FileSystem> {
     /// Parked offsets out of deliveries, waiting to be moved to the
     /// dead-letter topic.
     dead_pending: RefCell<BTreeSet<u64>>,
+    /// The last 15 minutes of what happened here, for people watching.
+    rates: RefCell<Rates>,
     /// Frozen for a move's handover: commits are refused once they have
     /// their turn, so none lands after the freeze's last look.
     frozen: Cell<bool>,
@@ -320,6 +323,7 @@ impl<F: FileSystem> PartitionOwner<F> {
             max_deliveries: Cell::new(config.max_deliveries),
             recent: Recent::default(),
             dead_pending: RefCell::default(),
+            rates: RefCell::default(),
             frozen: Cell::new(false),
             recall_since_ms: Cell::new(None),
             journal: journal::Journal::default(),
@@ -687,6 +691,7 @@ impl<F: FileSystem> PartitionOwner<F> {
     pub fn ack(&self, offset: u64, lease_id: u64, now_ms: u64) -> Result<(), OwnerError> {
         self.leases.borrow_mut().ack(offset, lease_id, now_ms)?;
         self.acks.ack(offset);
+        self.note_rate(now_ms, RateEvent::Acked(1));
         Ok(())
     }
 
@@ -787,18 +792,43 @@ impl<F: FileSystem> PartitionOwner<F> {
                         offset,
                         "a message out of deliveries is damaged or gone from the log; settling it"
                     );
-                    self.dead_lettered(offset);
+                    self.settle_parked(offset);
                 }
             }
         }
     }
 
     /// The dead-letter topic durably holds the message: settle it here.
-    pub fn dead_lettered(&self, offset: u64) {
-        if self.dead_pending.borrow_mut().remove(&offset) {
+    pub fn dead_lettered(&self, offset: u64, now_ms: u64) {
+        if self.settle_parked(offset) {
+            self.note_rate(now_ms, RateEvent::DeadLettered(1));
+        }
+    }
+
+    /// Settles a parked message for good; whether it was parked.
+    fn settle_parked(&self, offset: u64) -> bool {
+        let parked = self.dead_pending.borrow_mut().remove(&offset);
+        if parked {
             self.leases.borrow_mut().unpark(offset);
             self.acks.ack(offset);
         }
+        parked
+    }
+
+    /// Counts `event` in this partition's rates.
+    pub(crate) fn note_rate(&self, now_ms: u64, event: RateEvent) {
+        self.rates.borrow_mut().note(now_ms, event, || {
+            let stats = self.stats(now_ms);
+            (stats.available, stats.in_flight)
+        });
+    }
+
+    /// The partition's points of the last 15 minutes, oldest first.
+    pub fn rate_points(&self, now_ms: u64) -> Vec<RatePoint> {
+        let stats = self.stats(now_ms);
+        self.rates
+            .borrow_mut()
+            .points(now_ms, (stats.available, stats.in_flight))
     }
 
     /// Moving it failed: deliver it again.

@@ -110,6 +110,7 @@ fn documented_need(route: RouteId, method: &Method) -> Need {
         }
         R::Produce | R::ProduceBatch => Need::Topic(Action::Produce),
         R::Search => Need::Topic(Action::Consume),
+        R::Rates => Need::TopicEither(Action::Consume, Action::Admin),
         R::Consume
         | R::Browse
         | R::Ack
@@ -160,6 +161,7 @@ fn fixture(
         ("consume", _) => json!({"max_messages": 1}),
         ("browse", _) => json!({}),
         ("search", _) => return (format!("{path}?key=customer-1"), Vec::new()),
+        ("rates", _) => return (path, Vec::new()),
         ("ack" | "nack" | "extend", _) => json!({"receipt": "not-a-receipt"}),
         ("ack_batch" | "nack_batch" | "extend_batch", _) => {
             json!({"receipts": ["not-a-receipt"]})
@@ -229,7 +231,7 @@ fn every_route_answers_401_401_401_403_then_succeeds() {
                         {"topic": "orders.retry", "actions": ["produce"]}
                     ]),
                 ),
-                Need::Topic(action) => (
+                Need::Topic(action) | Need::TopicEither(action, _) => (
                     format!("can-{}", action.as_str()),
                     json!([{"topic": "orders*", "actions": [action.as_str()]}]),
                 ),
@@ -894,4 +896,32 @@ fn children_need_admin_on_their_own_name_and_redrives_produce_on_their_target() 
         &body(json!({"to": "orders"})),
     );
     assert_eq!(status, 202, "{answer}");
+}
+
+/// A topic's rates are for its consumers and its admins: either grant will
+/// do, and another grant on it is refused.
+#[test]
+fn a_topics_rates_need_consume_or_admin_on_it() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let node = start_secured(&tmp.path().join("n"));
+    admin(&node, "PUT", "/v1/topics/orders", json!({"partitions": 2}));
+    for (name, action, status) in [
+        ("watcher", "consume", 200),
+        ("owner", "admin", 200),
+        ("writer", "produce", 403),
+    ] {
+        let token = user_with(
+            &node,
+            name,
+            json!([{"topic": "orders", "actions": [action]}]),
+        );
+        let (got, answer) = call(
+            &node,
+            &bearer(&token),
+            "GET",
+            "/v1/topics/orders/rates",
+            b"",
+        );
+        assert_eq!(got, status, "{name}: {answer}");
+    }
 }

@@ -2705,3 +2705,79 @@ fn searching_a_hundred_thousand_messages_finds_the_few_that_match_by_following_t
     assert_eq!(out.matches("the needle").count(), 5, "{out}");
     assert!(out.contains("every retained message searched"), "{out}");
 }
+
+/// A topic's rates add up what happened to it: messages produced, acked
+/// and dead-lettered in 5-second points, and the backlog at the end.
+#[test]
+fn a_topics_rates_count_what_was_produced_acked_and_dead_lettered() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let node = Node::start(&tmp.path().join("n"), &["--shards", "2"]);
+    node.create_topic("jobs.dlq", json!({"partitions": 1}));
+    node.create_topic(
+        "jobs",
+        json!({"partitions": 4, "max_deliveries": 1, "dead_letter_topic": "jobs.dlq"}),
+    );
+    let messages: Vec<Value> = (0..20)
+        .map(|i| json!({"value": format!("job {i}")}))
+        .collect();
+    node.produce_batch("jobs", messages);
+    assert!(eventually(WAIT, || node.stat_sum("jobs", "high_watermark") == 20));
+    let mut leased = Vec::new();
+    assert!(eventually(WAIT, || {
+        leased.extend(node.consume("jobs", json!({"max_messages": 15 - leased.len()})));
+        leased.len() == 15
+    }));
+    // Ten acked; five nacked on their last allowed delivery: dead letters.
+    for (i, message) in leased.iter().enumerate() {
+        let how = if i < 10 { "ack" } else { "nack" };
+        let (status, answer) = node.json(
+            "POST",
+            &format!("/v1/topics/jobs/{how}"),
+            json!({"receipt": message["receipt"]}),
+        );
+        assert_eq!(status, 204, "{answer}");
+    }
+    assert!(eventually(WAIT, || node
+        .stat_sum("jobs.dlq", "high_watermark")
+        == 5));
+    let sums = |topic: &str| {
+        let (status, rates) = node.request("GET", &format!("/v1/topics/{topic}/rates"), b"");
+        assert_eq!(status, 200, "{rates}");
+        assert_eq!(rates["interval_ms"], 5000);
+        let points = rates["points"].as_array().cloned().expect("points");
+        assert!(!points.is_empty() && points.len() <= 180, "{rates}");
+        for point in &points {
+            assert_eq!(
+                point["at_ms"].as_u64().map(|at| at % 5000),
+                Some(0),
+                "{point}"
+            );
+        }
+        let sum = |field: &str| points.iter().filter_map(|p| p[field].as_u64()).sum::<u64>();
+        let last = points.last().cloned().expect("a point");
+        (
+            sum("produced"),
+            sum("acked"),
+            sum("dead_lettered"),
+            last["available"].clone(),
+            last["in_flight"].clone(),
+        )
+    };
+    let mut got = sums("jobs");
+    assert!(
+        eventually(WAIT, || {
+            got = sums("jobs");
+            got.2 == 5
+        }),
+        "{got:?}"
+    );
+    assert_eq!(got, (20, 10, 5, json!(5), json!(0)));
+    assert_eq!(sums("jobs.dlq"), (5, 0, 0, json!(5), json!(0)));
+    let (status, error) = node.request("GET", "/v1/topics/jobs/rates?window=1h", b"");
+    assert_eq!(
+        (status, error["error"]["code"].as_str()),
+        (400, Some("unknown_field"))
+    );
+    let (status, _) = node.request("GET", "/v1/topics/nope/rates", b"");
+    assert_eq!(status, 404);
+}

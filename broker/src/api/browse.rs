@@ -8,6 +8,7 @@ use narad_net::types::{browse_response_json, search_response_json};
 
 use super::*;
 use crate::limits::{BROWSE_LIMIT_DEFAULT, BROWSE_LIMIT_MAX};
+use crate::rates::RATE_INTERVAL_MS;
 
 /// `GET /v1/topics/{topic}/partitions/{partition}/messages?offset=&limit=`:
 /// a page of the partition, read at its owner, each message with its state
@@ -73,6 +74,30 @@ pub(super) async fn search(
         StatusCode::OK,
         "application/json",
         search_response_json(&messages, cursor.as_deref()),
+    ))
+}
+
+/// `GET /v1/topics/{topic}/rates`: the last 15 minutes of the topic, one
+/// point per interval, from every partition's owner.
+pub(super) async fn rates(
+    shard: &Rc<Shard>,
+    route: Route<'_>,
+    query: Option<&str>,
+) -> Result<HttpResponse, ApiError> {
+    let topic = shard.topic(route.topic()?)?;
+    Query::parse(query)?.finish()?;
+    let points = shard.rates(&topic).await?;
+    let points: Vec<Value> = points
+        .iter()
+        .map(|p| {
+            json!({"at_ms": p.at_ms, "produced": p.produced, "acked": p.acked,
+                "dead_lettered": p.dead_lettered, "available": p.available,
+                "in_flight": p.in_flight})
+        })
+        .collect();
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({"interval_ms": RATE_INTERVAL_MS, "points": points}),
     ))
 }
 

@@ -13,6 +13,9 @@ pub enum Need {
     Anyone,
     /// The action's grant on the route's topic.
     Topic(Action),
+    /// Either action's grant on the route's topic (looking at a topic's
+    /// rates: its admins and its consumers).
+    TopicEither(Action, Action),
     /// The `cluster` grant.
     Cluster,
     /// The user the route names, or the `cluster` grant.
@@ -47,6 +50,7 @@ pub enum RouteId {
     NackBatch,
     Extend,
     ExtendBatch,
+    Rates,
     Children,
     Child,
     Redrive,
@@ -87,6 +91,7 @@ impl RouteId {
             Self::NackBatch => "nack_batch",
             Self::Extend => "extend",
             Self::ExtendBatch => "extend_batch",
+            Self::Rates => "rates",
             Self::Children => "children",
             Self::Child => "child",
             Self::Redrive => "redrive",
@@ -248,6 +253,14 @@ pub const ROUTES: &[RouteSpec] = &[
         RouteId::ExtendBatch,
         "/v1/topics/{topic}/extend/batch",
         &[(Method::POST, Need::Topic(Action::Consume))],
+    ),
+    spec(
+        RouteId::Rates,
+        "/v1/topics/{topic}/rates",
+        &[(
+            Method::GET,
+            Need::TopicEither(Action::Consume, Action::Admin),
+        )],
     ),
     spec(
         RouteId::Children,
@@ -550,6 +563,7 @@ mod tests {
                 RouteId::Topic
                 | RouteId::Produce
                 | RouteId::Search
+                | RouteId::Rates
                 | RouteId::ProduceBatch
                 | RouteId::Consume
                 | RouteId::Children

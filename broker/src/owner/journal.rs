@@ -32,6 +32,7 @@ use narad_storage::StorageError;
 
 use super::{recent_key, record_commit_time, OwnerError, PartitionOwner};
 use crate::limits::{JOURNAL_REPLAY_BATCH_BYTES, JOURNAL_REPLAY_BATCH_RECORDS};
+use crate::rates::RateEvent;
 
 /// The journal state of one partition.
 pub(super) struct Journal<F: FileSystem> {
@@ -204,6 +205,7 @@ impl<F: FileSystem> PartitionOwner<F> {
             }
         }
         record_commit_time(&mut self.recent.commit_times.borrow_mut(), base, now_ms);
+        self.note_rate(now_ms, RateEvent::Produced(messages.len() as u64));
         self.keys
             .borrow_mut()
             .remember(messages, self.idempotency_window_ms.get(), now_ms);

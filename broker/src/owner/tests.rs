@@ -213,7 +213,7 @@ fn messages_out_of_deliveries_are_parked_for_the_dead_letter_topic() {
             .map(|d| d.offset),
         Some(0)
     );
-    owner.dead_lettered(0);
+    owner.dead_lettered(0, 1000);
     assert_eq!(owner.frontier(), 1);
     assert!(!owner.has_dead_letters());
 }

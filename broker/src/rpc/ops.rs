@@ -16,10 +16,11 @@ use rkyv::{Archive, Deserialize, Serialize};
 
 use super::wire::{
     Wire, KIND_AVAILABLE, KIND_BROWSE, KIND_COLLECT, KIND_COMMIT, KIND_GAINED, KIND_GAUGES,
-    KIND_KEYED_COMMIT, KIND_MOVE_SOURCE, KIND_PRODUCE, KIND_SEARCH, KIND_SETTLE, KIND_STATS,
-    KIND_WAKE,
+    KIND_KEYED_COMMIT, KIND_MOVE_SOURCE, KIND_PRODUCE, KIND_RATES, KIND_SEARCH, KIND_SETTLE,
+    KIND_STATS, KIND_WAKE,
 };
 use crate::owner::PartitionStats;
+use crate::rates::RatePoint;
 
 /// Where an answer goes.
 pub type Reply<T> = oneshot::Sender<T>;
@@ -215,6 +216,16 @@ pub struct SearchPage {
 }
 pub type Searched = Result<SearchPage, ApiError>;
 
+/// The rates of these partitions over the last 15 minutes (opening them
+/// if needed), added up interval by interval.
+#[derive(Debug, Clone, PartialEq, Eq, Archive, Serialize, Deserialize)]
+pub struct TopicRates {
+    pub topic: TopicRef,
+    pub partitions: Vec<u32>,
+}
+/// The points, oldest first.
+pub type RatePoints = Result<Vec<RatePoint>, ApiError>;
+
 /// Figures of these partitions (opening them if needed).
 #[derive(Debug, Clone, PartialEq, Eq, Archive, Serialize, Deserialize)]
 pub struct Stats {
@@ -371,6 +382,7 @@ pub enum Envelope {
     Settle(Settle, Reply<Settled>),
     Browse(Browse, Reply<Browsed>),
     Search(Search, Reply<Searched>),
+    TopicRates(TopicRates, Reply<RatePoints>),
     Stats(Stats, Reply<Figures>),
     Gauges(Gauges, Reply<ShardGauges>),
     Available(Available, Reply<()>),
@@ -395,6 +407,7 @@ impl Envelope {
             Self::Settle(..) => Settle::KIND,
             Self::Browse(..) => Browse::KIND,
             Self::Search(..) => Search::KIND,
+            Self::TopicRates(..) => TopicRates::KIND,
             Self::Stats(..) => Stats::KIND,
             Self::Gauges(..) => Gauges::KIND,
             Self::Available(..) => Available::KIND,
@@ -414,6 +427,7 @@ impl Envelope {
             Self::Settle(op, reply) => visitor.visit(op, reply),
             Self::Browse(op, reply) => visitor.visit(op, reply),
             Self::Search(op, reply) => visitor.visit(op, reply),
+            Self::TopicRates(op, reply) => visitor.visit(op, reply),
             Self::Stats(op, reply) => visitor.visit(op, reply),
             Self::Gauges(op, reply) => visitor.visit(op, reply),
             Self::Available(op, reply) => visitor.visit(op, reply),
@@ -432,6 +446,7 @@ impl Envelope {
             Self::Produce(op, _) => Some((&op.topic.name, op.partition)),
             Self::Collect(op, _) => Some((&op.topic.name, first(&op.partitions))),
             Self::Stats(op, _) => Some((&op.topic.name, first(&op.partitions))),
+            Self::TopicRates(op, _) => Some((&op.topic.name, first(&op.partitions))),
             Self::Settle(op, _) => Some((&op.topic.name, 0)),
             Self::Browse(op, _) => Some((&op.topic.name, op.partition)),
             Self::Search(op, _) => Some((&op.topic.name, op.from.first().map_or(0, |f| f.0))),
@@ -464,6 +479,7 @@ operation!(Collect, Collected, KIND_COLLECT);
 operation!(Settle, Settled, KIND_SETTLE);
 operation!(Browse, Browsed, KIND_BROWSE);
 operation!(Search, Searched, KIND_SEARCH);
+operation!(TopicRates, RatePoints, KIND_RATES);
 operation!(Stats, Figures, KIND_STATS);
 operation!(Gauges, ShardGauges, KIND_GAUGES);
 operation!(Available, (), KIND_AVAILABLE);

@@ -15,7 +15,7 @@ use rkyv::util::AlignedVec;
 
 use super::ops::{
     Available, Browse, Collect, Commit, Envelope, Gained, Gauges, KeyedCommit, MoveSource,
-    Operation, Produce, Search, Settle, Stats, Wake,
+    Operation, Produce, Search, Settle, Stats, TopicRates, Wake,
 };
 
 /// The version of this form. A node refuses a request of another version
@@ -47,10 +47,13 @@ pub const KIND_BROWSE: u8 = 43;
 /// A search of partitions, changing nothing (refused by an earlier release
 /// as [`KIND_BROWSE`] is).
 pub const KIND_SEARCH: u8 = 44;
+/// A topic's recent rates (an earlier release refuses it: that node's
+/// partitions are left out, as for figures).
+pub const KIND_RATES: u8 = 45;
 
 /// Whether `kind` is an operation of the data plane.
 pub fn is_operation_kind(kind: u8) -> bool {
-    (KIND_COMMIT..=KIND_SEARCH).contains(&kind)
+    (KIND_COMMIT..=KIND_RATES).contains(&kind)
 }
 
 const ANSWERED: u8 = 0;
@@ -145,6 +148,7 @@ pub fn open(kind: u8, payload: &[u8]) -> Result<(Envelope, EncodedReply), String
         KIND_KEYED_COMMIT => open_as::<KeyedCommit>(payload),
         KIND_BROWSE => open_as::<Browse>(payload),
         KIND_SEARCH => open_as::<Search>(payload),
+        KIND_RATES => open_as::<TopicRates>(payload),
         other => Err(format!("no operation of kind {other}")),
     }
 }
@@ -207,7 +211,7 @@ mod tests {
         let round = decode_request::<crate::rpc::KeyedCommit>(&bytes).expect("decode");
         assert_eq!(round, keyed);
         assert!(open(KIND_KEYED_COMMIT, &bytes).is_ok());
-        assert!(!is_operation_kind(KIND_SEARCH + 1));
+        assert!(!is_operation_kind(KIND_RATES + 1));
         let messages = round.into_messages();
         assert_eq!(messages[0].idempotency_key, None);
         assert_eq!(

@@ -344,7 +344,7 @@ impl<F: FileSystem> Shard<F> {
                 Ok(()) => {
                     metrics::counter!(DEAD_LETTERED_TOTAL, "topic" => topic.name.clone())
                         .increment(1);
-                    owner.dead_lettered(letter.offset);
+                    owner.dead_lettered(letter.offset, self.now());
                 }
                 Err(error) => {
                     tracing::warn!(topic = %topic.name, offset = letter.offset, %error, "dead-lettering failed; delivering again");

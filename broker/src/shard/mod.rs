@@ -60,8 +60,9 @@ use crate::route::{
 use crate::rpc::{
     Address, Available, Browse, Browsed, CallError, Collect, Collected, Commit, Committed,
     CopyFigures, Envelope, Figures, Gained, Gauges, KeyAt, KeyedCommit, Links, Operation, Produce,
-    ProduceKey, Produced, Reach, Record, Search, SearchPage, Searched, Settle, SettleOutcome,
-    Settled, ShardGauges, Stats, TopicFigures, TopicRef, Transport, Wake,
+    ProduceKey, Produced, RatePoints, Reach, Record, Search, SearchPage, Searched, Settle,
+    SettleOutcome, Settled, ShardGauges, Stats, TopicFigures, TopicRates, TopicRef, Transport,
+    Wake,
 };
 use crate::runtime::SharedRuntime;
 use crate::schemas::CompiledSchemas;

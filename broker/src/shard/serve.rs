@@ -101,6 +101,13 @@ impl<F: FileSystem> Shard<F> {
                 };
                 let _ = reply.send(answer);
             }
+            Envelope::TopicRates(op, reply) => {
+                let answer = match self.topic_at(&op.topic) {
+                    Ok(topic) => self.rates_within(&topic, op, from).await,
+                    Err(error) => Err(error),
+                };
+                let _ = reply.send(answer);
+            }
             Envelope::Stats(op, reply) => {
                 let answer = match self.topic_at(&op.topic) {
                     Ok(topic) => self.stats(&topic, op, from).await,

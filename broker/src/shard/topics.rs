@@ -388,4 +388,55 @@ impl<F: FileSystem> Shard<F> {
         figures.copies = self.copy_figures(Some((topic, partitions)));
         Ok(figures)
     }
+
+    /// The last 15 minutes of `topic`: every partition's points from its
+    /// owner (through the one fan-out; a node that does not answer is
+    /// left out, as for figures), added up interval by interval.
+    pub async fn rates(&self, topic: &Topic) -> RatePoints {
+        let op = TopicRates {
+            topic: TopicRef::of(topic),
+            partitions: (0..topic.config.partitions).collect(),
+        };
+        self.rates_within(topic, op, Reach::Cluster).await
+    }
+
+    pub(super) async fn rates_within(
+        &self,
+        topic: &Topic,
+        op: TopicRates,
+        reach: Reach,
+    ) -> RatePoints {
+        let fanout = self.fan_out(topic, &op.partitions, reach, 0);
+        let mut merged = BTreeMap::new();
+        for (shard, partitions) in fanout.shards {
+            let points = if shard == self.shard_index() {
+                let mut here = BTreeMap::new();
+                for partition in partitions {
+                    let owner = self.owner(topic, partition).await?;
+                    crate::rates::merge(&mut here, &owner.rate_points(self.now()));
+                }
+                here.into_values().collect()
+            } else {
+                let to = Address::Shard(shard);
+                let part = TopicRates {
+                    topic: op.topic.clone(),
+                    partitions,
+                };
+                self.call(to, part, None)
+                    .await
+                    .map_err(|e| e.to_api(to))??
+            };
+            crate::rates::merge(&mut merged, &points);
+        }
+        for (node, partitions) in fanout.nodes {
+            let part = TopicRates {
+                topic: op.topic.clone(),
+                partitions,
+            };
+            if let Some(points) = self.ask_node(node, part, STATS_CALL_TIMEOUT, "rates").await {
+                crate::rates::merge(&mut merged, &points);
+            }
+        }
+        Ok(merged.into_values().collect())
+    }
 }
