@@ -11,6 +11,7 @@ use std::rc::Rc;
 
 mod browse;
 mod cluster;
+pub mod console;
 mod control;
 mod data;
 mod metrics_page;
@@ -93,6 +94,10 @@ pub fn screen(shard: &Shard, head: &hyper::http::request::Parts) -> Option<HttpR
         return None;
     }
     let path = head.uri.path();
+    // The console's files are open: its page asks the user to sign in.
+    if console::is_console_path(path) {
+        return None;
+    }
     let matched = route(path).map(|r| r.for_method(&head.method));
     if matched.is_some_and(|r| r.spec.methods.iter().all(|(_, n)| *n == Need::Open)) {
         return None;
@@ -128,6 +133,10 @@ const WWW_AUTHENTICATE: &str = r#"Basic realm="narad", Bearer realm="narad""#;
 pub async fn handle(shard: Rc<Shard>, request: HttpRequest) -> HttpResponse {
     let started = std::time::Instant::now();
     let path = request.uri().path().to_string();
+    if let Some(response) = console::answer(shard.settings().ui.enabled, request.method(), &path) {
+        record_request("console", response.status().as_u16(), started.elapsed());
+        return response;
+    }
     let matched = route(&path).map(|r| r.for_method(request.method()));
     let label = matched.map_or("unknown", |r| r.spec.label());
     let mut response = match dispatch(&shard, request, &path, matched).await {

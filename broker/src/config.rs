@@ -296,6 +296,7 @@ const KEYS: &[(&str, Kind, Option<&str>)] = &[
     ("kafka.tls.key_file", Kind::Text, None),
     // Authentication and grants (docs/security.md).
     ("auth.enabled", Kind::Bool, Some("false")),
+    ("ui.enabled", Kind::Bool, Some("true")),
     ("auth.admin_password", Kind::Text, None),
     ("auth.admin_password_file", Kind::Text, None),
     // Remote children (docs/children.md): the CA their https:// targets

@@ -33,8 +33,16 @@ pub struct Settings {
     pub http: Http,
     pub auth: Auth,
     pub kafka: Kafka,
+    pub ui: Ui,
     pub children: Children,
     pub testing: Testing,
+}
+
+/// The console at `/ui/`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Ui {
+    pub enabled: bool,
 }
 
 /// Remote children, node-wide.

@@ -925,3 +925,18 @@ fn a_topics_rates_need_consume_or_admin_on_it() {
         assert_eq!(got, status, "{name}: {answer}");
     }
 }
+
+/// With auth on, the console's files are open (the page asks the user to
+/// sign in and then calls the API with the user's own credentials); the
+/// API behind it still needs them.
+#[test]
+fn with_auth_the_console_loads_without_credentials_and_the_api_still_needs_them() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let node = start_secured(&tmp.path().join("n"));
+    for path in ["/ui/", "/ui/app.js", "/ui/app.css"] {
+        let (status, _) = call(&node, "", "GET", path, b"");
+        assert_eq!(status, 200, "{path}");
+    }
+    let (status, answer) = call(&node, "", "GET", "/v1/cluster", b"");
+    assert_eq!(status, 401, "{answer}");
+}

@@ -2781,3 +2781,67 @@ fn a_topics_rates_count_what_was_produced_acked_and_dead_lettered() {
     let (status, _) = node.request("GET", "/v1/topics/nope/rates", b"");
     assert_eq!(status, 404);
 }
+
+/// The console: `GET /` leads to `/ui/`, whose files come from the binary
+/// with a policy that lets the page use this origin only and never be
+/// framed; `ui.enabled = false` turns it off.
+#[test]
+fn the_console_is_served_from_the_binary_for_this_origin_only_and_can_be_turned_off() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let node = Node::start(&tmp.path().join("n"), &[]);
+    let (status, head, _) = raw_request(&node.addr, "GET", "/", &[], b"");
+    assert_eq!(status, 308, "{head}");
+    assert!(
+        head.to_ascii_lowercase().contains("location: /ui/"),
+        "{head}"
+    );
+    for (path, media) in [
+        ("/ui/", "text/html"),
+        ("/ui/app.js", "text/javascript"),
+        ("/ui/app.css", "text/css"),
+    ] {
+        let (status, head, body) = raw_request(&node.addr, "GET", path, &[], b"");
+        let head = head.to_ascii_lowercase();
+        assert_eq!(status, 200, "{path}: {head}");
+        assert!(
+            head.contains(&format!("content-type: {media}")),
+            "{path}: {head}"
+        );
+        assert!(
+            head.contains("content-security-policy: default-src 'self'"),
+            "{head}"
+        );
+        assert!(head.contains("frame-ancestors 'none'"), "{head}");
+        let text = String::from_utf8_lossy(&body);
+        assert!(!text.is_empty());
+        // Nothing is loaded from another origin.
+        for reference in [
+            "src=\"http",
+            "href=\"http",
+            "url(http",
+            "fetch(\"http",
+            "//cdn",
+        ] {
+            assert!(
+                !text.contains(reference),
+                "{path} refers elsewhere: {reference}"
+            );
+        }
+    }
+    let (status, _, body) = raw_request(&node.addr, "GET", "/ui/nothing.js", &[], b"");
+    assert_eq!(status, 404, "{}", String::from_utf8_lossy(&body));
+    let (status, head, _) = raw_request(&node.addr, "POST", "/ui/", &[], b"");
+    assert_eq!(status, 405);
+    assert!(
+        head.to_ascii_lowercase().contains("allow: get, head"),
+        "{head}"
+    );
+
+    let off = Node::start(&tmp.path().join("off"), &["--set", "ui.enabled=false"]);
+    for path in ["/", "/ui/", "/ui/app.js"] {
+        let (status, _, body) = raw_request(&off.addr, "GET", path, &[], b"");
+        assert_eq!(status, 404, "{path}: {}", String::from_utf8_lossy(&body));
+    }
+    let (status, _) = off.request("GET", "/v1/topics", b"");
+    assert_eq!(status, 200, "the API stays");
+}
