@@ -80,12 +80,18 @@ function showError(error, where) {
   (where || main).replaceChildren(el("p", { class: "error", role: "alert" }, message));
 }
 
-// A message's value: JSON pretty-printed, text as it is, binary in hex.
+// A message's value: JSON pretty-printed, text as it is, binary (bytes
+// that are not UTF-8, or text with control characters) in hex.
+function hexOf(bytes) {
+  return el("pre", { class: "value" }, `hex: ${Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join(" ")}`);
+}
+
 function valueOf(message) {
   if (message.value === undefined) {
-    const bytes = atob(message.value_base64 || "");
-    const hex = Array.from(bytes, (c) => c.charCodeAt(0).toString(16).padStart(2, "0")).join(" ");
-    return el("pre", { class: "value" }, `hex: ${hex}`);
+    return hexOf(Uint8Array.from(atob(message.value_base64 || ""), (c) => c.charCodeAt(0)));
+  }
+  if (/[\u0000-\u0008\u000b\u000c\u000e-\u001f\u007f]/.test(message.value)) {
+    return hexOf(new TextEncoder().encode(message.value));
   }
   try {
     const parsed = JSON.parse(message.value);
@@ -98,7 +104,10 @@ function valueOf(message) {
 
 // A small line chart of numbers, oldest first.
 function chart(label, values) {
-  const max = Math.max(1, ...values);
+  // One point (a node that just started) is drawn as a flat line.
+  if (values.length === 1) values = [values[0], values[0]];
+  const highest = Math.max(0, ...values);
+  const max = Math.max(1, highest);
   const width = 360;
   const step = values.length > 1 ? width / (values.length - 1) : width;
   const points = values.map((v, i) => `${(i * step).toFixed(1)},${(60 - (v / max) * 56).toFixed(1)}`).join(" ");
@@ -106,11 +115,11 @@ function chart(label, values) {
   svg.setAttribute("class", "chart");
   svg.setAttribute("viewBox", `0 0 ${width} 60`);
   svg.setAttribute("role", "img");
-  svg.setAttribute("aria-label", `${label}: latest ${values[values.length - 1] || 0}, highest ${max}`);
+  svg.setAttribute("aria-label", `${label}: latest ${values[values.length - 1] || 0}, highest ${highest}`);
   const line = document.createElementNS("http://www.w3.org/2000/svg", "polyline");
   line.setAttribute("points", points);
   svg.append(line);
-  return el("figure", {}, el("figcaption", { class: "muted" }, `${label} (latest ${values[values.length - 1] || 0}, highest ${max})`), svg);
+  return el("figure", {}, el("figcaption", { class: "muted" }, `${label} (latest ${values[values.length - 1] || 0}, highest ${highest})`), svg);
 }
 
 // ------------------------------------------------------------------ views
@@ -218,11 +227,11 @@ async function browse(section) {
   try {
     const page = await api("GET", `/v1/topics/${seg(browsing.topic)}/partitions/${browsing.partition}/messages?${query}`);
     const next = el("button", { type: "button", onclick: () => { browsing.offset = page.next_offset; browse(section); } }, "Next page");
-    section.replaceChildren(
+    section.replaceChildren(...[
       el("p", { class: "muted" }, `Partition ${browsing.partition}: frontier ${page.frontier}, high watermark ${page.high_watermark}`),
       page.messages.length === 0 ? el("p", { class: "muted" }, "No messages here.") : messageRows(page.messages),
       page.next_offset < page.high_watermark ? next : null,
-    );
+    ].filter(Boolean));
   } catch (error) {
     showError(error, section);
   }
