@@ -501,6 +501,7 @@ impl<F: FileSystem> PartitionOwner<F> {
     /// idempotency key was committed within the window is dropped.
     pub async fn commit(&self, messages: &[Message], now_ms: u64) -> Result<Appended, OwnerError> {
         let _turn = self.take_append_turn().await;
+        self.close_rate_interval(now_ms);
         if self.frozen.get() {
             return Err(OwnerError::Frozen);
         }
@@ -689,6 +690,7 @@ impl<F: FileSystem> PartitionOwner<F> {
     }
 
     pub fn ack(&self, offset: u64, lease_id: u64, now_ms: u64) -> Result<(), OwnerError> {
+        self.close_rate_interval(now_ms);
         self.leases.borrow_mut().ack(offset, lease_id, now_ms)?;
         self.acks.ack(offset);
         self.note_rate(now_ms, RateEvent::Acked(1));
@@ -800,6 +802,7 @@ impl<F: FileSystem> PartitionOwner<F> {
 
     /// The dead-letter topic durably holds the message: settle it here.
     pub fn dead_lettered(&self, offset: u64, now_ms: u64) {
+        self.close_rate_interval(now_ms);
         if self.settle_parked(offset) {
             self.note_rate(now_ms, RateEvent::DeadLettered(1));
         }
@@ -813,6 +816,15 @@ impl<F: FileSystem> PartitionOwner<F> {
             self.acks.ack(offset);
         }
         parked
+    }
+
+    /// Closes the rates' earlier intervals with the backlog as it is: called
+    /// before an event changes it.
+    pub(crate) fn close_rate_interval(&self, now_ms: u64) {
+        self.rates.borrow_mut().close_before(now_ms, || {
+            let stats = self.stats(now_ms);
+            (stats.available, stats.in_flight)
+        });
     }
 
     /// Counts `event` in this partition's rates.

@@ -89,6 +89,13 @@ impl Rates {
         }
     }
 
+    /// Closes the intervals before `now_ms`'s, if it is a new one, with
+    /// `backlog()`: called before an event changes the backlog, so that an
+    /// interval ends with what it left.
+    pub fn close_before(&mut self, now_ms: u64, backlog: impl FnOnce() -> (u64, u64)) {
+        self.roll(now_ms, backlog);
+    }
+
     /// Every point kept, up to the interval of `now_ms`, whose backlog is
     /// `backlog` (the partition's now).
     pub fn points(&mut self, now_ms: u64, backlog: (u64, u64)) -> Vec<RatePoint> {

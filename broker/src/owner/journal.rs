@@ -127,6 +127,7 @@ impl<F: FileSystem> PartitionOwner<F> {
         write_journal: impl FnOnce(u64) -> Result<Vec<Appended>, StorageError>,
     ) -> Result<JournalAppend, JournalError> {
         let _turn = self.take_append_turn().await;
+        self.close_rate_interval(now_ms);
         if self.frozen.get() || self.journal.broken() || self.journal.wal.borrow().is_none() {
             return Err(JournalError::Refused);
         }

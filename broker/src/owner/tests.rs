@@ -771,3 +771,29 @@ fn browsing_never_changes_what_a_consume_then_gets_its_receipts_or_delivery_coun
         assert_eq!(rest_a, rest_b, "seed {seed}: what is left");
     }
 }
+
+/// An interval of the rates ends with the backlog it left, not with what
+/// the event that closes it (the next interval's first) changed.
+#[test]
+fn an_interval_of_the_rates_ends_with_the_backlog_before_the_next_ones_first_event() {
+    let fs = SimFs::new(1);
+    let clock = ManualClock::new(1_000_000);
+    let owner = open(&fs, &clock, CONFIG);
+    block_on(owner.commit(&messages(10), 1_000_000)).expect("commit");
+    let leased = block_on(owner.consume(2, 60_000, 1_000_000)).expect("consume");
+    // The next interval opens with a commit, an ack and a dead letter's end.
+    let next = 1_000_000 + crate::rates::RATE_INTERVAL_MS;
+    let fresh: Vec<Message> = messages(15).into_iter().skip(10).collect();
+    block_on(owner.commit(&fresh, next)).expect("commit");
+    owner
+        .ack(leased[0].offset, leased[0].lease.lease_id, next)
+        .expect("ack");
+    let points = owner.rate_points(next);
+    assert_eq!(points.len(), 2);
+    assert_eq!(
+        (points[0].produced, points[0].available, points[0].in_flight),
+        (10, 8, 2)
+    );
+    assert_eq!((points[1].produced, points[1].acked), (5, 1));
+    assert_eq!((points[1].available, points[1].in_flight), (13, 1));
+}

@@ -192,6 +192,10 @@ impl MoveCopy {
         let extents = extents_of(&self.latest);
         let stale = self.progress.drop_stale(&extents);
         if !stale.is_empty() {
+            // Their files go: nothing is left of them to sync.
+            for name in &stale {
+                self.dirty.remove(name);
+            }
             self.forgets.extend(stale);
             return self.forgets.pop_front().map(Step::Forget);
         }
@@ -447,7 +451,14 @@ mod tests {
                 Step::Report { .. } => {}
                 Step::Throttle(wait) => run.now_ms += wait.as_millis() as u64,
                 Step::Sync => {
-                    run.synced.extend(copy.take_dirty());
+                    // A sync opens each file it is given: every one must be there.
+                    for name in copy.take_dirty() {
+                        assert!(
+                            run.files.contains_key(&name),
+                            "asked to sync {name}, which was forgotten"
+                        );
+                        run.synced.insert(name);
+                    }
                     copy.synced();
                 }
                 Step::Install => return (copy, run),
