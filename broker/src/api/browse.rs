@@ -10,6 +10,16 @@ use super::*;
 use crate::limits::{BROWSE_LIMIT_DEFAULT, BROWSE_LIMIT_MAX};
 use crate::rates::RATE_INTERVAL_MS;
 
+/// The `limit` parameter of a browse or a search: 1 to
+/// `BROWSE_LIMIT_MAX`, `BROWSE_LIMIT_DEFAULT` when absent.
+fn limit(query: &mut Query) -> Result<u32, ApiError> {
+    Ok(query
+        .number("limit", 1..=u64::from(BROWSE_LIMIT_MAX))?
+        .map_or(BROWSE_LIMIT_DEFAULT, |l| {
+            u32::try_from(l).unwrap_or(BROWSE_LIMIT_MAX)
+        }))
+}
+
 /// `GET /v1/topics/{topic}/partitions/{partition}/messages?offset=&limit=`:
 /// a page of the partition, read at its owner, each message with its state
 /// and delivery count; nothing is leased, acked or counted.
@@ -22,11 +32,7 @@ pub(super) async fn browse(
     let partition = route.partition()?;
     let mut query = Query::parse(query)?;
     let offset = query.number("offset", 0..=u64::MAX)?;
-    let limit = query
-        .number("limit", 1..=u64::from(BROWSE_LIMIT_MAX))?
-        .map_or(BROWSE_LIMIT_DEFAULT, |l| {
-            u32::try_from(l).unwrap_or(BROWSE_LIMIT_MAX)
-        });
+    let limit = limit(&mut query)?;
     query.finish()?;
     let page = shard.browse(&topic, partition, offset, limit).await?;
     Ok(bytes_response(
@@ -50,11 +56,7 @@ pub(super) async fn search(
     let mut query = Query::parse(query)?;
     let key = query.text("key").map(String::into_bytes);
     let contains = query.text("contains").map(String::into_bytes);
-    let limit = query
-        .number("limit", 1..=u64::from(BROWSE_LIMIT_MAX))?
-        .map_or(BROWSE_LIMIT_DEFAULT, |l| {
-            u32::try_from(l).unwrap_or(BROWSE_LIMIT_MAX)
-        });
+    let limit = limit(&mut query)?;
     let cursor = query.text("cursor");
     query.finish()?;
     if key.is_none() && contains.as_ref().is_none_or(Vec::is_empty) {
