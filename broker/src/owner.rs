@@ -356,6 +356,32 @@ impl<F: FileSystem> PartitionOwner<F> {
         Ok(())
     }
 
+    /// Gives the age figure its start after an open (before any commit):
+    /// the write time of the message at the frontier, the oldest unacked
+    /// one. Commit times live in memory only, so without this a restart
+    /// would show the oldest unacked message as new (batches the journal
+    /// replayed at the open are newer than the frontier's). A figure only:
+    /// a failed read leaves it as it was rather than failing the open.
+    pub async fn load_oldest_unacked_time(&self) {
+        let frontier = self.acks.frontier();
+        let known =
+            |times: &VecDeque<(u64, u64)>| times.front().is_some_and(|(base, _)| *base <= frontier);
+        if frontier >= self.high_watermark() || known(&self.recent.commit_times.borrow()) {
+            return;
+        }
+        match self.read(frontier, 1, usize::MAX).await {
+            Ok(read) => {
+                let mut times = self.recent.commit_times.borrow_mut();
+                if let (Some(first), false) = (read.first(), known(&times)) {
+                    times.push_front((frontier, first.message.produced_at_ms));
+                }
+            }
+            Err(error) => {
+                tracing::debug!(%error, frontier, "could not read the oldest unacked message's time")
+            }
+        }
+    }
+
     /// Idempotency keys the table let go before their window ended (it was
     /// full), since the last call.
     pub fn take_idempotency_keys_forgotten(&self) -> u64 {

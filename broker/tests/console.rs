@@ -118,6 +118,12 @@ fn the_console_shows_what_the_api_says_and_acts_from_the_page_in_a_real_browser(
         "orders",
         json!({"partitions": 4, "max_deliveries": 1, "dead_letter_topic": "orders.dlq"}),
     );
+    let (status, child) = node.json(
+        "PUT",
+        "/v1/topics/orders/children/orders.audit",
+        json!({"kind": "fanout", "topic": {"partitions": 1}}),
+    );
+    assert_eq!(status, 201, "{child}");
     let batch: Vec<Value> = (0..40)
         .map(|i| json!({"key": format!("customer-{i}"), "value": json!({"order": i, "amount": i * 10}).to_string()}))
         .collect();
@@ -190,9 +196,9 @@ fn the_console_shows_what_the_api_says_and_acts_from_the_page_in_a_real_browser(
         browser.wait_text("main", |t| t.contains(&row));
     }
     browser.screenshot(&shots.join("topics.png"));
+    // Filled and sent from the keyboard (Enter in the last field).
     browser.fill("input[name=name]", "audit");
-    browser.fill("input[name=partitions]", "2");
-    browser.press("Create topic");
+    browser.fill("input[name=partitions]", "2\u{E007}");
     browser.wait_text("h1", |t| t == "Topic audit");
     let (status, audit) = node.request("GET", "/v1/topics/audit", b"");
     assert_eq!((status, &audit["partitions"]), (200, &json!(2)), "{audit}");
@@ -215,6 +221,17 @@ fn the_console_shows_what_the_api_says_and_acts_from_the_page_in_a_real_browser(
         browser.wait_text("main", |t| t.contains(&row));
     }
     browser.wait_text("main", |t| t.contains("Produced per 5 s"));
+    // Its child, with the lag and state the API gives.
+    assert!(eventually(PAGE_DEADLINE, || {
+        support::child_status(node, "orders", "orders.audit")["lag_messages"] == 0
+    }));
+    let child = support::child_status(node, "orders", "orders.audit");
+    let row = format!(
+        "orders.audit\tfanout\t0\t0 s\t{}\t{}",
+        child["dropped_messages"],
+        child["state"].as_str().unwrap_or_default()
+    );
+    browser.wait_text("main", |t| t.contains(&row));
     browser.fill("input[name=produce-key]", "customer-4242");
     browser.fill(
         "textarea[name=produce-value]",
@@ -388,6 +405,14 @@ fn the_console_shows_what_the_api_says_and_acts_from_the_page_in_a_real_browser(
     browser.open(&format!("{origin}/ui/#/topics/orders"));
     browser.wait_text("main", |t| t.contains("Produced per 5 s"));
     browser.screenshot(&shots.join("phone.png"));
+    assert_eq!(
+        browser.run(
+            "return document.documentElement.scrollWidth <= window.innerWidth;",
+            json!([])
+        ),
+        true,
+        "the page fits a phone's width (wide tables scroll within themselves)"
+    );
     browser.resize(1280, 800);
 
     // ---- a user without the grant sees the API's refusal.

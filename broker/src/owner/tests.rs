@@ -20,8 +20,17 @@ const CONFIG: OwnerConfig = OwnerConfig {
 };
 
 fn open(fs: &SimFs, clock: &ManualClock, config: OwnerConfig) -> PartitionOwner<SimFs> {
+    open_in(fs, clock, config, "/data/partitions/orders/0")
+}
+
+fn open_in(
+    fs: &SimFs,
+    clock: &ManualClock,
+    config: OwnerConfig,
+    dir: &str,
+) -> PartitionOwner<SimFs> {
     let shared: SharedClock = Rc::new(clock.clone());
-    let dir = Path::new("/data/partitions/orders/0");
+    let dir = Path::new(dir);
     let log_config = LogConfig {
         segment_bytes: 1 << 20,
         prealloc_step_bytes: 1 << 16,
@@ -422,6 +431,34 @@ fn keyed(id: u128, key: &str) -> Message {
         value: format!("m{id}").into_bytes().into(),
         idempotency_key: Some(bytes::Bytes::from(key.to_string())),
     }
+}
+
+/// The age of the oldest unacked message holds across a reopen: it is
+/// taken from the message at the frontier (its write time), not started
+/// anew at the reopen.
+#[test]
+fn the_oldest_unacked_age_counts_from_the_messages_write_time_after_a_reopen() {
+    let fs = SimFs::new(13);
+    let clock = ManualClock::new(1_000);
+    let owner = open(&fs, &clock, CONFIG);
+    block_on(owner.commit(&[keyed(1, "a"), keyed(2, "b"), keyed(3, "c")], 1_000)).expect("commit");
+    clock.advance_ms(4_000);
+    assert_eq!(owner.stats(clock.now_ms()).oldest_unacked_age_ms, 4_000);
+    drop(owner);
+    fs.power_loss();
+    clock.advance_ms(26_000);
+    let owner = open(&fs, &clock, CONFIG);
+    block_on(owner.load_oldest_unacked_time());
+    let stats = owner.stats(clock.now_ms());
+    assert_eq!((stats.frontier, stats.available), (0, 3));
+    assert_eq!(
+        stats.oldest_unacked_age_ms, 30_000,
+        "written at 1,000, now 31,000"
+    );
+    // A partition with nothing unacked has no age, and reads nothing.
+    let empty = open_in(&fs, &clock, CONFIG, "/data/partitions/orders/1");
+    block_on(empty.load_oldest_unacked_time());
+    assert_eq!(empty.stats(clock.now_ms()).oldest_unacked_age_ms, 0);
 }
 
 /// A copy of a key committed within the window (a retry another node

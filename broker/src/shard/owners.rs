@@ -140,6 +140,7 @@ impl<F: FileSystem> Shard<F> {
             .cut_acks_past_log()
             .await
             .map_err(|e| from_owner(&e))?;
+        owner.load_oldest_unacked_time().await;
         Ok(owner)
     }
 
