@@ -5,8 +5,11 @@
 "use strict";
 
 const REFRESH_MS = 5000;
+// Messages per page of the browser.
+const BROWSE_PAGE = 20;
 const CREDENTIAL = "narad.credential";
 const WHO = "narad.who";
+const PENDING_WHO = "narad.pending-who";
 const main = document.getElementById("main");
 const notice = document.getElementById("notice");
 let refreshTimer = null;
@@ -63,10 +66,23 @@ function el(tag, attrs, ...children) {
   return node;
 }
 
+// What names a control across a re-render: its kind and its name.
+function controlName(node) {
+  return `${node.tagName}|${node.getAttribute("aria-label") || node.getAttribute("href") || node.textContent}`;
+}
+
 // Puts `children` in `node` in place of what it held; null, undefined and
-// false are left out (replaceChildren would print them).
+// false are left out (replaceChildren would print them). A control that
+// had the keyboard's focus keeps it in the new content (a refresh every
+// 5 s must not throw a keyboard user back to the top).
 function put(node, ...children) {
+  const active = document.activeElement;
+  const focused = active && active !== node && node.contains(active) ? controlName(active) : null;
   node.replaceChildren(...children.flat().filter((c) => c !== null && c !== undefined && c !== false));
+  if (focused) {
+    const again = Array.from(node.querySelectorAll("a, button, input, select, textarea")).find((c) => controlName(c) === focused);
+    if (again) again.focus();
+  }
 }
 
 function button(label, onclick, attrs) {
@@ -122,7 +138,7 @@ async function act(where, control, action) {
   }
 }
 
-// A numeric input's value, or undefined when left empty.
+// A numeric input's value, or undefined when left empty (then not sent).
 function numberOf(input) {
   return input.value === "" ? undefined : Number(input.value);
 }
@@ -212,7 +228,7 @@ function sparkline(label, values) {
 
 // ---------------------------------------------------------------- cluster
 
-async function clusterPage() {
+async function clusterPage(view) {
   const summary = el("p");
   const nodes = el("div");
   const moves = el("div");
@@ -230,7 +246,7 @@ async function clusterPage() {
     said(result, `${title}: ${planned.moves.length} move${planned.moves.length === 1 ? "" : "s"} planned.`);
     await refresh();
   });
-  put(main,
+  put(view,
     el("h1", {}, "Cluster"),
     summary,
     el("h2", {}, "Nodes"),
@@ -269,7 +285,7 @@ async function clusterPage() {
 
 // ----------------------------------------------------------------- topics
 
-async function topicsPage() {
+async function topicsPage(view) {
   const list = el("div");
   const created = el("div", { "aria-live": "polite" });
   const name = el("input", { name: "name", required: true, pattern: "[A-Za-z0-9._\\-]{1,249}", autocomplete: "off" });
@@ -291,30 +307,44 @@ async function topicsPage() {
           max_deliveries: numberOf(maxDeliveries),
           dead_letter_topic: deadLetter.value || undefined,
         };
+        // PUT also changes a topic that exists: this form only creates.
+        const listed = await api("GET", "/v1/topics");
+        if (listed.topics.some((t) => t.name === name.value)) {
+          throw new Error(`A topic named ${name.value} exists already; change it on its own page.`);
+        }
         await api("PUT", `/v1/topics/${seg(name.value)}`, body);
         location.hash = `#/topics/${seg(name.value)}`;
       });
     },
   }, field("Name", name), field("Partitions", partitions), field("Visibility timeout (ms)", visibility),
   field("Retention (ms)", retention), field("Max deliveries", maxDeliveries), field("Dead-letter topic", deadLetter), submit);
-  put(main, el("h1", {}, "Topics"), list, el("section", { class: "card" }, el("h2", {}, "Create a topic"), form, created));
+  put(view, el("h1", {}, "Topics"), list, el("section", { class: "card" }, el("h2", {}, "Create a topic"), form, created));
+  // Topics this user may not describe (no `admin`): asked once, then
+  // their figures come from the rates (`consume` suffices) alone.
+  const refused = new Map();
+  const figures = async (topic) => {
+    const path = `/v1/topics/${seg(topic.name)}`;
+    const [detail, rates] = await Promise.all([
+      refused.has(topic.name) ? refused.get(topic.name) : api("GET", path).catch((error) => error),
+      api("GET", `${path}/rates`).catch((error) => error),
+    ]);
+    if (detail instanceof ApiError && detail.status === 403) refused.set(topic.name, detail);
+    const backlog = rates instanceof Error ? "" : sparkline(`Backlog of ${topic.name}`, rates.points.map((p) => p.available + p.in_flight));
+    if (!(detail instanceof Error)) {
+      const stats = detail.partition_stats || [];
+      return [String(stats.reduce((s, p) => s + p.available, 0)), String(stats.reduce((s, p) => s + p.in_flight, 0)),
+        age(Math.max(0, ...stats.map((p) => p.oldest_unacked_age_ms))), backlog];
+    }
+    if (!(rates instanceof Error)) {
+      const last = rates.points[rates.points.length - 1];
+      return [last ? String(last.available) : "-", last ? String(last.in_flight) : "-", "-", backlog];
+    }
+    return [el("span", { class: "error" }, errorText(detail)), "-", "-", ""];
+  };
   return async () => {
     const listed = await api("GET", "/v1/topics");
-    const rows = await Promise.all(listed.topics.map(async (topic) => {
-      let available = "-", inFlight = "-", oldest = "-", backlog = "";
-      try {
-        const detail = await api("GET", `/v1/topics/${seg(topic.name)}`);
-        const stats = detail.partition_stats || [];
-        available = String(stats.reduce((s, p) => s + p.available, 0));
-        inFlight = String(stats.reduce((s, p) => s + p.in_flight, 0));
-        oldest = age(Math.max(0, ...stats.map((p) => p.oldest_unacked_age_ms)));
-        const rates = await api("GET", `/v1/topics/${seg(topic.name)}/rates`);
-        backlog = sparkline(`Backlog of ${topic.name}`, rates.points.map((p) => p.available + p.in_flight));
-      } catch (error) {
-        available = error instanceof ApiError ? `${error.status} ${error.code}` : "?";
-      }
-      return [el("a", { href: `#/topics/${seg(topic.name)}` }, topic.name), String(topic.partitions), available, inFlight, oldest, backlog];
-    }));
+    const rows = await Promise.all(listed.topics.map(async (topic) =>
+      [el("a", { href: `#/topics/${seg(topic.name)}` }, topic.name), String(topic.partitions), ...(await figures(topic))]));
     put(list, rows.length === 0 ? el("p", { class: "muted" }, "No topics you may see.") : table(
       [["Topic"], ["Partitions", true], ["Available", true], ["In flight", true], ["Oldest unacked", true], ["Backlog, 15 min"]], rows));
   };
@@ -325,22 +355,36 @@ async function topicsPage() {
 // The browser's place in the topic shown: partition and offset.
 const browsing = { topic: null, partition: 0, offset: null };
 
-async function topicPage(name) {
+async function topicPage(view, name) {
   if (browsing.topic !== name) Object.assign(browsing, { topic: name, partition: 0, offset: null });
   const path = `/v1/topics/${seg(name)}`;
-  const topic = await api("GET", path);
-  const everyTopic = await api("GET", "/v1/topics").catch(() => ({ topics: [] }));
+  // The list gives every topic the user holds a grant on with its
+  // settings; describing one (its partition figures and children) needs
+  // `admin`. Without it, the page shows what the user may do (browse,
+  // search, rates, produce) and the describe's refusal where the figures
+  // would be.
+  const everyTopic = await api("GET", "/v1/topics");
+  const listed = everyTopic.topics.find((t) => t.name === name);
+  const described = await api("GET", path).catch((error) => error);
+  const admin = !(described instanceof Error);
+  if (!admin && !(described instanceof ApiError && described.status === 403 && listed)) throw described;
+  const topic = admin ? described : listed;
   const feeding = everyTopic.topics.filter((t) => t.dead_letter_topic === name).map((t) => t.name);
   // The redrive card: for a dead-letter topic, or one with redrives.
-  const redrives = await api("GET", `${path}/redrive`).catch(() => ({ tasks: [] }));
+  const redrives = admin ? await api("GET", `${path}/redrive`) : { tasks: [] };
   const partitions = el("div");
   const charts = el("div", { class: "charts" });
   const children = el("div");
   const browser = el("section", { "aria-label": "Messages" });
   const found = el("section", { "aria-label": "Search results" });
   const tasks = el("div");
-  const redriveSection = feeding.length || redrives.tasks.length ? redriveCard(name, feeding, tasks) : null;
-  put(main,
+  const redriveSection = admin && (feeding.length || redrives.tasks.length) ? redriveCard(name, feeding, tasks) : null;
+  if (!admin) {
+    const why = el("p", { class: "error" }, errorText(described));
+    put(partitions, why);
+    put(children, why.cloneNode(true));
+  }
+  put(view,
     el("h1", {}, `Topic ${topic.name}`),
     topic.parent ? el("p", { class: "muted" }, "A child of ", el("a", { href: `#/topics/${seg(topic.parent)}` }, topic.parent)) : null,
     el("h2", {}, "Partitions"),
@@ -357,17 +401,17 @@ async function topicPage(name) {
     searchForm(topic, found),
     found,
     produceCard(topic),
-    settingsCard(topic),
-    deleteCard(topic),
+    admin ? settingsCard(topic) : null,
+    admin ? deleteCard(topic) : null,
   );
   browse(browser);
   return async () => {
-    const now = await api("GET", path);
-    put(partitions, table(
+    const now = admin ? await api("GET", path) : null;
+    if (now) put(partitions, table(
       [["Partition", true], ["Owner", true], ["High watermark", true], ["Frontier", true], ["Available", true], ["In flight", true], ["Oldest unacked", true]],
       (now.partition_stats || []).map((p) => [String(p.partition), String(p.owner), String(p.high_watermark), String(p.frontier), String(p.available), String(p.in_flight), age(p.oldest_unacked_age_ms)]),
     ));
-    put(children, (now.children || []).length === 0 ? el("p", { class: "muted" }, "No children.") : table(
+    if (now) put(children, (now.children || []).length === 0 ? el("p", { class: "muted" }, "No children.") : table(
       [["Child"], ["Kind"], ["Lag (messages)", true], ["Lag", true], ["Dropped", true], ["State"], ["Last error"]],
       now.children.map((c) => [c.kind === "remote" ? c.name : el("a", { href: `#/topics/${seg(c.name)}` }, c.name), c.kind,
         String(c.lag_messages), age((c.lag_seconds || 0) * 1000), String(c.dropped_messages), c.state, c.last_error || ""]),
@@ -397,10 +441,12 @@ function settingsCard(topic) {
     dead_letter_topic: el("input", { name: "dead_letter_topic", autocomplete: "off", value: topic.dead_letter_topic || "" }),
     schema: el("input", { name: "schema", autocomplete: "off", value: topic.schema || "" }),
     max_message_bytes: el("input", { name: "max_message_bytes", type: "number", min: "1", value: String(topic.max_message_bytes) }),
+    idempotency_window_ms: el("input", { name: "idempotency_window_ms", type: "number", min: "0", value: String(topic.idempotency_window_ms) }),
   };
   const labels = {
     partitions: "Partitions (only more)", visibility_timeout_ms: "Visibility timeout (ms)", retention_ms: "Retention (ms, 0 = forever)",
     max_deliveries: "Max deliveries (0 = unlimited)", dead_letter_topic: "Dead-letter topic", schema: "Schema", max_message_bytes: "Max message bytes",
+    idempotency_window_ms: "Idempotency window (ms)",
   };
   const save = el("button", { type: "submit" }, "Save settings");
   const form = el("form", {
@@ -413,7 +459,8 @@ function settingsCard(topic) {
         for (const [key, input] of Object.entries(inputs)) {
           const before = topic[key] ?? "";
           const value = input.type === "number" ? numberOf(input) : (input.value === "" ? null : input.value);
-          if (String(value ?? "") !== String(before)) body[key] = value;
+          // An emptied number keeps its value (only text fields clear).
+          if (value !== undefined && String(value ?? "") !== String(before)) body[key] = value;
         }
         if (Object.keys(body).length === 0) return said(result, "Nothing changed.");
         const saved = await api("PUT", `/v1/topics/${seg(topic.name)}`, body);
@@ -435,9 +482,11 @@ function produceCard(topic) {
     onsubmit: (event) => {
       event.preventDefault();
       act(result, send, async () => {
-        const headers = key.value ? { "Narad-Key": key.value } : {};
-        const answer = await api("POST", `/v1/topics/${seg(topic.name)}/messages`, value.value, headers);
-        said(result, `Accepted: message ${answer.id}.`);
+        // The batch form carries any key as JSON text (a header could
+        // not hold every character).
+        const message = key.value ? { key: key.value, value: value.value } : { value: value.value };
+        const answer = await api("POST", `/v1/topics/${seg(topic.name)}/messages/batch`, { messages: [message] });
+        said(result, `Accepted: message ${answer.ids[0]}.`);
       });
     },
   }, field("Key (optional)", key), field("Value", value), el("div", { class: "buttons" }, send));
@@ -490,13 +539,15 @@ function redriveCard(name, feeding, tasks) {
   const why = feeding.length
     ? `Dead letters of ${feeding.join(", ")} land here. A redrive moves them back (each is written to the target before it is acked here).`
     : "A redrive moves this topic's messages to another topic (each is written to the target before it is acked here).";
+  // A cancel's refusal goes where the next refresh leaves it.
+  tasks.result = result;
   return el("section", { class: "card" }, el("h2", {}, "Redrive"), el("p", { class: "muted" }, why), form, result, tasks);
 }
 
 async function redriveTasks(name, where) {
   const listed = await api("GET", `/v1/topics/${seg(name)}/redrive`).catch((error) => ({ error }));
   if (listed.error) return showError(listed.error, where);
-  const cancel = (task) => button("Cancel", (event) => act(where, event.target, async () => {
+  const cancel = (task) => button("Cancel", (event) => act(where.result || where, event.target, async () => {
     await api("DELETE", `/v1/topics/${seg(name)}/redrive/${seg(task.id)}`);
     await redriveTasks(name, where);
   }), { "aria-label": `Cancel redrive ${task.id}` });
@@ -511,7 +562,7 @@ async function redriveTasks(name, where) {
 function browseForm(topic, section) {
   const partition = el("input", { name: "partition", type: "number", min: "0", max: String(topic.partitions - 1), value: String(browsing.partition) });
   const offset = el("input", { name: "offset", type: "number", min: "0", placeholder: "frontier", value: browsing.offset ?? "" });
-  return el("form", {
+  const form = el("form", {
     class: "inline",
     onsubmit: (event) => {
       event.preventDefault();
@@ -520,6 +571,8 @@ function browseForm(topic, section) {
       browse(section);
     },
   }, field("Partition", partition), field("From offset", offset), el("button", { type: "submit" }, "Show"));
+  browsing.offsetInput = offset;
+  return form;
 }
 
 function messageRows(messages) {
@@ -530,15 +583,20 @@ function messageRows(messages) {
 }
 
 async function browse(section) {
-  const query = new URLSearchParams({ limit: "20" });
+  const query = new URLSearchParams({ limit: String(BROWSE_PAGE) });
   if (browsing.offset !== null) query.set("offset", String(browsing.offset));
   try {
     const page = await api("GET", `/v1/topics/${seg(browsing.topic)}/partitions/${browsing.partition}/messages?${query}`);
-    const next = button("Next page", () => { browsing.offset = page.next_offset; browse(section); });
+    const first = page.messages.length ? page.messages[0].offset : page.next_offset;
+    // The offset field follows the page shown.
+    if (browsing.offsetInput && page.messages.length) browsing.offsetInput.value = String(first);
+    const go = (offset) => { browsing.offset = offset; browse(section); };
     put(section,
       el("p", { class: "muted" }, `Partition ${browsing.partition}: frontier ${page.frontier}, high watermark ${page.high_watermark}`),
       page.messages.length === 0 ? el("p", { class: "muted" }, "No messages here.") : messageRows(page.messages),
-      page.next_offset < page.high_watermark ? next : null,
+      el("div", { class: "buttons" },
+        first > 0 ? button("Previous page", () => go(Math.max(0, first - BROWSE_PAGE))) : null,
+        page.next_offset < page.high_watermark ? button("Next page", () => go(page.next_offset)) : null),
     );
   } catch (error) {
     showError(error, section);
@@ -548,12 +606,19 @@ async function browse(section) {
 function searchForm(topic, found) {
   const key = el("input", { name: "key", autocomplete: "off" });
   const contains = el("input", { name: "contains", autocomplete: "off" });
-  let cursor = null;
+  // What "Search further" goes on with: the search as submitted, not
+  // the fields as they are now.
+  let cursor = null, wanted = null;
   const run = async (event) => {
-    if (event) { event.preventDefault(); cursor = null; put(found); }
+    if (event) {
+      event.preventDefault();
+      cursor = null;
+      wanted = { key: key.value, contains: contains.value };
+      put(found);
+    }
     const query = new URLSearchParams({ limit: "50" });
-    if (key.value) query.set("key", key.value);
-    if (contains.value) query.set("contains", contains.value);
+    if (wanted.key) query.set("key", wanted.key);
+    if (wanted.contains) query.set("contains", wanted.contains);
     if (cursor) query.set("cursor", cursor);
     try {
       const answer = await api("GET", `/v1/topics/${seg(topic.name)}/messages?${query}`);
@@ -576,7 +641,7 @@ function grantsText(grants) {
   return grants.map((g) => `${g.topic}: ${g.actions.join(", ")}`).join("; ") || "none";
 }
 
-async function usersPage() {
+async function usersPage(view) {
   const list = el("div");
   const result = el("div", { "aria-live": "polite" });
   const name = el("input", { name: "name", required: true, autocomplete: "off" });
@@ -587,12 +652,17 @@ async function usersPage() {
     onsubmit: (event) => {
       event.preventDefault();
       act(result, create, async () => {
+        // PUT also changes a user's password: this form only creates.
+        const listed = await api("GET", "/v1/users");
+        if (listed.users.some((u) => u.name === name.value)) {
+          throw new Error(`A user named ${name.value} exists already; change it on its own page.`);
+        }
         await api("PUT", `/v1/users/${seg(name.value)}`, { password: password.value });
         location.hash = `#/users/${seg(name.value)}`;
       });
     },
   }, field("Name", name), field("Password", password), create);
-  put(main, el("h1", {}, "Users"), list, el("section", { class: "card" }, el("h2", {}, "Create a user"), form, result));
+  put(view, el("h1", {}, "Users"), list, el("section", { class: "card" }, el("h2", {}, "Create a user"), form, result));
   return async () => {
     const listed = await api("GET", "/v1/users");
     put(list, table([["User"], ["Grants"], ["Tokens", true]], listed.users.map((u) =>
@@ -600,7 +670,7 @@ async function usersPage() {
   };
 }
 
-async function userPage(name) {
+async function userPage(view, name) {
   const path = `/v1/users/${seg(name)}`;
   const listed = await api("GET", "/v1/users");
   const user = listed.users.find((u) => u.name === name);
@@ -622,7 +692,7 @@ async function userPage(name) {
     put(tokenResult, el("p", {}, `Token ${made.id}, shown this once (copy it now):`), el("p", { class: "secret" }, made.token));
     await refresh();
   }));
-  put(main,
+  put(view,
     el("h1", {}, `User ${name}`),
     grantsCard(name, user.grants),
     el("section", { class: "card" }, el("h2", {}, "Tokens"), tokens, el("div", { class: "buttons" }, newToken), tokenResult),
@@ -640,7 +710,7 @@ function grantsCard(name, grants) {
     const boxes = ACTIONS.map((action) => el("input", { type: "checkbox", name: action, checked: grant.actions.includes(action) }));
     const row = el("div", { class: "inline grant" }, field("Topic (name, prefix* or *)", topic),
       ACTIONS.map((action, i) => el("label", { class: "check" }, boxes[i], action)),
-      button("Remove", () => row.remove()));
+      button("Remove", () => row.remove(), { "aria-label": `Remove the grant on ${grant.topic || "a new topic"}` }));
     row.read = () => ({ topic: topic.value, actions: ACTIONS.filter((_, i) => boxes[i].checked) });
     rows.append(row);
   };
@@ -684,9 +754,9 @@ function deleteUserCard(name) {
 
 // ---------------------------------------------------------------- schemas
 
-async function schemasPage() {
+async function schemasPage(view) {
   const list = el("div");
-  put(main, el("h1", {}, "Schemas"), list, schemaCard(null));
+  put(view, el("h1", {}, "Schemas"), list, schemaCard(null));
   return async () => {
     const listed = await api("GET", "/v1/schemas");
     put(list, listed.schemas.length === 0 ? el("p", { class: "muted" }, "No schemas.") : table([["Schema"], ["Version", true]],
@@ -694,9 +764,9 @@ async function schemasPage() {
   };
 }
 
-async function schemaPage(name) {
+async function schemaPage(view, name) {
   const schema = await api("GET", `/v1/schemas/${seg(name)}`);
-  put(main,
+  put(view,
     el("h1", {}, `Schema ${name}, version ${schema.version}`),
     el("pre", { class: "value" }, JSON.stringify(schema.schema, null, 2)),
     schemaCard(schema),
@@ -719,6 +789,14 @@ function schemaCard(schema) {
       act(result, save, async () => {
         let document_;
         try { document_ = JSON.parse(text.value); } catch (error) { throw new Error(`The schema is not JSON: ${error.message}`); }
+        // PUT also adds a version to a schema that exists: a new one is
+        // made only under a new name.
+        if (!schema) {
+          const listed = await api("GET", "/v1/schemas");
+          if (listed.schemas.some((t) => t.name === name.value)) {
+            throw new Error(`A schema named ${name.value} exists already; save a new version on its own page.`);
+          }
+        }
         const saved = await api("PUT", `/v1/schemas/${seg(name.value)}`, document_);
         if (schema) return show();
         location.hash = `#/schemas/${seg(saved.name)}`;
@@ -733,28 +811,38 @@ function schemaCard(schema) {
 function page() {
   const [, section, name] = (location.hash || "#/cluster").split("/");
   const named = name ? decodeURIComponent(name) : null;
-  if (section === "topics") return named ? () => topicPage(named) : topicsPage;
-  if (section === "users") return named ? () => userPage(named) : usersPage;
-  if (section === "schemas") return named ? () => schemaPage(named) : schemasPage;
+  if (section === "topics") return named ? (view) => topicPage(view, named) : topicsPage;
+  if (section === "users") return named ? (view) => userPage(view, named) : usersPage;
+  if (section === "schemas") return named ? (view) => schemaPage(view, named) : schemasPage;
   return clusterPage;
 }
 
-// Builds the page once, then refreshes its numbers every REFRESH_MS
+// Builds the page once (out of sight, so that a page left while it loads
+// never replaces the next), then refreshes its numbers every REFRESH_MS
 // without touching what the user is typing.
-async function show() {
+async function show(navigated) {
   clearTimeout(refreshTimer);
   const generation = ++shown;
   notice.hidden = true;
   for (const link of document.querySelectorAll("nav a")) {
-    link.toggleAttribute("aria-current", location.hash.startsWith(link.getAttribute("href")));
+    if (location.hash.startsWith(link.getAttribute("href"))) link.setAttribute("aria-current", "page");
+    else link.removeAttribute("aria-current");
   }
+  const view = el("div", { class: "page" });
   let refresh;
   try {
-    refresh = await page()();
+    refresh = await page()(view);
     if (generation !== shown) return;
     await refresh();
+    if (generation !== shown) return;
+    put(main, view);
+    if (navigated === true) main.focus({ preventScroll: true });
+    signedIn();
   } catch (error) {
-    if (generation === shown) showError(error);
+    if (generation !== shown) return;
+    showError(error);
+    // A node that could not answer is asked again; a refusal stays shown.
+    if (!(error instanceof ApiError) || error.status >= 500) refreshTimer = setTimeout(show, REFRESH_MS);
     return;
   } finally {
     document.getElementById("sign-out").hidden = !sessionStorage.getItem(CREDENTIAL);
@@ -775,12 +863,24 @@ async function show() {
   refreshTimer = setTimeout(again, REFRESH_MS);
 }
 
+// Who is signed in is shown once the node took the credential.
+function signedIn() {
+  const pending = sessionStorage.getItem(PENDING_WHO);
+  if (pending === null) return;
+  sessionStorage.removeItem(PENDING_WHO);
+  sessionStorage.setItem(WHO, pending);
+  document.getElementById("who").textContent = pending;
+}
+
 function signIn(why) {
   clearTimeout(refreshTimer);
   shown += 1;
+  sessionStorage.removeItem(PENDING_WHO);
+  sessionStorage.removeItem(WHO);
+  document.getElementById("who").textContent = "";
   const dialog = document.getElementById("sign-in");
   document.getElementById("sign-in-why").textContent = why || "";
-  put(main, el("p", { class: "muted" }, "Sign in to see this node."));
+  put(main, el("p", { class: "muted" }, "Sign in to see this node. ", button("Open the sign-in form", () => signIn(why))));
   if (!dialog.open) dialog.showModal();
 }
 
@@ -789,7 +889,7 @@ document.getElementById("sign-in-form").addEventListener("submit", () => {
   const user = form.user.value, password = form.password.value, token = form.token.value.trim();
   if (token) sessionStorage.setItem(CREDENTIAL, `Bearer ${token}`);
   else sessionStorage.setItem(CREDENTIAL, `Basic ${btoa(unescape(encodeURIComponent(`${user}:${password}`)))}`);
-  sessionStorage.setItem(WHO, token ? "signed in with a token" : `signed in as ${user}`);
+  sessionStorage.setItem(PENDING_WHO, token ? "signed in with a token" : `signed in as ${user}`);
   form.reset();
   show();
 });
@@ -800,5 +900,5 @@ document.getElementById("sign-out").addEventListener("click", () => {
   show();
 });
 
-window.addEventListener("hashchange", show);
+window.addEventListener("hashchange", () => show(true));
 show();

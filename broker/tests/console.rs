@@ -60,6 +60,14 @@ fn clean(browser: &Browser, origin: &str, expected: &[u16], step: &str) {
             .any(|status| message.contains(&format!("status of {status}")));
         assert!(provoked, "{step}: the browser's console logged {message:?}");
     }
+    let unnamed = browser.run(
+        "return Array.from(document.querySelectorAll('input, select, textarea, button'))
+           .filter((c) => !(c.labels && c.labels.length) && !c.getAttribute('aria-label')
+             && !(c.tagName === 'BUTTON' && c.innerText.trim()))
+           .map((c) => c.outerHTML);",
+        json!([]),
+    );
+    assert_eq!(unnamed, json!([]), "{step}: controls without a name");
     let page = browser.text("body").unwrap_or_default();
     for slip in ["null", "undefined", "NaN", "[object Object]"] {
         assert!(
@@ -75,7 +83,10 @@ fn clean(browser: &Browser, origin: &str, expected: &[u16], step: &str) {
             "{step}: the page asked another origin for {url}"
         );
     }
-    browser.run("performance.clearResourceTimings();", json!([]));
+    browser.run(
+        "performance.clearResourceTimings(); performance.setResourceTimingBufferSize(100000);",
+        json!([]),
+    );
 }
 
 /// A request with this credential only (the node's own helpers send the
@@ -154,10 +165,17 @@ fn the_console_shows_what_the_api_says_and_acts_from_the_page_in_a_real_browser(
     // ---- sign-in: `/` leads to the console, which asks for credentials.
     browser.open(&format!("{origin}/"));
     assert!(browser.url().starts_with(&format!("{origin}/ui/")));
-    browser.wait_text("#sign-in-why", |t| !t.is_empty());
+    browser.run(
+        "performance.setResourceTimingBufferSize(100000);",
+        json!([]),
+    );
+    browser.wait_until(
+        "return document.getElementById('sign-in').open;",
+        "its sign-in form",
+    );
     browser.fill("#sign-in input[name=user]", "admin");
     browser.fill("#sign-in input[name=password]", ADMIN_PASSWORD);
-    browser.press("Sign in");
+    browser.click("#sign-in button[type=submit]");
     browser.wait_text("#who", |t| t == "signed in as admin");
 
     // ---- cluster: id, leader, term and every node as the API says.
@@ -196,8 +214,24 @@ fn the_console_shows_what_the_api_says_and_acts_from_the_page_in_a_real_browser(
         browser.wait_text("main", |t| t.contains(&row));
     }
     browser.screenshot(&shots.join("topics.png"));
-    // Filled and sent from the keyboard (Enter in the last field).
+    // What is typed survives the list's refresh; the form is sent from
+    // the keyboard (Enter in its last field).
     browser.fill("input[name=name]", "audit");
+    browser.run(
+        "window.shownTable = document.querySelector('main table');",
+        json!([]),
+    );
+    browser.wait_until(
+        "return document.querySelector('main table') !== window.shownTable;",
+        "a refreshed list",
+    );
+    assert_eq!(
+        browser.run(
+            "return document.querySelector('input[name=name]').value;",
+            json!([])
+        ),
+        "audit"
+    );
     browser.fill("input[name=partitions]", "2\u{E007}");
     browser.wait_text("h1", |t| t == "Topic audit");
     let (status, audit) = node.request("GET", "/v1/topics/audit", b"");
@@ -249,6 +283,23 @@ fn the_console_shows_what_the_api_says_and_acts_from_the_page_in_a_real_browser(
     browser.wait_text("section[aria-label=Messages]", |t| {
         t.contains("\"note\": \"from the console\"") && t.contains("customer-4242")
     });
+    let (_, raw) = node.request("GET", "/v1/topics/orders/messages?key=raw", b"");
+    browser.fill(
+        "input[name=partition]",
+        &raw["messages"][0]["partition"].to_string(),
+    );
+    browser.fill(
+        "input[name=offset]",
+        &raw["messages"][0]["offset"].to_string(),
+    );
+    browser.press("Show");
+    let shown = browser.wait_text("section[aria-label=Messages]", |t| {
+        t.contains("hex: 00 01 02 ff")
+    });
+    assert!(
+        shown.contains(" s ago (") || shown.contains(" min ago ("),
+        "a time both relative and absolute: {shown}"
+    );
     browser.fill("input[name=contains]", "\"amount\":390");
     browser.press("Search");
     browser.wait_text("section[aria-label='Search results']", |t| {
@@ -358,6 +409,17 @@ fn the_console_shows_what_the_api_says_and_acts_from_the_page_in_a_real_browser(
         node.request("GET", "/v1/cluster/moves", b"").1
     );
     browser.wait_text("main", |t| t.contains("decommissioned\t0"));
+    let (_, moves) = node.request("GET", "/v1/cluster/moves", b"");
+    for m in moves["moves"].as_array().expect("moves") {
+        let row = format!(
+            "{}\t{}\t3\t{}\t{}\t",
+            m["topic"].as_str().unwrap_or_default(),
+            m["partition"],
+            m["to"],
+            m["state"].as_str().unwrap_or_default()
+        );
+        browser.wait_text("main", |t| t.contains("Last ended") && t.contains(&row));
+    }
     clean(&browser, &origin, &[], "the decommission");
 
     // ---- users, grants, tokens and schemas.
@@ -417,11 +479,38 @@ fn the_console_shows_what_the_api_says_and_acts_from_the_page_in_a_real_browser(
 
     // ---- a user without the grant sees the API's refusal.
     browser.press("Sign out");
-    browser.wait_text("#sign-in-why", |t| !t.is_empty());
+    browser.wait_until(
+        "return document.getElementById('sign-in').open;",
+        "its sign-in form",
+    );
+    assert_eq!(browser.text("#who").as_deref(), Some(""), "signed out");
+    // A wrong password is refused: the form comes back, nobody is shown.
+    browser.fill("#sign-in input[name=user]", "viewer");
+    browser.fill("#sign-in input[name=password]", "not-the-password");
+    browser.click("#sign-in button[type=submit]");
+    browser.wait_until(
+        "return document.getElementById('sign-in').open && document.getElementById('sign-in-why').innerText.length > 0;",
+        "its sign-in form again",
+    );
+    assert_eq!(browser.text("#who").as_deref(), Some(""));
     browser.fill("#sign-in input[name=user]", "viewer");
     browser.fill("#sign-in input[name=password]", VIEWER_PASSWORD);
-    browser.press("Sign in");
+    browser.click("#sign-in button[type=submit]");
     browser.wait_text("#who", |t| t == "signed in as viewer");
+    // With `consume` on orders only: the list and the topic's page show
+    // what the rates and the browser give, and the describe's refusal.
+    browser.open(&format!("{origin}/ui/#/topics"));
+    browser.wait_text("main", |t| {
+        t.contains("orders\t4\t") && !t.contains("orders.dlq")
+    });
+    browser.open(&format!("{origin}/ui/#/topics/orders"));
+    browser.wait_text("main", |t| {
+        t.contains("Topic orders")
+            && t.contains("403 forbidden: ")
+            && t.contains("Partition 0: frontier")
+            && t.contains("Produced per 5 s")
+            && !t.contains("Delete this topic")
+    });
     browser.open(&format!("{origin}/ui/#/topics/orders.dlq"));
     let viewer = basic("viewer", VIEWER_PASSWORD);
     let (status, refusal) = api(&addr, &viewer, "GET", "/v1/topics/orders.dlq");

@@ -2392,6 +2392,79 @@ fn a_commit_wakes_only_polls_of_its_topic_one_per_message() {
     );
 }
 
+/// The Rust client browses, searches (following the cursor) and reads a
+/// topic's rates, with the figures the node holds.
+#[test]
+fn the_rust_client_browses_searches_and_reads_rates() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let node = Node::start(&tmp.path().join("n"), &[]);
+    node.create_topic("shop", json!({"partitions": 2}));
+    let batch: Vec<Value> = (0..30)
+        .map(|i| json!({"key": format!("customer-{}", i % 3), "value": format!("order {i}")}))
+        .collect();
+    node.produce_batch("shop", batch);
+    // A 202 comes before the commit: wait for all 30.
+    assert!(eventually(WAIT, || node.stat_sum("shop", "high_watermark") == 30));
+    let mut leased = Vec::new();
+    assert!(eventually(WAIT, || {
+        leased.extend(node.consume(
+            "shop",
+            json!({"max_messages": 4 - leased.len(), "wait_ms": 1000}),
+        ));
+        leased.len() == 4
+    }));
+    assert_eq!(support::ack_batch(&node, "shop", &leased), vec![204; 4]);
+
+    let client = narad_client::blocking::Client::builder(&format!("http://{}", node.addr))
+        .build()
+        .expect("client");
+    let mut browsed = 0;
+    for partition in 0..2 {
+        let page = client
+            .browse("shop", partition, Some(0), 100)
+            .expect("browse");
+        assert_eq!(page.next_offset, page.high_watermark);
+        assert!(page.messages.iter().all(|m| m.partition == partition));
+        browsed += page.messages.len();
+    }
+    assert_eq!(browsed, 30);
+
+    // One match per call: the cursor leads through all ten of customer-1.
+    let mut query = narad_client::SearchQuery {
+        key: Some("customer-1".into()),
+        limit: Some(1),
+        ..Default::default()
+    };
+    let mut found = BTreeSet::new();
+    loop {
+        let page = client.search("shop", &query).expect("search");
+        assert!(page.messages.len() <= 1);
+        for m in page.messages {
+            assert_eq!(m.key.as_deref(), Some("customer-1"));
+            found.insert(String::from_utf8_lossy(&m.value).to_string());
+        }
+        match page.cursor {
+            Some(cursor) => query.cursor = Some(cursor),
+            None => break,
+        }
+    }
+    let wanted: BTreeSet<String> = (0..30)
+        .filter(|i| i % 3 == 1)
+        .map(|i| format!("order {i}"))
+        .collect();
+    assert_eq!(found, wanted);
+    let refused = client
+        .search("shop", &narad_client::SearchQuery::default())
+        .expect_err("neither key nor text");
+    assert!(refused.to_string().contains("400"), "{refused}");
+
+    let rates = client.rates("shop").expect("rates");
+    assert_eq!(rates.interval_ms, 5_000);
+    let produced: u64 = rates.points.iter().map(|p| p.produced).sum();
+    let acked: u64 = rates.points.iter().map(|p| p.acked).sum();
+    assert_eq!((produced, acked), (30, 4), "{rates:?}");
+}
+
 /// A browse shows a partition's messages with their state and delivery
 /// count, pages by offset, and changes nothing: a consume afterwards gets
 /// what it would have got. Bad parameters are 400 in the error shape.

@@ -243,41 +243,71 @@ impl Browser {
         last.unwrap_or_default()
     }
 
-    /// Waits for an element matching `using`/`value` (`css selector` or
-    /// `xpath`) that is shown and enabled; its reference.
-    fn element(&self, using: &str, value: &str) -> String {
-        let mut found = None;
-        let shown = eventually(PAGE_DEADLINE, || {
+    /// Does `steps` to the first element matching `using`/`value` (`css
+    /// selector` or `xpath`) once it is shown and enabled. The page
+    /// re-renders its figures every few seconds: an element replaced
+    /// between finding and acting (a stale reference) is found again.
+    fn on_element(&self, using: &str, value: &str, steps: &[(&str, Value)]) {
+        let mut last = Value::Null;
+        let done = eventually(PAGE_DEADLINE, || {
             let (status, answer) = self.call(
                 "POST",
                 &format!("/session/{}/element", self.session),
                 &json!({ "using": using, "value": value }),
             );
-            if status != 200 {
-                return false;
-            }
-            let Some(id) = answer["value"][ELEMENT].as_str() else {
+            let Some(id) = answer["value"][ELEMENT].as_str().filter(|_| status == 200) else {
+                last = answer;
                 return false;
             };
-            let usable = self.command("GET", &format!("/element/{id}/displayed"), json!({}))
-                == true
-                && self.command("GET", &format!("/element/{id}/enabled"), json!({})) == true;
-            found = usable.then(|| id.to_string());
-            usable
+            let session = &self.session;
+            let usable = ["displayed", "enabled"].iter().all(|what| {
+                self.call(
+                    "GET",
+                    &format!("/session/{session}/element/{id}/{what}"),
+                    &json!({}),
+                )
+                .1["value"]
+                    == true
+            });
+            if !usable {
+                return false;
+            }
+            for (action, body) in steps {
+                let (status, answer) = self.call(
+                    "POST",
+                    &format!("/session/{session}/element/{id}/{action}"),
+                    body,
+                );
+                if status != 200 {
+                    assert_eq!(
+                        answer["value"]["error"], "stale element reference",
+                        "{action} on {value}: {answer}"
+                    );
+                    last = answer;
+                    return false;
+                }
+            }
+            true
         });
-        assert!(shown, "no usable element {using} {value:?}");
-        found.unwrap_or_default()
+        assert!(done, "no usable element {using} {value:?}: {last}");
     }
 
     pub fn click(&self, css: &str) {
-        let id = self.element("css selector", css);
-        self.command("POST", &format!("/element/{id}/click"), json!({}));
+        self.on_element("css selector", css, &[("click", json!({}))]);
     }
 
     /// Clicks the button whose text is `label`.
     pub fn press(&self, label: &str) {
-        let id = self.element("xpath", &format!("//button[normalize-space()='{label}']"));
-        self.command("POST", &format!("/element/{id}/click"), json!({}));
+        let xpath = format!("//button[normalize-space()='{label}']");
+        self.on_element("xpath", &xpath, &[("click", json!({}))]);
+    }
+
+    /// Waits until `script` (a function body) returns true in the page.
+    pub fn wait_until(&self, script: &str, what: &str) {
+        assert!(
+            eventually(PAGE_DEADLINE, || self.run(script, json!([])) == true),
+            "the page never came to {what}"
+        );
     }
 
     /// Whether the button whose text is `label` is disabled now.
@@ -291,16 +321,11 @@ impl Browser {
     /// Types `text` into the field matching `css`, after clearing it, as a
     /// user's keystrokes.
     pub fn fill(&self, css: &str, text: &str) {
-        let id = self.element("css selector", css);
-        self.command("POST", &format!("/element/{id}/clear"), json!({}));
-        if text.is_empty() {
-            return;
+        let mut steps = vec![("clear", json!({}))];
+        if !text.is_empty() {
+            steps.push(("value", json!({ "text": text })));
         }
-        self.command(
-            "POST",
-            &format!("/element/{id}/value"),
-            json!({ "text": text }),
-        );
+        self.on_element("css selector", css, &steps);
     }
 
     /// The console messages logged since the last call: (level, text).

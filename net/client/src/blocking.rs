@@ -205,6 +205,20 @@ impl Client {
             .block_on(self.inner.browse(topic, partition, offset, limit))
     }
 
+    /// See [`crate::Client::search`].
+    pub fn search(
+        &self,
+        topic: &str,
+        query: &crate::SearchQuery,
+    ) -> Result<crate::SearchPage, Error> {
+        self.runtime.block_on(self.inner.search(topic, query))
+    }
+
+    /// See [`crate::Client::rates`].
+    pub fn rates(&self, topic: &str) -> Result<crate::Rates, Error> {
+        self.runtime.block_on(self.inner.rates(topic))
+    }
+
     /// See [`crate::Client::ack`].
     pub fn ack(&self, topic: &str, receipt: &str) -> Result<(), Error> {
         self.runtime.block_on(self.inner.ack(topic, receipt))

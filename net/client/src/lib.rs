@@ -349,6 +349,56 @@ pub struct BrowsedPage {
     pub high_watermark: u64,
 }
 
+/// What a search looks for ([`Client::search`]): a message key equal to
+/// `key`, and/or a key or value containing `contains` (bytes,
+/// case-sensitive); at least one of the two.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SearchQuery {
+    /// The key a message must have.
+    pub key: Option<String>,
+    /// Text its key or value must contain.
+    pub contains: Option<String>,
+    /// At most this many matches (1 to 1,000; `None`: the node's 20).
+    pub limit: Option<u32>,
+    /// Where an earlier search stopped ([`SearchPage::cursor`]).
+    pub cursor: Option<String>,
+}
+
+/// Matches of one search call ([`Client::search`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SearchPage {
+    /// The matches found in this stretch.
+    pub messages: Vec<Browsed>,
+    /// Where to go on; `None` once every retained message was searched.
+    pub cursor: Option<String>,
+}
+
+/// One interval of a topic's rates ([`Client::rates`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub struct RatePoint {
+    /// When the interval began (Unix ms).
+    pub at_ms: u64,
+    /// Messages produced within it.
+    pub produced: u64,
+    /// Messages acked within it.
+    pub acked: u64,
+    /// Messages moved to the dead-letter topic within it.
+    pub dead_lettered: u64,
+    /// Messages available at its end.
+    pub available: u64,
+    /// Messages leased at its end.
+    pub in_flight: u64,
+}
+
+/// A topic's last 15 minutes, oldest first ([`Client::rates`]).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct Rates {
+    /// The length of each interval (5,000 ms).
+    pub interval_ms: u64,
+    /// One point per interval.
+    pub points: Vec<RatePoint>,
+}
+
 /// A browsed message as the API writes it.
 #[derive(Deserialize)]
 struct WireBrowsed {
@@ -841,6 +891,52 @@ impl Client {
                 .map(Browsed::try_from)
                 .collect::<Result<_, _>>()?,
         })
+    }
+
+    /// Searches every partition of `topic` at the owners, within the
+    /// node's bounds per call: the matches, and a cursor to go on with.
+    /// Nothing is leased, acked or counted.
+    pub async fn search(&self, topic: &str, query: &SearchQuery) -> Result<SearchPage, Error> {
+        let mut pairs = form_urlencoded::Serializer::new(String::new());
+        if let Some(key) = &query.key {
+            pairs.append_pair("key", key);
+        }
+        if let Some(contains) = &query.contains {
+            pairs.append_pair("contains", contains);
+        }
+        if let Some(limit) = query.limit {
+            pairs.append_pair("limit", &limit.to_string());
+        }
+        if let Some(cursor) = &query.cursor {
+            pairs.append_pair("cursor", cursor);
+        }
+        let path = format!(
+            "/v1/topics/{}/messages?{}",
+            encode_segment(topic),
+            pairs.finish()
+        );
+        let mut answer = self
+            .call("GET", &path, &[], Bytes::new(), Duration::ZERO)
+            .await?;
+        let messages: Vec<WireBrowsed> = serde_json::from_value(answer["messages"].take())
+            .map_err(|e| Error::BadResponse(format!("messages: {e}")))?;
+        Ok(SearchPage {
+            cursor: answer["cursor"].as_str().map(str::to_string),
+            messages: messages
+                .into_iter()
+                .map(Browsed::try_from)
+                .collect::<Result<_, _>>()?,
+        })
+    }
+
+    /// The last 15 minutes of `topic`: produced, acked and dead-lettered
+    /// counts per interval, and the backlog at each interval's end.
+    pub async fn rates(&self, topic: &str) -> Result<Rates, Error> {
+        let path = format!("/v1/topics/{}/rates", encode_segment(topic));
+        let answer = self
+            .call("GET", &path, &[], Bytes::new(), Duration::ZERO)
+            .await?;
+        serde_json::from_value(answer).map_err(|e| Error::BadResponse(format!("rates: {e}")))
     }
 
     /// Acks a delivery: done for good.
