@@ -222,9 +222,13 @@ impl MoveCopy {
             .progress
             .next_read(&extents, chunk)
             .filter(|_| remaining >= until.max(1))?;
-        if bucket.available(now_ms) < read.len.min(bucket.rate()) {
+        // The wait is for the whole read, not for one byte: a copy sleeps
+        // about once a read rather than a millisecond at a time (and
+        // glommio's shortest timers have been seen not to fire).
+        let needed = read.len.min(bucket.rate());
+        if bucket.available(now_ms) < needed {
             return Some(Step::Throttle(Duration::from_millis(
-                bucket.wait_ms().max(1),
+                bucket.wait_for_ms(needed).max(1),
             )));
         }
         bucket.take(read.len);
@@ -615,6 +619,33 @@ mod tests {
         assert!(!run.files.contains_key(&oldest));
         assert_eq!(run.files, source_files(&source));
         assert!(copy.progress().names().all(|n| n != oldest));
+    }
+
+    /// A copy held by the rate waits once for a read's worth of the rate,
+    /// not a millisecond at a time.
+    #[test]
+    fn a_throttled_copy_waits_for_a_whole_read_at_once() {
+        let rate = 32 * 1024;
+        let mut source = Source::new();
+        for _ in 0..12 {
+            source.append(64 * 1024);
+        }
+        let (_, run) = drive(&mut source, rate, |_, _| {});
+        assert_eq!(run.files, source_files(&source));
+        let throttles = run
+            .steps
+            .iter()
+            .filter(|s| matches!(s, Step::Throttle(_)))
+            .count();
+        let reads = run
+            .steps
+            .iter()
+            .filter(|s| matches!(s, Step::Ask(MoveAction::Read(Some(_)))))
+            .count();
+        assert!(
+            throttles <= reads + 2,
+            "{throttles} waits for {reads} reads"
+        );
     }
 
     #[test]

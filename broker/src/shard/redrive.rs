@@ -66,7 +66,13 @@ impl Bucket {
 
     /// Milliseconds until one token is there.
     pub(super) fn wait_ms(&self) -> u64 {
-        let missing = (1.0 - self.tokens).max(0.0);
+        self.wait_for_ms(1)
+    }
+
+    /// Milliseconds until `tokens` are there (at most a second's worth can
+    /// be saved: ask for no more than [`Self::rate`]).
+    pub(super) fn wait_for_ms(&self, tokens: u64) -> u64 {
+        let missing = (tokens as f64 - self.tokens).max(0.0);
         ((missing * 1000.0) / self.rate.max(1) as f64).ceil() as u64
     }
 }
