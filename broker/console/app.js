@@ -258,11 +258,13 @@ async function clusterPage(view) {
   );
   refresh = async () => {
     const cluster = await api("GET", "/v1/cluster");
-    const ready = await api("GET", "/readyz").then(() => "ready", (error) => `not ready (${errorText(error)})`);
-    summary.textContent = `Cluster ${cluster.cluster_id || "-"}, leader node ${cluster.leader ?? "-"}, term ${cluster.term ?? "-"}. The node serving this page is ${ready}.`;
+    summary.textContent = `Cluster ${cluster.cluster_id || "-"}, leader node ${cluster.leader ?? "-"}, term ${cluster.term ?? "-"}.`;
+    // A node of an earlier release does not say whether its peers are ready.
+    const readiness = (n) => n.ready === undefined ? "-"
+      : n.ready ? "ready" : `not ready: ${n.not_ready ? n.not_ready.message : "no reason given"}`;
     put(nodes, table(
-      [["Node"], ["Address"], ["State"], ["Partitions", true], ["Actions"]],
-      cluster.nodes.map((n) => [String(n.id), n.addr, n.state, String(n.partitions),
+      [["Node"], ["Address"], ["State"], ["Partitions", true], ["Readiness"], ["Actions"]],
+      cluster.nodes.map((n) => [String(n.id), n.addr, n.state, String(n.partitions), readiness(n),
         n.state === "alive" && cluster.nodes.length > 1
           ? button(`Decommission node ${n.id}…`, () => plan(`Decommission node ${n.id}`, `/v1/cluster/nodes/${n.id}/decommission`))
           : ""]),

@@ -270,11 +270,11 @@ async fn dispatch(
             );
             Ok(response)
         }
-        RouteId::Cluster => Ok(json_response(StatusCode::OK, &cluster_json(shard))),
+        RouteId::Cluster => Ok(json_response(StatusCode::OK, &cluster_json(shard).await)),
         RouteId::ClusterNodes => {
             let (id, addr) = cluster::parse_admit(&body)?;
             shard.admit_node(id, addr).await?;
-            Ok(json_response(StatusCode::OK, &cluster_json(shard)))
+            Ok(json_response(StatusCode::OK, &cluster_json(shard).await))
         }
         RouteId::ClusterNode => {
             shard.remove_node(cluster::node_id(route.node()?)?).await?;

@@ -527,6 +527,16 @@ pub enum ClusterAction {
     Remove { id: u64 },
 }
 
+/// A node's readiness in `narad cluster status`: `yes`, or `no` with the
+/// reason's code (`-` from a node of a release that did not say).
+fn readiness_cell(node: &Value) -> String {
+    match node["ready"].as_bool() {
+        Some(true) => "yes".to_string(),
+        Some(false) => format!("no ({})", cell(&node["not_ready"]["code"])),
+        None => "-".to_string(),
+    }
+}
+
 pub fn cluster(args: &ClientArgs, action: &ClusterAction) -> Result<(), String> {
     let client = client(args)?;
     match action {
@@ -544,15 +554,21 @@ pub fn cluster(args: &ClientArgs, action: &ClusterAction) -> Result<(), String> 
                             nodes
                                 .iter()
                                 .map(|n| {
-                                    ["id", "addr", "kafka_addr", "state", "partitions"]
-                                        .iter()
-                                        .map(|k| cell(&n[*k]))
-                                        .collect()
+                                    let mut row: Vec<String> =
+                                        ["id", "addr", "kafka_addr", "state", "partitions"]
+                                            .iter()
+                                            .map(|k| cell(&n[*k]))
+                                            .collect();
+                                    row.push(readiness_cell(n));
+                                    row
                                 })
                                 .collect()
                         })
                         .unwrap_or_default();
-                    print_table(&["ID", "ADDR", "KAFKA", "STATE", "PARTITIONS"], &rows);
+                    print_table(
+                        &["ID", "ADDR", "KAFKA", "STATE", "PARTITIONS", "READY"],
+                        &rows,
+                    );
                 }
             }
         }

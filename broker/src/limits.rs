@@ -108,6 +108,10 @@ pub const GAUGES_TIMEOUT: Duration = Duration::from_secs(2);
 
 // ------------------------------------------------------------ between nodes
 
+/// How long `GET /v1/cluster` waits for another member to say whether it is
+/// ready; one that does not answer in time is shown not ready.
+pub const READINESS_CALL_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// A dispatcher commit to a remote owner: append, fdatasync, read back
 /// (milliseconds when healthy). Short, so that a dead owner is retried a
 /// few times within `dispatcher.reroute_after_ms` before the reroute.

@@ -584,6 +584,15 @@ fn cluster_status(node: &Node) -> serde_json::Value {
     answer
 }
 
+/// A member's `"ready"` and its `not_ready` code in a `GET /v1/cluster`.
+fn node_readiness(status: &serde_json::Value, id: u64) -> Option<(bool, Option<String>)> {
+    let node = status["nodes"].as_array()?.iter().find(|n| n["id"] == id)?;
+    Some((
+        node["ready"].as_bool()?,
+        node["not_ready"]["code"].as_str().map(str::to_string),
+    ))
+}
+
 fn node_state(status: &serde_json::Value, id: u64) -> Option<String> {
     status["nodes"]
         .as_array()?
@@ -602,6 +611,15 @@ fn cluster_status_names_the_members_and_marks_a_silent_node_dead_then_alive() {
             && status["leader"].is_u64()
             && (1..=3).all(|id| node_state(&status, id).as_deref() == Some("alive"))
     }));
+    // Each member's readiness, asked by the node that answers.
+    assert!(
+        eventually(WAIT, || {
+            let status = cluster_status(&cluster.nodes[1]);
+            (1..=3).all(|id| node_readiness(&status, id) == Some((true, None)))
+        }),
+        "every member ready: {}",
+        cluster_status(&cluster.nodes[1])
+    );
     // Every node learns the same cluster id once it has applied the leader's log.
     let first = cluster_status(&cluster.nodes[0]);
     assert!(
@@ -616,6 +634,26 @@ fn cluster_status_names_the_members_and_marks_a_silent_node_dead_then_alive() {
     let victim = (0..3).find(|i| *i != leader).expect("follower");
     let victim_id = victim as u64 + 1;
     cluster.nodes[victim].kill();
+    // Not ready as soon as it stops answering, before it is marked dead.
+    let status = cluster_status(&cluster.nodes[leader]);
+    assert_eq!(
+        node_readiness(&status, victim_id),
+        Some((false, Some("unreachable".to_string()))),
+        "{status}"
+    );
+    assert_eq!(
+        node_readiness(&status, leader as u64 + 1),
+        Some((true, None)),
+        "{status}"
+    );
+    assert!(
+        status["nodes"]
+            .as_array()
+            .and_then(|n| n.iter().find(|n| n["id"] == victim_id))
+            .and_then(|n| n["not_ready"]["message"].as_str())
+            .is_some_and(|m| !m.is_empty()),
+        "{status}"
+    );
     assert!(
         eventually(WAIT, || node_state(
             &cluster_status(&cluster.nodes[leader]),
@@ -647,7 +685,10 @@ fn cluster_status_names_the_members_and_marks_a_silent_node_dead_then_alive() {
         .output()
         .expect("narad cluster status");
     let table = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success() && table.contains("dead"), "{table}");
+    assert!(
+        output.status.success() && table.contains("dead") && table.contains("no (unreachable)"),
+        "{table}"
+    );
 
     cluster.nodes[victim].restart();
     assert!(
@@ -663,6 +704,30 @@ fn cluster_status_names_the_members_and_marks_a_silent_node_dead_then_alive() {
         &cluster.nodes[leader],
         &gauge
     ) == Some(1.0)));
+    assert!(
+        eventually(WAIT, || node_readiness(
+            &cluster_status(&cluster.nodes[leader]),
+            victim_id
+        ) == Some((true, None))),
+        "ready again once it returns"
+    );
+
+    // Alone, a node has no leader: it says so of itself.
+    let last = (0..3).find(|i| *i != leader).expect("a follower");
+    for i in (0..3).filter(|i| *i != last) {
+        cluster.nodes[i].kill();
+    }
+    assert!(
+        eventually(WAIT, || node_readiness(
+            &cluster_status(&cluster.nodes[last]),
+            last as u64 + 1
+        )
+        .is_some_and(
+            |(ready, code)| !ready && code.as_deref() == Some("no_leader")
+        )),
+        "{}",
+        cluster_status(&cluster.nodes[last])
+    );
 }
 
 /// With the default settings a silent node is marked dead about 30 s

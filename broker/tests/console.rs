@@ -186,10 +186,11 @@ fn the_console_shows_what_the_api_says_and_acts_from_the_page_in_a_real_browser(
         state["leader"],
         state["term"]
     );
-    browser.wait_text("main", |t| t.contains(&summary) && t.contains("is ready"));
+    browser.wait_text("main", |t| t.contains(&summary));
     for n in state["nodes"].as_array().expect("nodes") {
+        assert_eq!(n["ready"], true, "{state}");
         let row = format!(
-            "{}\t{}\t{}\t{}",
+            "{}\t{}\t{}\t{}\tready",
             n["id"],
             n["addr"].as_str().unwrap_or_default(),
             n["state"].as_str().unwrap_or_default(),

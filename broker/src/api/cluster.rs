@@ -2,6 +2,7 @@
 //! paths, node states, and moves as JSON.
 
 use super::*;
+use crate::shard::MemberReadiness;
 use narad_net::{ApiError, ErrorCode};
 use narad_raft::state::{Move, NodeId};
 use serde_json::{json, Value};
@@ -131,16 +132,20 @@ fn move_json(m: &Move) -> Value {
 }
 
 /// `GET /v1/cluster`: the members, their state as the controller last
-/// judged it (through Raft), and how many partitions each owns.
-pub(super) fn cluster_json(shard: &Shard) -> Value {
+/// judged it (through Raft), how many partitions each owns, and whether
+/// each is ready (asked now: [`Shard::readiness_of`]).
+pub(super) async fn cluster_json(shard: &Shard) -> Value {
     let meta = shard.meta();
+    let members = meta.members();
+    let ids: Vec<NodeId> = members.iter().map(|(id, _)| *id).collect();
+    let readiness = shard.readiness_of(&ids).await;
     let view = meta.view();
     let state = &view.state;
     let learners = meta.learners();
-    let nodes: Vec<Value> = meta
-        .members()
+    let nodes: Vec<Value> = members
         .into_iter()
-        .map(|(id, addr)| {
+        .zip(readiness)
+        .map(|((id, addr), readiness)| {
             let record = state.nodes.get(&id);
             let alive = record.is_none_or(|record| record.alive);
             let partitions = state
@@ -149,13 +154,15 @@ pub(super) fn cluster_json(shard: &Shard) -> Value {
                 .flat_map(|t| t.owners.iter())
                 .filter(|owner| **owner == id)
                 .count();
-            json!({
+            let mut node = json!({
                 "id": id,
                 "addr": addr,
                 "kafka_addr": state.kafka_addrs.get(&id),
                 "state": cluster::node_state(alive, record.is_some_and(|r| r.decommissioning), learners.contains(&id), partitions),
                 "partitions": partitions,
-            })
+            });
+            put_readiness(&mut node, readiness);
+            node
         })
         .collect();
     json!({
@@ -165,6 +172,27 @@ pub(super) fn cluster_json(shard: &Shard) -> Value {
         "nodes": nodes,
     })
 }
+
+/// `"ready"`, and when the node is not, `"not_ready"`: the code and message
+/// its `/readyz` gives, or code `unreachable` when it could not be asked.
+fn put_readiness(node: &mut Value, readiness: MemberReadiness) {
+    let not_ready = match readiness {
+        MemberReadiness::Ready => None,
+        MemberReadiness::NotReady(error) => {
+            Some(json!({"code": error.code.as_str(), "message": error.message}))
+        }
+        MemberReadiness::Unreachable(reason) => {
+            Some(json!({"code": NOT_READY_UNREACHABLE, "message": reason}))
+        }
+    };
+    node["ready"] = json!(not_ready.is_none());
+    if let Some(not_ready) = not_ready {
+        node["not_ready"] = not_ready;
+    }
+}
+
+/// The `not_ready` code of a member that could not be asked.
+const NOT_READY_UNREACHABLE: &str = "unreachable";
 
 #[cfg(test)]
 mod tests {

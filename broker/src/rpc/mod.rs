@@ -15,9 +15,9 @@ mod wire;
 pub use ops::{
     Available, Browse, Browsed, Collect, Collected, Commit, Committed, CopyFigures, Envelope,
     Figures, Gained, Gauges, KeyAt, KeyedCommit, MoveAction, MoveSource, Operation, Produce,
-    ProduceKey, Produced, RatePoints, Record, Reply, Search, SearchPage, Searched, Settle,
-    SettleOutcome, Settled, ShardGauges, SourceAnswer, SourceState, Stats, TopicFigures,
-    TopicRates, TopicRef, Visit, Wake,
+    ProduceKey, Produced, RatePoints, Readiness, Ready, Record, Reply, Search, SearchPage,
+    Searched, Settle, SettleOutcome, Settled, ShardGauges, SourceAnswer, SourceState, Stats,
+    TopicFigures, TopicRates, TopicRef, Visit, Wake,
 };
 pub use transport::{answer_from_wire, call, Address, CallError, Delivered, Links, Transport};
 pub use wire::{decode_answer, encode_refusal, encode_request};

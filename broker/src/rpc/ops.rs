@@ -16,8 +16,8 @@ use rkyv::{Archive, Deserialize, Serialize};
 
 use super::wire::{
     Wire, KIND_AVAILABLE, KIND_BROWSE, KIND_COLLECT, KIND_COMMIT, KIND_GAINED, KIND_GAUGES,
-    KIND_KEYED_COMMIT, KIND_MOVE_SOURCE, KIND_PRODUCE, KIND_RATES, KIND_SEARCH, KIND_SETTLE,
-    KIND_STATS, KIND_WAKE,
+    KIND_KEYED_COMMIT, KIND_MOVE_SOURCE, KIND_PRODUCE, KIND_RATES, KIND_READY, KIND_SEARCH,
+    KIND_SETTLE, KIND_STATS, KIND_WAKE,
 };
 use crate::owner::PartitionStats;
 use crate::rates::RatePoint;
@@ -268,6 +268,13 @@ pub struct CopyFigures {
     pub last_error: Option<String>,
 }
 
+/// Whether the node is ready, as its `/readyz` would answer now (for
+/// `GET /v1/cluster`, which shows every member's).
+#[derive(Debug, Clone, PartialEq, Eq, Archive, Serialize, Deserialize)]
+pub struct Ready;
+/// `Ok` when the node is ready; otherwise the reason `/readyz` gives.
+pub type Readiness = Result<(), ApiError>;
+
 /// One shard's own figures, for `/metrics` and `/readyz`.
 #[derive(Debug, Clone, PartialEq, Eq, Archive, Serialize, Deserialize)]
 pub struct Gauges;
@@ -385,6 +392,7 @@ pub enum Envelope {
     TopicRates(TopicRates, Reply<RatePoints>),
     Stats(Stats, Reply<Figures>),
     Gauges(Gauges, Reply<ShardGauges>),
+    Ready(Ready, Reply<Readiness>),
     Available(Available, Reply<()>),
     Gained(Gained, Reply<()>),
     MoveSource(MoveSource, Reply<SourceAnswer>),
@@ -410,6 +418,7 @@ impl Envelope {
             Self::TopicRates(..) => TopicRates::KIND,
             Self::Stats(..) => Stats::KIND,
             Self::Gauges(..) => Gauges::KIND,
+            Self::Ready(..) => Ready::KIND,
             Self::Available(..) => Available::KIND,
             Self::Gained(..) => Gained::KIND,
             Self::MoveSource(..) => MoveSource::KIND,
@@ -430,6 +439,7 @@ impl Envelope {
             Self::TopicRates(op, reply) => visitor.visit(op, reply),
             Self::Stats(op, reply) => visitor.visit(op, reply),
             Self::Gauges(op, reply) => visitor.visit(op, reply),
+            Self::Ready(op, reply) => visitor.visit(op, reply),
             Self::Available(op, reply) => visitor.visit(op, reply),
             Self::Gained(op, reply) => visitor.visit(op, reply),
             Self::MoveSource(op, reply) => visitor.visit(op, reply),
@@ -451,7 +461,11 @@ impl Envelope {
             Self::Browse(op, _) => Some((&op.topic.name, op.partition)),
             Self::Search(op, _) => Some((&op.topic.name, op.from.first().map_or(0, |f| f.0))),
             Self::MoveSource(op, _) => Some((&op.topic.name, op.partition)),
-            Self::Gauges(..) | Self::Available(..) | Self::Gained(..) | Self::Wake(..) => None,
+            Self::Gauges(..)
+            | Self::Ready(..)
+            | Self::Available(..)
+            | Self::Gained(..)
+            | Self::Wake(..) => None,
         }
     }
 }
@@ -482,6 +496,7 @@ operation!(Search, Searched, KIND_SEARCH);
 operation!(TopicRates, RatePoints, KIND_RATES);
 operation!(Stats, Figures, KIND_STATS);
 operation!(Gauges, ShardGauges, KIND_GAUGES);
+operation!(Ready, Readiness, KIND_READY);
 operation!(Available, (), KIND_AVAILABLE);
 operation!(Gained, (), KIND_GAINED);
 operation!(MoveSource, SourceAnswer, KIND_MOVE_SOURCE);

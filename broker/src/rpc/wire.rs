@@ -15,7 +15,7 @@ use rkyv::util::AlignedVec;
 
 use super::ops::{
     Available, Browse, Collect, Commit, Envelope, Gained, Gauges, KeyedCommit, MoveSource,
-    Operation, Produce, Search, Settle, Stats, TopicRates, Wake,
+    Operation, Produce, Ready, Search, Settle, Stats, TopicRates, Wake,
 };
 
 /// The version of this form. A node refuses a request of another version
@@ -50,10 +50,14 @@ pub const KIND_SEARCH: u8 = 44;
 /// A topic's recent rates (an earlier release refuses it: that node's
 /// partitions are left out, as for figures).
 pub const KIND_RATES: u8 = 45;
+/// Whether the node is ready, as its `/readyz` would answer (an earlier
+/// release refuses it: `GET /v1/cluster` shows that refusal as the node's
+/// reason).
+pub const KIND_READY: u8 = 46;
 
 /// Whether `kind` is an operation of the data plane.
 pub fn is_operation_kind(kind: u8) -> bool {
-    (KIND_COMMIT..=KIND_RATES).contains(&kind)
+    (KIND_COMMIT..=KIND_READY).contains(&kind)
 }
 
 const ANSWERED: u8 = 0;
@@ -149,6 +153,7 @@ pub fn open(kind: u8, payload: &[u8]) -> Result<(Envelope, EncodedReply), String
         KIND_BROWSE => open_as::<Browse>(payload),
         KIND_SEARCH => open_as::<Search>(payload),
         KIND_RATES => open_as::<TopicRates>(payload),
+        KIND_READY => open_as::<Ready>(payload),
         other => Err(format!("no operation of kind {other}")),
     }
 }
@@ -211,7 +216,7 @@ mod tests {
         let round = decode_request::<crate::rpc::KeyedCommit>(&bytes).expect("decode");
         assert_eq!(round, keyed);
         assert!(open(KIND_KEYED_COMMIT, &bytes).is_ok());
-        assert!(!is_operation_kind(KIND_RATES + 1));
+        assert!(!is_operation_kind(KIND_READY + 1));
         let messages = round.into_messages();
         assert_eq!(messages[0].idempotency_key, None);
         assert_eq!(

@@ -1,6 +1,17 @@
 //! Readiness and the figures `/metrics` and `/readyz` gather from every shard.
 
 use super::*;
+use crate::limits::READINESS_CALL_TIMEOUT;
+
+/// Whether a member of the cluster is ready, as `GET /v1/cluster` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MemberReadiness {
+    Ready,
+    /// The member said why it is not (its `/readyz` error).
+    NotReady(ApiError),
+    /// The member could not be asked: known dead, or no answer in time.
+    Unreachable(String),
+}
 
 impl<F: FileSystem> Shard<F> {
     /// Why the node is not ready, if it is not: stopping, any shard's WAL
@@ -45,6 +56,51 @@ impl<F: FileSystem> Shard<F> {
             ));
         }
         None
+    }
+
+    /// Whether each of `members` is ready: this node's own answer, and the
+    /// others asked at once, each within [`READINESS_CALL_TIMEOUT`]. A member
+    /// the controller marked dead, or that did not answer lately, is not
+    /// asked (a partitioned node would otherwise cost every call the wait).
+    pub async fn readiness_of(&self, members: &[NodeId]) -> Vec<MemberReadiness> {
+        futures_util::future::join_all(members.iter().map(|node| self.member_readiness(*node)))
+            .await
+    }
+
+    async fn member_readiness(&self, node: NodeId) -> MemberReadiness {
+        if node == self.me() {
+            return match self.not_ready().await {
+                None => MemberReadiness::Ready,
+                Some(error) => MemberReadiness::NotReady(error),
+            };
+        }
+        if self.is_dead(node) {
+            return MemberReadiness::Unreachable(
+                "the controller marked the node dead: its heartbeats stopped".to_string(),
+            );
+        }
+        let peers = self.remote.peers.as_ref();
+        if peers.is_some_and(|p| p.recently_unreachable(node, self.now())) {
+            return MemberReadiness::Unreachable(
+                "the node did not answer this node lately".to_string(),
+            );
+        }
+        match self
+            .call(Address::Node(node), Ready, Some(READINESS_CALL_TIMEOUT))
+            .await
+        {
+            Ok(Ok(())) => MemberReadiness::Ready,
+            Ok(Err(error)) | Err(CallError::Refused(error)) => MemberReadiness::NotReady(error),
+            Err(CallError::Unreachable(reason)) => {
+                if let Some(peers) = peers {
+                    peers.unreachable(node, self.now());
+                }
+                MemberReadiness::Unreachable(format!(
+                    "the node did not answer within {} ms: {reason}",
+                    READINESS_CALL_TIMEOUT.as_millis()
+                ))
+            }
+        }
     }
 
     /// This shard's figures.

@@ -60,7 +60,7 @@ use crate::route::{
 use crate::rpc::{
     Address, Available, Browse, Browsed, CallError, Collect, Collected, Commit, Committed,
     CopyFigures, Envelope, Figures, Gained, Gauges, KeyAt, KeyedCommit, Links, Operation, Produce,
-    ProduceKey, Produced, RatePoints, Reach, Record, Search, SearchPage, Searched, Settle,
+    ProduceKey, Produced, RatePoints, Reach, Ready, Record, Search, SearchPage, Searched, Settle,
     SettleOutcome, Settled, ShardGauges, Stats, TopicFigures, TopicRates, TopicRef, Transport,
     Wake,
 };
@@ -93,6 +93,7 @@ mod topics;
 
 pub use crate::limits::MAX_MESSAGE_BYTES_DEFAULT;
 pub use children::{child_statuses, ChildStatus};
+pub use health::MemberReadiness;
 pub use produce::{Incoming, ProduceOutcome};
 use produce::{Keyed, Placed};
 pub use redrive::RedriveStatus;

@@ -118,6 +118,9 @@ impl<F: FileSystem> Shard<F> {
             Envelope::Gauges(_, reply) => {
                 let _ = reply.send(self.local_gauges());
             }
+            Envelope::Ready(_, reply) => {
+                let _ = reply.send(self.not_ready().await.map_or(Ok(()), Err));
+            }
             Envelope::Available(op, reply) => {
                 self.heard_available(&op, from);
                 let _ = reply.send(());
