@@ -1820,17 +1820,10 @@ impl Reactor {
 
         // Narad patch: the latency timer is not cancelled and re-armed on every
         // turn (one cancellation and one timeout per turn, and an extra
-        // `io_uring_enter`). It stays armed until it fires, and is replaced
-        // only when a turn needs it to fire sooner than it will.
-        let now = std::time::Instant::now();
-        let armed_until = self
-            .latency_preemption_deadline
-            .get()
-            .filter(|deadline| *deadline > now);
-        let needs_latency_timer = |want: Duration| match armed_until {
-            Some(deadline) => deadline > now + want,
-            None => true,
-        };
+        // `io_uring_enter`). Before task queues run, a preemption timer that
+        // is armed and fires soon enough stays (`latency_timer_needed`);
+        // before the executor sleeps, one is armed for the next user timer,
+        // as published.
 
         // Narad patch: the throughput timer counts completions on the main
         // ring; it is re-armed only once it has fired, not on every turn.
@@ -1868,14 +1861,17 @@ impl Reactor {
             // We are about to go to sleep. It's ok to sleep, but if there
             // is a timer set, we need to make sure we wake up to handle it.
             if let Some(dur) = user_timer {
-                if needs_latency_timer(dur) {
-                    drop(self.latency_preemption_timeout_src.take());
-                    self.latency_preemption_timeout_src
-                        .set(Some(lat_ring.prepare_latency_preemption_timer(dur)));
-                    self.latency_preemption_deadline.set(Some(now + dur));
-                    flush_cancellations!(into &mut 0; lat_ring);
-                    assert!(flush_rings!(lat_ring)? > 0);
-                }
+                // Narad patch: as published, a timer armed afresh for the
+                // user's before sleeping, whatever is armed already (counting
+                // on an armed one lost wakeups: it could fire, and its
+                // completion be consumed, between the check and the sleep).
+                // The one it replaces is cancelled on the next turn; until
+                // then it may wake the executor early, which costs a turn.
+                self.latency_preemption_timeout_src
+                    .set(Some(lat_ring.prepare_latency_preemption_timer(dur)));
+                self.latency_preemption_deadline
+                    .set(Some(std::time::Instant::now() + dur));
+                assert!(flush_rings!(lat_ring)? > 0);
             }
             // From this moment on the remote executors are aware that we are sleeping
             // We have to sweep the remote channels function once more because since
@@ -1906,7 +1902,7 @@ impl Reactor {
         }
 
         if let Some(preempt) = preempt_timer() {
-            if needs_latency_timer(preempt) {
+            if self.latency_timer_needed(preempt) {
                 drop(self.latency_preemption_timeout_src.take());
                 self.latency_preemption_timeout_src
                     .set(Some(lat_ring.prepare_latency_preemption_timer(preempt)));
@@ -1925,6 +1921,21 @@ impl Reactor {
         // need_preempt() should be false at this point. As soon as the next event
         // in the preempt ring completes, though, then it will be true.
         Ok(should_sleep)
+    }
+
+    /// Narad patch: whether the preemption timer must be armed anew to fire
+    /// within `want`: yes unless the one armed has not fired yet (its
+    /// completion not consumed) and is due by then. Asked when deciding,
+    /// never from a figure taken earlier in the turn, in which the armed
+    /// timer may have fired since.
+    fn latency_timer_needed(&self, want: Duration) -> bool {
+        let src = self.latency_preemption_timeout_src.take();
+        let pending = src.as_ref().map_or(false, |src| src.result().is_none());
+        self.latency_preemption_timeout_src.set(src);
+        match self.latency_preemption_deadline.get() {
+            Some(deadline) if pending => deadline > std::time::Instant::now() + want,
+            _ => true,
+        }
     }
 
     pub(crate) fn flush_syscall_thread(&self) -> usize {
