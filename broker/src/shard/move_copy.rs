@@ -223,8 +223,8 @@ impl MoveCopy {
             .next_read(&extents, chunk)
             .filter(|_| remaining >= until.max(1))?;
         // The wait is for the whole read, not for one byte: a copy sleeps
-        // about once a read rather than a millisecond at a time (and
-        // glommio's shortest timers have been seen not to fire).
+        // about once a read rather than a millisecond at a time (1,000
+        // timer wakeups a second per copy, for nothing).
         let needed = read.len.min(bucket.rate());
         if bucket.available(now_ms) < needed {
             return Some(Step::Throttle(Duration::from_millis(
