@@ -411,7 +411,7 @@ pub const SEARCH_SCAN_MAX: usize = 10_000;
 pub const SEARCH_SCAN_BYTES_MAX: usize = 64 << 20;
 /// A search reads a partition this many messages (and bytes of values) at
 /// a time.
-pub const SEARCH_READ_RECORDS: usize = 256;
+pub const SEARCH_READ_RECORDS: usize = 2048;
 pub const SEARCH_READ_BYTES: usize = 4 << 20;
 /// How long a search waits for another node's owners (each scans up to
 /// `SEARCH_SCAN_MAX` messages of each of its partitions): then 502.
