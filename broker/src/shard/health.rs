@@ -96,7 +96,7 @@ impl<F: FileSystem> Shard<F> {
                     peers.unreachable(node, self.now());
                 }
                 MemberReadiness::Unreachable(format!(
-                    "the node did not answer within {} ms: {reason}",
+                    "the node could not be asked (waiting at most {} ms): {reason}",
                     READINESS_CALL_TIMEOUT.as_millis()
                 ))
             }

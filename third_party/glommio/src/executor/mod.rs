@@ -1493,6 +1493,11 @@ impl LocalExecutor {
                         // test again here. We can't test *just* here because the main
                         // future is probably the one setting up the task queues and etc.
                         break t.unwrap();
+                    } else if !this.queues.borrow().active_executors.is_empty() {
+                        // Narad patch: the task queues stopped at a preemption
+                        // before running anything (a completion of the latency
+                        // ring that woke no task, such as a timer's): they are
+                        // still runnable, so the executor must not park.
                     } else {
                         while !this.reactor.spin_poll_io().unwrap() {
                             if pre_time.elapsed() > spin_before_park {

@@ -1910,6 +1910,10 @@ impl Reactor {
                     .set(Some(std::time::Instant::now() + preempt));
                 flush_cancellations!(into &mut 0; lat_ring);
                 flush_rings!(lat_ring, main_ring)?;
+                // The kernel answers the cancellation at once: its completions
+                // are taken here, or the task queues would see them as a
+                // preemption before running anything.
+                consume_rings!(into &mut 0; lat_ring);
             }
         }
 
