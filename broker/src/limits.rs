@@ -301,6 +301,13 @@ pub const SHARE_FETCH_WAIT_MS_MAX: u64 = 20_000;
 /// How often a node that has not yet recorded its Kafka address in the
 /// metastore tries again (no quorum, no leader yet).
 pub const KAFKA_ADDRESS_RETRY: Duration = Duration::from_secs(1);
+/// A REJECTed share record's lock is held this long while its copy is
+/// written to the dead-letter topic (a WAL append takes milliseconds).
+pub const KAFKA_REJECT_HOLD_MS: u64 = 30_000;
+/// Idempotent producer ids whose newest epoch a node remembers (to refuse
+/// an older epoch's records): between half this and this many, the most
+/// recently new ones; about 40 bytes each.
+pub const KAFKA_PRODUCER_EPOCHS_MAX: usize = 200_000;
 
 // ------------------------------------------------------------ relations
 

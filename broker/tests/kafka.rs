@@ -457,6 +457,82 @@ fn records_are_stored_once_whole_or_not_at_all() {
     );
 }
 
+/// A record of an idempotent producer in `epoch`.
+fn in_epoch(value: &str, producer_id: i64, epoch: i16, sequence: i32) -> Record {
+    Record {
+        producer_epoch: epoch,
+        ..record(None, value, producer_id, sequence)
+    }
+}
+
+#[test]
+fn a_new_producer_epoch_starts_new_sequences_and_an_older_epoch_is_fenced() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let node = kafka_node(tmp.path());
+    let addr = node.kafka_addr.clone().expect("kafka address");
+    node.create_topic("epochs", json!({"partitions": 1}));
+    let mut conn = Conn::connect(&addr);
+    let init: InitProducerIdResponse = conn.call(ApiKey::InitProducerId, 4, &idempotent_init());
+    let (pid, first) = (*init.producer_id, init.producer_epoch);
+    assert_eq!(first, 0);
+    let produce = |conn: &mut Conn, records: &[Record]| -> (i16, Option<String>) {
+        let answer: ProduceResponse = conn.call(
+            ApiKey::Produce,
+            9,
+            &produce_request("epochs", 0, batch(records), -1),
+        );
+        partition_error(&answer)
+    };
+    let epoch0 = [in_epoch("a0", pid, 0, 0), in_epoch("a1", pid, 0, 1)];
+    assert_eq!(produce(&mut conn, &epoch0).0, 0);
+
+    // KIP-360: the same id in the next epoch, whose sequences start at 0.
+    let bump: InitProducerIdResponse = conn.call(
+        ApiKey::InitProducerId,
+        4,
+        &idempotent_init()
+            .with_producer_id(kafka_protocol::messages::ProducerId(pid))
+            .with_producer_epoch(0),
+    );
+    assert_eq!(
+        (bump.error_code, *bump.producer_id, bump.producer_epoch),
+        (0, pid, 1)
+    );
+    let epoch1 = [in_epoch("b0", pid, 1, 0), in_epoch("b1", pid, 1, 1)];
+    for _ in 0..2 {
+        assert_eq!(produce(&mut conn, &epoch1).0, 0, "epoch 1 and its retry");
+    }
+    // A straggler of epoch 0 is refused and stored nowhere.
+    let (code, message) = produce(&mut conn, &[in_epoch("stale", pid, 0, 2)]);
+    assert_eq!(
+        code,
+        ResponseError::InvalidProducerEpoch.code(),
+        "{message:?}"
+    );
+    assert!(message.is_some_and(|m| m.contains("epoch")));
+    // A client's local bump (librdkafka's after a timeout): sequences from 0.
+    assert_eq!(produce(&mut conn, &[in_epoch("c0", pid, 2, 0)]).0, 0);
+    // Asking to bump from an epoch two behind: another instance, fenced.
+    let fenced: InitProducerIdResponse = conn.call(
+        ApiKey::InitProducerId,
+        4,
+        &idempotent_init()
+            .with_producer_id(kafka_protocol::messages::ProducerId(pid))
+            .with_producer_epoch(0),
+    );
+    assert_eq!(
+        fenced.error_code,
+        ResponseError::InvalidProducerEpoch.code()
+    );
+
+    let mut stored: Vec<String> = drain_over_http(&node, "epochs")
+        .into_iter()
+        .map(|(_, value)| value)
+        .collect();
+    stored.sort();
+    assert_eq!(stored, ["a0", "a1", "b0", "b1", "c0"]);
+}
+
 #[test]
 fn a_bad_frame_closes_its_connection_and_the_listener_serves_on() {
     let tmp = tempfile::tempdir().expect("tmp");
@@ -646,6 +722,86 @@ fn stock_kafka_producers_deliver_every_message_once() {
     expected.sort();
     assert_eq!(stored.len(), expected.len(), "each message stored once");
     assert!(stored == expected, "keys and values intact");
+}
+
+/// librdkafka's own epoch bump: records sent into a paused node time out
+/// on the client, which bumps its epoch locally and numbers its next
+/// records from sequence 0 again under the same producer id. Every record
+/// it is told was stored must be delivered (they were all dropped as
+/// copies of the first records when the key left the epoch out).
+#[test]
+fn a_stock_producer_s_records_after_its_local_epoch_bump_are_all_stored() {
+    let Some(python) = python_with_clients() else {
+        return;
+    };
+    let tmp = tempfile::tempdir().expect("tmp");
+    let node = kafka_node(tmp.path());
+    let addr = node.kafka_addr.clone().expect("kafka address");
+    node.create_topic("paused", json!({"partitions": 2}));
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/kafka/produce_through_pause.py");
+    let mut client = Command::new(&python)
+        .arg(script)
+        .args([&addr, "paused", "p", "2000", "200", "2000"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python");
+    let mut stdin = client.stdin.take().expect("stdin");
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(
+        client.stdout.take().expect("stdout"),
+    ));
+    let mut next_line = |want: Option<&str>| -> String {
+        let line = lines
+            .next()
+            .and_then(Result::ok)
+            .unwrap_or_else(|| panic!("the producer stopped before {want:?}"));
+        if let Some(want) = want {
+            assert_eq!(line, want);
+        }
+        line
+    };
+    next_line(Some("paused?"));
+    node.pause();
+    // The records of the pause time out on the client (2 s) before the
+    // producer says so.
+    writeln!(stdin, "go").expect("stdin");
+    next_line(Some("resumed?"));
+    node.resume();
+    writeln!(stdin, "go").expect("stdin");
+    let report: Value = serde_json::from_str(&next_line(None)).expect("JSON report");
+    let output = client.wait_with_output().expect("python");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        report["errors"]["during"].as_u64() > Some(0),
+        "the pause timed records out: {report}"
+    );
+    let stored: Vec<String> = serde_json::from_value(report["stored"].clone()).expect("keys");
+    let after = stored
+        .iter()
+        .filter(|k| k[2..].parse::<u32>().is_ok_and(|i| i >= 2200))
+        .count();
+    assert_eq!(
+        after, 2000,
+        "every record after the pause was stored: {}",
+        report["epoch_logs"]
+    );
+    let delivered: std::collections::BTreeSet<String> = drain_over_http(&node, "paused")
+        .into_iter()
+        .filter_map(|(key, _)| key)
+        .collect();
+    let lost: Vec<&String> = stored.iter().filter(|k| !delivered.contains(*k)).collect();
+    assert!(
+        lost.is_empty(),
+        "{} records reported stored were never delivered, e.g. {:?}; librdkafka: {}",
+        lost.len(),
+        &lost[..lost.len().min(5)],
+        report["epoch_logs"]
+    );
 }
 
 #[test]
@@ -1052,11 +1208,12 @@ fn share_sessions_answer_wrong_epochs_and_late_acknowledgements_with_their_error
     let tmp = tempfile::tempdir().expect("tmp");
     let node = kafka_node(tmp.path());
     let addr = node.kafka_addr.clone().expect("kafka address");
+    node.create_topic("locks-dead", json!({"partitions": 1}));
     node.create_topic(
         "locks",
-        json!({"partitions": 1, "visibility_timeout_ms": 1000}),
+        json!({"partitions": 1, "visibility_timeout_ms": 1000, "dead_letter_topic": "locks-dead"}),
     );
-    node.produce("locks", "one");
+    let id = node.produce("locks", "one");
     let mut conn = Conn::connect(&addr);
     let group = || Some(GroupId(StrBytes::from_static_str("g")));
     let member = || Some(StrBytes::from_static_str("member-1"));
@@ -1132,8 +1289,9 @@ fn share_sessions_answer_wrong_epochs_and_late_acknowledgements_with_their_error
     let skipped: ShareFetchResponse = conn.call(ApiKey::ShareFetch, 1, &fetch(5, None));
     assert_eq!(skipped.error_code, 123, "INVALID_SHARE_SESSION_EPOCH");
 
-    // The lock ends (the message is available again); a late ACCEPT is
-    // INVALID_RECORD_STATE, and the record comes again with count 2.
+    // The lock ends (the message is available again); a late REJECT is
+    // INVALID_RECORD_STATE and writes nothing to the dead-letter topic,
+    // and the record comes again with count 2.
     assert!(eventually(Duration::from_secs(10), || {
         let (_, stats) = node.request("GET", "/v1/topics/locks", b"");
         stats["partition_stats"][0]["in_flight"] == 0
@@ -1141,7 +1299,7 @@ fn share_sessions_answer_wrong_epochs_and_late_acknowledgements_with_their_error
     let late: ShareFetchResponse = conn.call(
         ApiKey::ShareFetch,
         1,
-        &fetch(1, Some((acquired.first_offset, 1))),
+        &fetch(1, Some((acquired.first_offset, 3))),
     );
     assert_eq!(late.error_code, 0);
     let partition = &late.responses[0].partitions[0];
@@ -1150,24 +1308,54 @@ fn share_sessions_answer_wrong_epochs_and_late_acknowledgements_with_their_error
         "INVALID_RECORD_STATE"
     );
     assert_eq!(partition.acquired_records[0].delivery_count, 2);
-    // Accepted within its lock, it is gone.
-    let accepted: ShareFetchResponse = conn.call(
+    let (_, dead) = node.request("GET", "/v1/topics/locks-dead", b"");
+    assert_eq!(
+        dead["partition_stats"][0]["available"], 0,
+        "a lapsed lock's REJECT wrote a copy: {dead}"
+    );
+    // A late ACCEPT is refused the same way.
+    assert!(eventually(Duration::from_secs(10), || {
+        let (_, stats) = node.request("GET", "/v1/topics/locks", b"");
+        stats["partition_stats"][0]["in_flight"] == 0
+    }));
+    let late: ShareFetchResponse = conn.call(
         ApiKey::ShareFetch,
         1,
-        &fetch(2, Some((partition.acquired_records[0].first_offset, 1))).with_max_wait_ms(0),
+        &fetch(2, Some((acquired.first_offset, 1))),
     );
-    assert_eq!(accepted.error_code, 0);
-    assert!(accepted
+    let partition = &late.responses[0].partitions[0];
+    assert_eq!(partition.acknowledge_error_code, 121);
+    assert_eq!(partition.acquired_records[0].delivery_count, 3);
+    // Rejected within its lock, it is gone, and its copy in the
+    // dead-letter topic has the record's own id.
+    let rejected: ShareFetchResponse = conn.call(
+        ApiKey::ShareFetch,
+        1,
+        &fetch(3, Some((partition.acquired_records[0].first_offset, 3))).with_max_wait_ms(0),
+    );
+    assert_eq!(rejected.error_code, 0);
+    assert!(rejected
         .responses
         .iter()
         .all(|t| t.partitions.iter().all(|p| p.acknowledge_error_code == 0)));
     assert!(drained(&node, "locks"));
+    let copies = node.consume("locks-dead", json!({"max_messages": 10, "wait_ms": 2000}));
+    let copied: Vec<(&str, &str)> = copies
+        .iter()
+        .map(|m| {
+            (
+                m["id"].as_str().unwrap_or(""),
+                m["value"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(copied, vec![(id.as_str(), "one")]);
     // A range of every offset there could be is answered (the node walks a
     // bounded number of them), on the same connection.
     let everything: ShareFetchResponse = conn.call(
         ApiKey::ShareFetch,
         1,
-        &fetch(3, Some((0, 1)))
+        &fetch(4, Some((0, 1)))
             .with_max_wait_ms(0)
             .with_topics(vec![FetchTopic::default()
                 .with_topic_id(topic_id)

@@ -6,8 +6,9 @@
 //! the message (a null value is an empty one). Records with headers are
 //! refused (Narad's messages have none, and dropping them would lose what
 //! the producer sent), and so are transactional and control records. An
-//! idempotent producer's (producer id, partition, sequence) becomes the
-//! message's idempotency key, so its retries are stored once.
+//! idempotent producer's (producer id, epoch, partition, sequence) becomes
+//! the message's idempotency key, so its retries are stored once, and a new
+//! epoch (whose sequences start at 0 again) is never taken for a retry.
 
 use bytes::Bytes;
 use kafka_protocol::records::RecordBatchDecoder;
@@ -29,9 +30,18 @@ const COMPRESSION_MAX: i16 = 4;
 pub struct ProducedRecord {
     pub key: Option<Vec<u8>>,
     pub value: Bytes,
-    /// `kafka:{producer id}:{partition}:{sequence}` for an idempotent
-    /// producer's record.
+    /// `kafka:{producer id}:{epoch}:{partition}:{sequence}` for an
+    /// idempotent producer's record.
     pub idempotency_key: Option<Vec<u8>>,
+    /// An idempotent producer's id and epoch.
+    pub producer: Option<Producer>,
+}
+
+/// An idempotent producer as its records name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Producer {
+    pub id: i64,
+    pub epoch: i16,
 }
 
 /// Why a partition's records were refused (nothing of them is written).
@@ -102,17 +112,19 @@ pub fn records_of(partition: i32, mut data: Bytes) -> Result<Vec<ProducedRecord>
                 }
                 key => key.map(|k| k.to_vec()),
             };
-            let idempotency_key = (record.producer_id >= 0 && record.sequence >= 0).then(|| {
-                format!(
-                    "kafka:{}:{partition}:{}",
-                    record.producer_id, record.sequence
-                )
-                .into_bytes()
+            let producer =
+                (record.producer_id >= 0 && record.producer_epoch >= 0).then_some(Producer {
+                    id: record.producer_id,
+                    epoch: record.producer_epoch,
+                });
+            let idempotency_key = producer.filter(|_| record.sequence >= 0).map(|p| {
+                format!("kafka:{}:{}:{partition}:{}", p.id, p.epoch, record.sequence).into_bytes()
             });
             out.push(ProducedRecord {
                 key,
                 value: record.value.unwrap_or_default(),
                 idempotency_key,
+                producer,
             });
         }
     }
@@ -130,13 +142,23 @@ mod tests {
     };
 
     fn record(key: Option<&[u8]>, value: &str, producer_id: i64, sequence: i32) -> Record {
+        in_epoch(key, value, producer_id, 0, sequence)
+    }
+
+    fn in_epoch(
+        key: Option<&[u8]>,
+        value: &str,
+        producer_id: i64,
+        epoch: i16,
+        sequence: i32,
+    ) -> Record {
         Record {
             transactional: false,
             control: false,
             delete_horizon: false,
             partition_leader_epoch: -1,
             producer_id,
-            producer_epoch: if producer_id >= 0 { 0 } else { -1 },
+            producer_epoch: if producer_id >= 0 { epoch } else { -1 },
             timestamp_type: TimestampType::Creation,
             offset: i64::from(sequence.max(0)),
             sequence,
@@ -173,32 +195,46 @@ mod tests {
                 ProducedRecord {
                     key: Some(b"k1".to_vec()),
                     value: Bytes::from_static(b"one"),
-                    idempotency_key: None
+                    idempotency_key: None,
+                    producer: None,
                 },
                 ProducedRecord {
                     key: None,
                     value: Bytes::from_static(b"two"),
-                    idempotency_key: None
+                    idempotency_key: None,
+                    producer: None,
                 },
             ]
         );
     }
 
     #[test]
-    fn an_idempotent_producers_records_carry_producer_partition_and_sequence() {
+    fn an_idempotent_producers_records_carry_producer_epoch_partition_and_sequence() {
         let data = batch(
             &[record(None, "a", 7, 10), record(None, "b", 7, 11)],
             Compression::None,
         );
-        let keys: Vec<Vec<u8>> = records_of(2, data)
-            .expect("records")
-            .into_iter()
-            .filter_map(|r| r.idempotency_key)
+        let read = records_of(2, data).expect("records");
+        let keys: Vec<Vec<u8>> = read
+            .iter()
+            .filter_map(|r| r.idempotency_key.clone())
             .collect();
         assert_eq!(
             keys,
-            vec![b"kafka:7:2:10".to_vec(), b"kafka:7:2:11".to_vec()]
+            vec![b"kafka:7:0:2:10".to_vec(), b"kafka:7:0:2:11".to_vec()]
         );
+        assert_eq!(read[0].producer, Some(Producer { id: 7, epoch: 0 }));
+        // The same sequence in the next epoch is another record.
+        let bumped = records_of(
+            2,
+            batch(&[in_epoch(None, "c", 7, 1, 10)], Compression::None),
+        )
+        .expect("records");
+        assert_eq!(
+            bumped[0].idempotency_key.as_deref(),
+            Some(&b"kafka:7:1:2:10"[..])
+        );
+        assert_eq!(bumped[0].producer, Some(Producer { id: 7, epoch: 1 }));
     }
 
     #[test]

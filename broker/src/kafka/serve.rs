@@ -36,9 +36,10 @@ use narad_net::types::TopicPatch;
 use narad_net::{ApiError, ErrorCode};
 use narad_raft::state::{Action, Topic};
 
+use super::epochs::ProducerEpochs;
 use super::errors::kafka_error;
 use super::frame::{decode_request, encode_response, FrameError, Request};
-use super::records::{records_of, RecordsError};
+use super::records::{records_of, Producer, RecordsError};
 use super::sasl::{before_login, Caller, Login};
 use super::share::ShareGroups;
 use super::versions::{api_versions, FALLBACK_VERSION};
@@ -97,11 +98,23 @@ pub struct Answerer {
     me: Advertised,
     /// The node's share-group members and sessions (all shards').
     pub(super) shares: Arc<ShareGroups>,
+    /// The newest epoch of each idempotent producer (all shards').
+    producers: Arc<ProducerEpochs>,
 }
 
 impl Answerer {
-    pub fn new(shard: Rc<Shard>, me: Advertised, shares: Arc<ShareGroups>) -> Self {
-        Self { shard, me, shares }
+    pub fn new(
+        shard: Rc<Shard>,
+        me: Advertised,
+        shares: Arc<ShareGroups>,
+        producers: Arc<ProducerEpochs>,
+    ) -> Self {
+        Self {
+            shard,
+            me,
+            shares,
+            producers,
+        }
     }
 
     /// Whether connections must authenticate (`auth.enabled`).
@@ -346,21 +359,51 @@ impl Answerer {
 
     /// A producer id for an idempotent producer: this node's id in the
     /// high bits and random low bits, so that ids stay unique across nodes
-    /// and restarts (a retry's copy is dropped by (producer id, partition,
-    /// sequence), so a reused id would drop a new producer's messages).
+    /// and restarts (a retry's copy is dropped by (producer id, epoch,
+    /// partition, sequence), so a reused id would drop a new producer's
+    /// messages). Given its id and epoch (KIP-360, after records timed
+    /// out), the same id in the next epoch.
     fn init_producer_id(
         &self,
         request: &Request,
     ) -> Result<(InitProducerIdResponse, &'static str), String> {
         let body = decode::<InitProducerIdRequest>(request)?;
-        if body.transactional_id.is_some() {
-            return Ok((
+        let refused = |error: ResponseError, label| {
+            Ok((
                 InitProducerIdResponse::default()
-                    .with_error_code(ResponseError::TransactionalIdAuthorizationFailed.code())
+                    .with_error_code(error.code())
                     .with_producer_id(ProducerId(-1))
                     .with_producer_epoch(-1),
+                label,
+            ))
+        };
+        if body.transactional_id.is_some() {
+            return refused(
+                ResponseError::TransactionalIdAuthorizationFailed,
                 "transactional_id_authorization_failed",
-            ));
+            );
+        }
+        let held = *body.producer_id;
+        if held >= 0 && body.producer_epoch >= 0 {
+            match self.producers.bump(held, body.producer_epoch) {
+                Ok(Some(epoch)) => {
+                    return Ok((
+                        InitProducerIdResponse::default()
+                            .with_producer_id(ProducerId(held))
+                            .with_producer_epoch(epoch),
+                        NO_ERROR,
+                    ))
+                }
+                // The epochs of this id are used up: a new id below.
+                Ok(None) => {}
+                Err(stale) => {
+                    tracing::debug!(%stale, "InitProducerId from an epoch already bumped");
+                    return refused(
+                        ResponseError::InvalidProducerEpoch,
+                        "invalid_producer_epoch",
+                    );
+                }
+            }
         }
         let random = crate::auth::random_bytes::<8>().map_err(|e| format!("no randomness: {e}"))?;
         let low = u64::from_le_bytes(random) & PRODUCER_ID_LOW_MASK;
@@ -561,6 +604,18 @@ impl Answerer {
         };
         if records.is_empty() {
             return PartitionOutcome::ok();
+        }
+        // An older epoch's records are refused whole, before any is written.
+        let mut producers: Vec<Producer> = records.iter().filter_map(|r| r.producer).collect();
+        producers.sort_unstable();
+        producers.dedup();
+        for producer in producers {
+            if let Err(stale) = self.producers.admit(producer.id, producer.epoch) {
+                return PartitionOutcome::failed(
+                    ResponseError::InvalidProducerEpoch,
+                    stale.to_string(),
+                );
+            }
         }
         let messages = records
             .into_iter()
@@ -890,6 +945,7 @@ pub(super) fn error_label(error: ResponseError) -> &'static str {
         ResponseError::NotLeaderOrFollower => "not_leader_or_follower",
         ResponseError::TopicAuthorizationFailed => "topic_authorization_failed",
         ResponseError::InvalidRequiredAcks => "invalid_required_acks",
+        ResponseError::InvalidProducerEpoch => "invalid_producer_epoch",
         ResponseError::TransactionalIdAuthorizationFailed => {
             "transactional_id_authorization_failed"
         }

@@ -16,7 +16,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::indexmap::IndexMap;
@@ -40,10 +40,11 @@ use super::errors::kafka_error;
 use super::sasl::Caller;
 use super::serve::{decode, topic_id, Answerer};
 use crate::limits::{
-    SHARE_ACK_OFFSETS_PER_REQUEST_MAX, SHARE_FETCH_RECORDS_DEFAULT, SHARE_FETCH_RECORDS_MAX,
-    SHARE_FETCH_WAIT_MS_MAX, SHARE_HEARTBEAT_INTERVAL_MS, SHARE_MEMBER_TIMEOUT, SHARE_SESSIONS_MAX,
+    KAFKA_REJECT_HOLD_MS, SHARE_ACK_OFFSETS_PER_REQUEST_MAX, SHARE_FETCH_RECORDS_DEFAULT,
+    SHARE_FETCH_RECORDS_MAX, SHARE_FETCH_WAIT_MS_MAX, SHARE_HEARTBEAT_INTERVAL_MS,
+    SHARE_MEMBER_TIMEOUT, SHARE_SESSIONS_MAX,
 };
-use crate::shard::Incoming;
+use narad_storage::log::Message;
 
 /// A member's epoch that joins, and one that leaves.
 const EPOCH_JOIN: i32 = 0;
@@ -73,9 +74,25 @@ struct Member {
 /// A record leased to a session, with what settling it needs.
 struct Held {
     receipt: String,
+    id: u128,
     key: Option<Vec<u8>>,
     value: Bytes,
-    lease_expires_at_ms: u64,
+    /// When its lock ends at the latest, on this node's monotonic clock
+    /// (asked for before the lease was taken, so never later than the
+    /// owner's end of it).
+    until: Instant,
+}
+
+impl Held {
+    fn of(m: &ConsumedMessage, until: Instant) -> Self {
+        Self {
+            receipt: m.receipt.clone(),
+            id: m.id,
+            key: m.key.clone(),
+            value: m.value.clone(),
+            until,
+        }
+    }
 }
 
 struct Session {
@@ -451,7 +468,7 @@ impl Answerer {
         let wait_ms = u64::try_from(body.max_wait_ms.max(0))
             .unwrap_or(0)
             .min(SHARE_FETCH_WAIT_MS_MAX);
-        let mut fetched: Vec<(Topic, ConsumedMessage)> = Vec::new();
+        let mut fetched: Vec<(Topic, ConsumedMessage, Instant)> = Vec::new();
         let mut lock_ms = 0;
         for waiting in [false, true] {
             for (name, partitions) in &wanted {
@@ -467,6 +484,8 @@ impl Answerer {
                     continue;
                 };
                 lock_ms = lock_ms.max(topic.config.visibility_timeout_ms);
+                let until =
+                    Instant::now() + Duration::from_millis(topic.config.visibility_timeout_ms);
                 let consume = ConsumeRequest {
                     max_messages: u32::try_from(room).unwrap_or(u32::MAX),
                     wait_ms: if waiting { wait_ms } else { 0 },
@@ -479,7 +498,7 @@ impl Answerer {
                     .await
                 {
                     Ok(messages) => {
-                        fetched.extend(messages.into_iter().map(|m| ((*topic).clone(), m)))
+                        fetched.extend(messages.into_iter().map(|m| ((*topic).clone(), m, until)))
                     }
                     Err(error) => {
                         tracing::debug!(%error, topic = name, "a share fetch found nothing")
@@ -498,40 +517,29 @@ impl Answerer {
         let mut orphans = Vec::new();
         {
             let mut state = self.shares.state();
-            let now_ms = now_ms();
+            let now = Instant::now();
             match state.sessions.get_mut(&key) {
                 Some(session) => {
-                    session.held.retain(|_, h| h.lease_expires_at_ms > now_ms);
-                    for (topic, m) in &fetched {
+                    session.held.retain(|_, h| h.until > now);
+                    for (topic, m, until) in &fetched {
                         session.held.insert(
                             (topic.name.clone(), m.partition, m.offset),
-                            Held {
-                                receipt: m.receipt.clone(),
-                                key: m.key.clone(),
-                                value: m.value.clone(),
-                                lease_expires_at_ms: m.lease_expires_at_ms,
-                            },
+                            Held::of(m, *until),
                         );
                     }
                 }
                 None => {
-                    orphans.extend(fetched.drain(..).map(|(topic, m)| {
-                        (
-                            topic.name,
-                            Held {
-                                receipt: m.receipt,
-                                key: m.key,
-                                value: m.value,
-                                lease_expires_at_ms: m.lease_expires_at_ms,
-                            },
-                        )
-                    }));
+                    orphans.extend(
+                        fetched
+                            .drain(..)
+                            .map(|(topic, m, until)| (topic.name, Held::of(&m, until))),
+                    );
                 }
             }
         }
         self.give_back(orphans);
         let mut by_partition: BTreeMap<(uuid::Uuid, u32), Vec<ConsumedMessage>> = BTreeMap::new();
-        for (topic, m) in fetched {
+        for (topic, m, _) in fetched {
             by_partition
                 .entry((topic_id(&topic), m.partition))
                 .or_default()
@@ -681,38 +689,11 @@ impl Answerer {
                 }
                 continue;
             };
-            let mut to_settle = Vec::with_capacity(items.len());
-            for item in items {
-                if kind == ACK_REJECT {
-                    if let Some(dlq) = topic.config.dead_letter_topic.as_deref() {
-                        let Some(held) = &item.held else { continue };
-                        let copied = match self.shard.topic(dlq) {
-                            Ok(dlq) => self
-                                .shard
-                                .produce(
-                                    &dlq,
-                                    vec![Incoming {
-                                        key: held.key.clone(),
-                                        value: held.value.clone(),
-                                        idempotency_key: None,
-                                        partition: None,
-                                    }],
-                                )
-                                .await
-                                .map(|_| ()),
-                            Err(error) => Err(error),
-                        };
-                        if let Err(error) = copied {
-                            // Not acked: the record comes back when its lock ends.
-                            errors
-                                .entry((item.topic_id, item.partition))
-                                .or_insert((kafka_error(error.code), error.message));
-                            continue;
-                        }
-                    }
-                }
-                to_settle.push(item);
-            }
+            let to_settle = if kind == ACK_REJECT && topic.config.dead_letter_topic.is_some() {
+                self.dead_letter_rejected(&topic, items, &mut errors).await
+            } else {
+                items
+            };
             let action = match kind {
                 ACK_RELEASE => SettleAction::Nack { delay_ms: 0 },
                 _ => SettleAction::Ack,
@@ -731,6 +712,60 @@ impl Answerer {
             }
         }
         errors
+    }
+
+    /// REJECTed records of a topic with a dead-letter topic: each lock is
+    /// first held for [`KAFKA_REJECT_HOLD_MS`] (which also proves it live:
+    /// a lapsed lock writes nothing and answers `INVALID_RECORD_STATE`),
+    /// then the records are written durably to the dead-letter topic under
+    /// their own ids, as the dead-letter mover writes them. What is
+    /// returned is to be acked; a record whose copy failed is not, and
+    /// comes back when its lock ends.
+    async fn dead_letter_rejected(
+        &self,
+        topic: &Topic,
+        items: Vec<Settling>,
+        errors: &mut AckErrors,
+    ) -> Vec<Settling> {
+        let receipts: Vec<String> = items
+            .iter()
+            .filter_map(|i| i.held.as_ref().map(|h| h.receipt.clone()))
+            .collect();
+        let hold = SettleAction::Extend {
+            visibility_timeout_ms: KAFKA_REJECT_HOLD_MS,
+        };
+        let held = self.shard.settle(topic, &receipts, hold).await;
+        let mut live = Vec::with_capacity(items.len());
+        for (item, outcome) in items.into_iter().zip(held) {
+            match outcome {
+                Ok(_) => live.push(item),
+                Err(error) => {
+                    errors
+                        .entry((item.topic_id, item.partition))
+                        .or_insert((kafka_error(error.code), error.message));
+                }
+            }
+        }
+        let copies: Vec<Message> = live
+            .iter()
+            .filter_map(|i| i.held.as_ref())
+            .map(|h| Message {
+                id: h.id,
+                produced_at_ms: 0,
+                key: h.key.clone(),
+                value: h.value.clone(),
+                idempotency_key: None,
+            })
+            .collect();
+        if let Err(error) = self.shard.dead_letter(topic, &copies).await {
+            for item in &live {
+                errors
+                    .entry((item.topic_id, item.partition))
+                    .or_insert((kafka_error(error.code), error.message.clone()));
+            }
+            return Vec::new();
+        }
+        live
     }
 
     /// Gives records back at once (a nack without delay): their member
@@ -906,12 +941,6 @@ fn fetch_answer(
     ShareFetchResponse::default()
         .with_acquisition_lock_timeout_ms(lock_ms)
         .with_responses(responses)
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// A member id for a member that came without one.

@@ -207,6 +207,8 @@ struct NodeShared {
     ship: Arc<dyn crate::ship::Ship + Send + Sync>,
     /// Kafka share-group members and sessions, all shards.
     shares: Arc<crate::kafka::share::ShareGroups>,
+    /// The newest epoch of each idempotent Kafka producer, all shards.
+    producers: Arc<crate::kafka::epochs::ProducerEpochs>,
 }
 
 impl NodeShared {
@@ -448,6 +450,7 @@ pub fn run(config: Config) -> Result<(), String> {
         ),
         ship: Arc::new(ship),
         shares: Arc::default(),
+        producers: Arc::default(),
     });
     let cpus = std::thread::available_parallelism().map_or(1, usize::from);
     let (startup, started) = mpsc::channel();

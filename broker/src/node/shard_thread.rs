@@ -187,7 +187,12 @@ pub(super) async fn run_shard(start: ShardStart) -> Result<(), String> {
             });
         glommio::spawn_local(serve_kafka(
             listener,
-            Rc::new(Answerer::new(shard.clone(), me, node.shares.clone())),
+            Rc::new(Answerer::new(
+                shard.clone(),
+                me,
+                node.shares.clone(),
+                node.producers.clone(),
+            )),
             node.http_budget.clone(),
             kafka_tls,
         ))

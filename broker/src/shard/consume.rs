@@ -329,7 +329,9 @@ impl<F: FileSystem> Shard<F> {
                     return;
                 }
             };
-            let mut moved = self.dead_letter(topic, &letter.message).await;
+            let mut moved = self
+                .dead_letter(topic, std::slice::from_ref(&letter.message))
+                .await;
             // A full ring frees as the dispatcher commits: the message waits,
             // parked, rather than being delivered past its max_deliveries.
             while moved
@@ -338,7 +340,9 @@ impl<F: FileSystem> Shard<F> {
                 && !self.flow.stopping.get()
             {
                 self.env.runtime.sleep(DEAD_LETTER_FULL_RETRY).await;
-                moved = self.dead_letter(topic, &letter.message).await;
+                moved = self
+                    .dead_letter(topic, std::slice::from_ref(&letter.message))
+                    .await;
             }
             match moved {
                 Ok(()) => {
@@ -355,21 +359,16 @@ impl<F: FileSystem> Shard<F> {
         }
     }
 
-    /// Writes a message durably to the topic's dead-letter topic (same id,
-    /// key and value) through this shard's WAL.
-    pub(super) async fn dead_letter(
-        &self,
-        topic: &Topic,
-        message: &Message,
-    ) -> Result<(), ApiError> {
+    /// Writes messages durably to the topic's dead-letter topic (same ids,
+    /// keys and values) through this shard's WAL.
+    pub async fn dead_letter(&self, topic: &Topic, messages: &[Message]) -> Result<(), ApiError> {
         let dlq_name = topic
             .config
             .dead_letter_topic
             .as_deref()
             .ok_or_else(|| ApiError::new(ErrorCode::Internal, "no dead-letter topic"))?;
         let dlq = self.topic(dlq_name)?;
-        self.write_durably(&dlq, std::slice::from_ref(message))
-            .await
+        self.write_durably(&dlq, messages).await
     }
 
     /// Writes messages (same ids, keys and values) to `topic` through this
