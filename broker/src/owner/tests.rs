@@ -4,7 +4,7 @@ use std::path::Path;
 use std::rc::Rc;
 
 use futures_lite::future::block_on;
-use narad_storage::clock::{ManualClock, SharedClock};
+use narad_storage::clock::{ManualClock, Now, SharedClock};
 use narad_storage::consumer::ConsumerConfig;
 use narad_storage::io::sim::SimFs;
 use narad_storage::log::LogConfig;
@@ -80,31 +80,33 @@ fn committed_messages_are_leased_once_and_acked_for_good() {
     let clock = ManualClock::new(1000);
     let owner = open(&fs, &clock, CONFIG);
     let version = owner.version();
-    block_on(owner.commit(&messages(5), 1000)).expect("commit");
+    block_on(owner.commit(&messages(5), Now::at(1000))).expect("commit");
     assert_ne!(owner.version(), version, "a commit wakes long polls");
-    let first = block_on(owner.consume(3, 30_000, 1000)).expect("consume");
+    let first = block_on(owner.consume(3, 30_000, Now::at(1000))).expect("consume");
     assert_eq!(
         first.iter().map(|d| d.offset).collect::<Vec<_>>(),
         vec![0, 1, 2]
     );
-    let second = block_on(owner.consume(10, 30_000, 1000)).expect("consume");
+    let second = block_on(owner.consume(10, 30_000, Now::at(1000))).expect("consume");
     assert_eq!(
         second.iter().map(|d| d.offset).collect::<Vec<_>>(),
         vec![3, 4],
         "no offset leased twice"
     );
     for d in first.iter().chain(&second) {
-        owner.ack(d.offset, d.lease.lease_id, 1001).expect("ack");
+        owner
+            .ack(d.offset, d.lease.lease_id, Now::at(1001))
+            .expect("ack");
     }
     assert!(matches!(
-        owner.ack(0, first[0].lease.lease_id, 1002),
+        owner.ack(0, first[0].lease.lease_id, Now::at(1002)),
         Err(OwnerError::LeaseGone(_))
     ));
     assert_eq!(owner.frontier(), 5);
-    assert!(block_on(owner.consume(10, 30_000, 1003))
+    assert!(block_on(owner.consume(10, 30_000, Now::at(1003)))
         .expect("consume")
         .is_empty());
-    let stats = owner.stats(1003);
+    let stats = owner.stats(Now::at(1003));
     assert_eq!(
         (
             stats.high_watermark,
@@ -126,12 +128,12 @@ fn records_recovered_after_a_crash_are_appended_once_when_recalled() {
     let reopened = |seed| {
         let fs = SimFs::new(seed);
         let owner = open(&fs, &clock, CONFIG);
-        block_on(owner.commit(&messages(300), 0)).expect("commit before the crash");
+        block_on(owner.commit(&messages(300), Now::at(0))).expect("commit before the crash");
         drop(owner);
         open(&fs, &clock, CONFIG)
     };
     let forgetful = reopened(9);
-    block_on(forgetful.commit(&messages(2), 1)).expect("without recall");
+    block_on(forgetful.commit(&messages(2), Now::at(1))).expect("without recall");
     assert_eq!(
         forgetful.high_watermark(),
         302,
@@ -140,13 +142,13 @@ fn records_recovered_after_a_crash_are_appended_once_when_recalled() {
     // The same records plus two new ones come from the WAL.
     let owner = reopened(10);
     owner.recall_before_next_append(1);
-    block_on(owner.commit(&messages(302), 1)).expect("recovered");
+    block_on(owner.commit(&messages(302), Now::at(1))).expect("recovered");
     assert_eq!(
         owner.high_watermark(),
         302,
         "the 300 once, and the 2 new ones"
     );
-    let got = block_on(owner.consume(400, 1 << 20, 2)).expect("consume");
+    let got = block_on(owner.consume(400, 1 << 20, Now::at(2))).expect("consume");
     let ids: Vec<u128> = got.iter().map(|d| d.message.id).collect();
     assert_eq!(ids, (0..302).collect::<Vec<u128>>());
 }
@@ -156,13 +158,13 @@ fn a_commit_sent_again_appends_only_what_is_new() {
     let fs = SimFs::new(7);
     let clock = ManualClock::new(0);
     let owner = open(&fs, &clock, CONFIG);
-    block_on(owner.commit(&messages(3), 0)).expect("commit");
+    block_on(owner.commit(&messages(3), Now::at(0))).expect("commit");
     // The dispatcher did not hear the answer: the same batch, plus one.
-    block_on(owner.commit(&messages(4), 1)).expect("again");
+    block_on(owner.commit(&messages(4), Now::at(1))).expect("again");
     assert_eq!(owner.high_watermark(), 4, "ids 0..3 once, id 3 added");
-    block_on(owner.commit(&messages(4), 2)).expect("all known");
+    block_on(owner.commit(&messages(4), Now::at(2))).expect("all known");
     assert_eq!(owner.high_watermark(), 4);
-    let got = block_on(owner.consume(10, 1000, 3)).expect("consume");
+    let got = block_on(owner.consume(10, 1000, Now::at(3))).expect("consume");
     let ids: Vec<u128> = got.iter().map(|d| d.message.id).collect();
     assert_eq!(ids, vec![0, 1, 2, 3]);
 }
@@ -172,19 +174,19 @@ fn an_expired_lease_delivers_again_with_a_higher_count() {
     let fs = SimFs::new(2);
     let clock = ManualClock::new(0);
     let owner = open(&fs, &clock, CONFIG);
-    block_on(owner.commit(&messages(1), 0)).expect("commit");
-    let first = block_on(owner.consume(1, 100, 0)).expect("consume");
-    assert!(block_on(owner.consume(1, 100, 100))
+    block_on(owner.commit(&messages(1), Now::at(0))).expect("commit");
+    let first = block_on(owner.consume(1, 100, Now::at(0))).expect("consume");
+    assert!(block_on(owner.consume(1, 100, Now::at(100)))
         .expect("consume")
         .is_empty());
-    let again = block_on(owner.consume(1, 100, 101)).expect("consume");
+    let again = block_on(owner.consume(1, 100, Now::at(101))).expect("consume");
     assert_eq!(again[0].lease.delivery_count, 2);
     assert!(matches!(
-        owner.ack(0, first[0].lease.lease_id, 102),
+        owner.ack(0, first[0].lease.lease_id, Now::at(102)),
         Err(OwnerError::LeaseGone(_))
     ));
     owner
-        .ack(0, again[0].lease.lease_id, 102)
+        .ack(0, again[0].lease.lease_id, Now::at(102))
         .expect("current ack");
 }
 
@@ -200,17 +202,21 @@ fn messages_out_of_deliveries_are_parked_for_the_dead_letter_topic() {
             ..CONFIG
         },
     );
-    block_on(owner.commit(&messages(1), 0)).expect("commit");
-    block_on(owner.consume(1, 10, 0)).expect("first");
-    assert_eq!(owner.sweep(11).dead, 0, "one delivery: redelivered");
-    block_on(owner.consume(1, 10, 11)).expect("second");
-    assert_eq!(owner.sweep(22).dead, 1);
+    block_on(owner.commit(&messages(1), Now::at(0))).expect("commit");
+    block_on(owner.consume(1, 10, Now::at(0))).expect("first");
+    assert_eq!(
+        owner.sweep(Now::at(11)).dead,
+        0,
+        "one delivery: redelivered"
+    );
+    block_on(owner.consume(1, 10, Now::at(11))).expect("second");
+    assert_eq!(owner.sweep(Now::at(22)).dead, 1);
     let dead = block_on(owner.next_dead_letter())
         .expect("read")
         .expect("queued");
     assert_eq!(dead.message.value, b"m0".to_vec());
     assert!(
-        block_on(owner.consume(1, 10, 23))
+        block_on(owner.consume(1, 10, Now::at(23)))
             .expect("consume")
             .is_empty(),
         "parked"
@@ -222,7 +228,7 @@ fn messages_out_of_deliveries_are_parked_for_the_dead_letter_topic() {
             .map(|d| d.offset),
         Some(0)
     );
-    owner.dead_lettered(0, 1000);
+    owner.dead_lettered(0, Now::at(1000));
     assert_eq!(owner.frontier(), 1);
     assert!(!owner.has_dead_letters());
 }
@@ -239,26 +245,32 @@ fn a_nack_of_the_last_allowed_delivery_parks_the_message() {
             ..CONFIG
         },
     );
-    block_on(owner.commit(&messages(1), 0)).expect("commit");
-    let first = block_on(owner.consume(1, 1000, 0)).expect("first");
-    owner.nack(0, first[0].lease.lease_id, 0, 1).expect("nack");
+    block_on(owner.commit(&messages(1), Now::at(0))).expect("commit");
+    let first = block_on(owner.consume(1, 1000, Now::at(0))).expect("first");
+    owner
+        .nack(0, first[0].lease.lease_id, 0, Now::at(1))
+        .expect("nack");
     assert!(!owner.has_dead_letters(), "one delivery: redelivered");
-    let second = block_on(owner.consume(1, 1000, 2)).expect("second");
+    let second = block_on(owner.consume(1, 1000, Now::at(2))).expect("second");
     assert_eq!(second[0].lease.delivery_count, 2);
-    owner.nack(0, second[0].lease.lease_id, 0, 3).expect("nack");
+    owner
+        .nack(0, second[0].lease.lease_id, 0, Now::at(3))
+        .expect("nack");
     assert!(
         owner.has_dead_letters(),
         "the second nack ends the last delivery"
     );
     assert!(
-        block_on(owner.consume(1, 1000, 4))
+        block_on(owner.consume(1, 1000, Now::at(4)))
             .expect("consume")
             .is_empty(),
         "never delivered a third time"
     );
     owner.dead_letter_failed(0);
     assert_eq!(
-        block_on(owner.consume(1, 1000, 5)).expect("consume").len(),
+        block_on(owner.consume(1, 1000, Now::at(5)))
+            .expect("consume")
+            .len(),
         1,
         "a failed move delivers it again"
     );
@@ -276,17 +288,21 @@ fn nack_with_delay_and_cold_reads_from_the_log() {
             ..CONFIG
         },
     );
-    block_on(owner.commit(&messages(3), 0)).expect("commit");
-    let got = block_on(owner.consume(3, 1000, 0)).expect("consume from the log");
+    block_on(owner.commit(&messages(3), Now::at(0))).expect("commit");
+    let got = block_on(owner.consume(3, 1000, Now::at(0))).expect("consume from the log");
     assert_eq!(got.len(), 3);
-    owner.nack(1, got[1].lease.lease_id, 500, 10).expect("nack");
-    assert!(block_on(owner.consume(3, 1000, 20))
+    owner
+        .nack(1, got[1].lease.lease_id, 500, Now::at(10))
+        .expect("nack");
+    assert!(block_on(owner.consume(3, 1000, Now::at(20)))
         .expect("consume")
         .is_empty());
-    let later = block_on(owner.consume(3, 1000, 510)).expect("consume");
+    let later = block_on(owner.consume(3, 1000, Now::at(510))).expect("consume");
     assert_eq!(later.iter().map(|d| d.offset).collect::<Vec<_>>(), vec![1]);
     assert_eq!(
-        owner.extend(1, later[0].lease.lease_id, 5000, 600).ok(),
+        owner
+            .extend(1, later[0].lease.lease_id, 5000, Now::at(600))
+            .ok(),
         Some(5600)
     );
 }
@@ -307,9 +323,9 @@ fn a_consume_past_the_cache_reads_each_batch_once() {
             ..CONFIG
         },
     );
-    block_on(owner.commit(&messages(100), 0)).expect("commit");
+    block_on(owner.commit(&messages(100), Now::at(0))).expect("commit");
     let before = fs.bytes_read();
-    let got = block_on(owner.consume(100, 1000, 0)).expect("consume from the log");
+    let got = block_on(owner.consume(100, 1000, Now::at(0))).expect("consume from the log");
     assert_eq!(
         got.iter().map(|d| d.offset).collect::<Vec<_>>(),
         (0..100).collect::<Vec<_>>()
@@ -328,14 +344,16 @@ fn after_a_restart_leased_messages_are_available_at_once_and_synced_acks_hold() 
     let fs = SimFs::new(5);
     let clock = ManualClock::new(0);
     let owner = open(&fs, &clock, CONFIG);
-    block_on(owner.commit(&messages(3), 0)).expect("commit");
-    let got = block_on(owner.consume(3, 60_000, 0)).expect("consume");
-    owner.ack(0, got[0].lease.lease_id, 1).expect("ack");
+    block_on(owner.commit(&messages(3), Now::at(0))).expect("commit");
+    let got = block_on(owner.consume(3, 60_000, Now::at(0))).expect("consume");
+    owner
+        .ack(0, got[0].lease.lease_id, Now::at(1))
+        .expect("ack");
     block_on(owner.flush_acks()).expect("flush");
     drop(owner);
     fs.power_loss();
     let owner = open(&fs, &clock, CONFIG);
-    let again = block_on(owner.consume(3, 60_000, 2)).expect("consume");
+    let again = block_on(owner.consume(3, 60_000, Now::at(2))).expect("consume");
     assert_eq!(
         again.iter().map(|d| d.offset).collect::<Vec<_>>(),
         vec![1, 2]
@@ -352,9 +370,9 @@ fn a_repeated_commit_is_dropped_but_the_same_id_written_again_later_is_kept() {
     let clock = ManualClock::new(1_000);
     let owner = open(&fs, &clock, CONFIG);
     let first = messages(2);
-    block_on(owner.commit(&first, 1_000)).expect("commit");
+    block_on(owner.commit(&first, Now::at(1_000))).expect("commit");
     // The dispatcher sends the same records again (it missed the answer).
-    block_on(owner.commit(&first, 1_001)).expect("again");
+    block_on(owner.commit(&first, Now::at(1_001))).expect("again");
     assert_eq!(owner.high_watermark(), 2, "a repeat is not appended");
     // The same message written again by a dead-letter move or a redrive:
     // a new write of it (a new accept time), which must be kept.
@@ -362,7 +380,7 @@ fn a_repeated_commit_is_dropped_but_the_same_id_written_again_later_is_kept() {
         produced_at_ms: 7,
         ..first[0].clone()
     }];
-    block_on(owner.commit(&again, 1_002)).expect("written again");
+    block_on(owner.commit(&again, Now::at(1_002))).expect("written again");
     assert_eq!(
         owner.high_watermark(),
         3,
@@ -388,7 +406,7 @@ fn open_wal(fs: &SimFs) -> Rc<narad_storage::wal::Wal<SimFs>> {
 /// Appends `batch` through the journal without writing journal records:
 /// the base offset it got, or why it was not taken.
 fn journal_base(owner: &PartitionOwner<SimFs>, batch: &[Message]) -> Result<u64, JournalError> {
-    block_on(owner.journal_append(batch, 1_000, |_| Ok(Vec::new()))).map(|t| t.base)
+    block_on(owner.journal_append(batch, Now::at(1_000), |_| Ok(Vec::new()))).map(|t| t.base)
 }
 
 /// Appends `batch` through the journal with its journal copy in `wal`.
@@ -398,7 +416,7 @@ fn journal_with_records(
     batch: &[Message],
 ) -> JournalAppend {
     use narad_storage::wal::WalRecordRef;
-    let taken = block_on(owner.journal_append(batch, 1_000, |base| {
+    let taken = block_on(owner.journal_append(batch, Now::at(1_000), |base| {
         let records: Vec<WalRecordRef<'_>> = batch
             .iter()
             .zip(base..)
@@ -441,15 +459,22 @@ fn the_oldest_unacked_age_counts_from_the_messages_write_time_after_a_reopen() {
     let fs = SimFs::new(13);
     let clock = ManualClock::new(1_000);
     let owner = open(&fs, &clock, CONFIG);
-    block_on(owner.commit(&[keyed(1, "a"), keyed(2, "b"), keyed(3, "c")], 1_000)).expect("commit");
+    block_on(owner.commit(
+        &[keyed(1, "a"), keyed(2, "b"), keyed(3, "c")],
+        Now::at(1_000),
+    ))
+    .expect("commit");
     clock.advance_ms(4_000);
-    assert_eq!(owner.stats(clock.now_ms()).oldest_unacked_age_ms, 4_000);
+    assert_eq!(
+        owner.stats(Now::at(clock.now_ms())).oldest_unacked_age_ms,
+        4_000
+    );
     drop(owner);
     fs.power_loss();
     clock.advance_ms(26_000);
     let owner = open(&fs, &clock, CONFIG);
     block_on(owner.load_oldest_unacked_time());
-    let stats = owner.stats(clock.now_ms());
+    let stats = owner.stats(Now::at(clock.now_ms()));
     assert_eq!((stats.frontier, stats.available), (0, 3));
     assert_eq!(
         stats.oldest_unacked_age_ms, 30_000,
@@ -458,7 +483,10 @@ fn the_oldest_unacked_age_counts_from_the_messages_write_time_after_a_reopen() {
     // A partition with nothing unacked has no age, and reads nothing.
     let empty = open_in(&fs, &clock, CONFIG, "/data/partitions/orders/1");
     block_on(empty.load_oldest_unacked_time());
-    assert_eq!(empty.stats(clock.now_ms()).oldest_unacked_age_ms, 0);
+    assert_eq!(
+        empty.stats(Now::at(clock.now_ms())).oldest_unacked_age_ms,
+        0
+    );
 }
 
 /// A copy of a key committed within the window (a retry another node
@@ -469,9 +497,11 @@ fn a_copy_of_a_committed_key_is_dropped_across_a_reopen_until_the_window_ends() 
     let fs = SimFs::new(12);
     let clock = ManualClock::new(1_000);
     let owner = open(&fs, &clock, CONFIG);
-    let first = block_on(owner.commit(&[keyed(1, "a"), keyed(2, "b")], 1_000)).expect("commit");
+    let first =
+        block_on(owner.commit(&[keyed(1, "a"), keyed(2, "b")], Now::at(1_000))).expect("commit");
     assert_eq!(first.duplicates, 0);
-    let again = block_on(owner.commit(&[keyed(3, "a"), keyed(4, "c")], 1_001)).expect("again");
+    let again =
+        block_on(owner.commit(&[keyed(3, "a"), keyed(4, "c")], Now::at(1_001))).expect("again");
     assert_eq!((again.base, again.duplicates), (2, 1));
     assert_eq!(owner.high_watermark(), 3, "only c was stored");
     drop(owner);
@@ -479,8 +509,8 @@ fn a_copy_of_a_committed_key_is_dropped_across_a_reopen_until_the_window_ends() 
     clock.advance_ms(30_000);
     let owner = open(&fs, &clock, CONFIG);
     block_on(owner.load_idempotency_keys(clock.now_ms())).expect("keys");
-    let retry =
-        block_on(owner.commit(&[keyed(5, "b"), keyed(6, "c")], clock.now_ms())).expect("retry");
+    let retry = block_on(owner.commit(&[keyed(5, "b"), keyed(6, "c")], Now::at(clock.now_ms())))
+        .expect("retry");
     assert_eq!(retry.duplicates, 2, "the keys came back from the log");
     assert_eq!(owner.high_watermark(), 3);
     // Past the window (60 s from each first commit) a key is new again.
@@ -490,7 +520,7 @@ fn a_copy_of_a_committed_key_is_dropped_across_a_reopen_until_the_window_ends() 
         open(&fs, &clock, CONFIG)
     };
     block_on(owner.load_idempotency_keys(clock.now_ms())).expect("keys");
-    let late = block_on(owner.commit(&[keyed(7, "a")], clock.now_ms())).expect("late");
+    let late = block_on(owner.commit(&[keyed(7, "a")], Now::at(clock.now_ms()))).expect("late");
     assert_eq!(late.duplicates, 0);
     assert_eq!(owner.high_watermark(), 4);
     let read = block_on(owner.read(0, 10, usize::MAX)).expect("read");
@@ -516,7 +546,7 @@ fn a_journal_batch_shows_once_durable_and_its_records_go_once_the_log_verified_i
         0,
         "invisible before its copy is durable"
     );
-    assert!(block_on(owner.consume(10, 1_000, 1_000))
+    assert!(block_on(owner.consume(10, 1_000, Now::at(1_000)))
         .expect("consume")
         .is_empty());
     block_on(wal.flush()).expect("flush");
@@ -532,7 +562,7 @@ fn a_journal_batch_shows_once_durable_and_its_records_go_once_the_log_verified_i
     assert_eq!(wal.stats().uncommitted_records, 0, "released once verified");
     assert!(!owner.journal_waiting());
     assert_eq!(
-        block_on(owner.consume(10, 1_000, 1_000))
+        block_on(owner.consume(10, 1_000, Now::at(1_000)))
             .expect("consume")
             .len(),
         3
@@ -623,7 +653,7 @@ fn a_journal_batch_with_keys_is_judged_and_its_keys_drop_later_copies_safely() {
         "one key twice in a batch"
     );
     // Only the copy: the commit appends nothing of its own.
-    let again = block_on(owner.commit(&[keyed(6, "a")], 1_001)).expect("commit");
+    let again = block_on(owner.commit(&[keyed(6, "a")], Now::at(1_001))).expect("commit");
     assert_eq!(again.duplicates, 1, "the journal batch's key held");
     drop(owner);
     fs.power_loss();
@@ -632,7 +662,7 @@ fn a_journal_batch_with_keys_is_judged_and_its_keys_drop_later_copies_safely() {
     let ids: Vec<u128> = read.iter().map(|s| s.message.id).collect();
     assert_eq!(ids, vec![1, 2], "the first copy outlived the power cut");
     block_on(owner.load_idempotency_keys(clock.now_ms())).expect("keys");
-    let retry = block_on(owner.commit(&[keyed(8, "b")], clock.now_ms())).expect("retry");
+    let retry = block_on(owner.commit(&[keyed(8, "b")], Now::at(clock.now_ms()))).expect("retry");
     assert_eq!(
         retry.duplicates, 1,
         "the journal batch's keys came back from the log"
@@ -673,7 +703,7 @@ fn a_log_that_went_back_under_a_failed_journal_append_breaks_the_journal() {
         && block_on(owner.read(0, 10, usize::MAX)).map_or(true, |r| r.is_empty());
     assert!(lost, "the log lost the first batch in this failure");
     // A retry of the first message, from another node.
-    let retry = block_on(owner.commit(&[keyed(3, "a")], 1_001));
+    let retry = block_on(owner.commit(&[keyed(3, "a")], Now::at(1_001)));
     assert!(
         retry.is_err(),
         "a commit judged against a batch the log lost: {retry:?}"
@@ -719,14 +749,16 @@ fn browsing_never_changes_what_a_consume_then_gets_its_receipts_or_delivery_coun
                         })
                         .collect();
                     next_id += n;
-                    let a = block_on(plain.commit(&batch, now)).expect("commit");
-                    let b = block_on(browsed.commit(&batch, now)).expect("commit");
+                    let a = block_on(plain.commit(&batch, Now::at(now))).expect("commit");
+                    let b = block_on(browsed.commit(&batch, Now::at(now))).expect("commit");
                     assert_eq!(a, b, "seed {seed} step {step}");
                 }
                 2 => {
                     let (max, visibility) = (1 + rng.below(6) as usize, 1 + rng.below(3_000));
-                    let a = block_on(plain.consume(max, visibility, now)).expect("consume");
-                    let b = block_on(browsed.consume(max, visibility, now)).expect("consume");
+                    let a =
+                        block_on(plain.consume(max, visibility, Now::at(now))).expect("consume");
+                    let b =
+                        block_on(browsed.consume(max, visibility, Now::at(now))).expect("consume");
                     assert_eq!(a, b, "seed {seed} step {step}: a consume after browses");
                     for d in &a {
                         leased.insert(d.offset, (d.lease.lease_id, d.lease.expires_at_ms));
@@ -743,9 +775,9 @@ fn browsing_never_changes_what_a_consume_then_gets_its_receipts_or_delivery_coun
                     let ack = rng.chance(1, 2);
                     let settle = |owner: &PartitionOwner<SimFs>| {
                         if ack {
-                            owner.ack(offset, lease_id, now).is_ok()
+                            owner.ack(offset, lease_id, Now::at(now)).is_ok()
                         } else {
-                            owner.nack(offset, lease_id, 0, now).is_ok()
+                            owner.nack(offset, lease_id, 0, Now::at(now)).is_ok()
                         }
                     };
                     let (a, b) = (settle(&plain), settle(&browsed));
@@ -759,8 +791,8 @@ fn browsing_never_changes_what_a_consume_then_gets_its_receipts_or_delivery_coun
                     clock.advance_ms(rng.below(2_000));
                     let now = clock.now_ms();
                     assert_eq!(
-                        plain.sweep(now),
-                        browsed.sweep(now),
+                        plain.sweep(Now::at(now)),
+                        browsed.sweep(Now::at(now)),
                         "seed {seed} step {step}"
                     );
                     leased.retain(|_, (_, expires)| *expires >= now);
@@ -771,7 +803,8 @@ fn browsing_never_changes_what_a_consume_then_gets_its_receipts_or_delivery_coun
             for _ in 0..3 {
                 let from = rng.below(browsed.high_watermark() + 2);
                 let limit = 1 + rng.below(20) as usize;
-                let page = block_on(browsed.browse(from, limit, 1 << 20, now)).expect("browse");
+                let page =
+                    block_on(browsed.browse(from, limit, 1 << 20, Now::at(now))).expect("browse");
                 assert!(page.len() <= limit);
                 for (stored, state, count) in &page {
                     let offset = stored.offset;
@@ -802,9 +835,13 @@ fn browsing_never_changes_what_a_consume_then_gets_its_receipts_or_delivery_coun
             }
         }
         let now = clock.now_ms();
-        assert_eq!(plain.stats(now), browsed.stats(now), "seed {seed}");
-        let rest_a = block_on(plain.consume(10_000, 1_000, now)).expect("consume");
-        let rest_b = block_on(browsed.consume(10_000, 1_000, now)).expect("consume");
+        assert_eq!(
+            plain.stats(Now::at(now)),
+            browsed.stats(Now::at(now)),
+            "seed {seed}"
+        );
+        let rest_a = block_on(plain.consume(10_000, 1_000, Now::at(now))).expect("consume");
+        let rest_b = block_on(browsed.consume(10_000, 1_000, Now::at(now))).expect("consume");
         assert_eq!(rest_a, rest_b, "seed {seed}: what is left");
     }
 }
@@ -816,16 +853,16 @@ fn an_interval_of_the_rates_ends_with_the_backlog_before_the_next_ones_first_eve
     let fs = SimFs::new(1);
     let clock = ManualClock::new(1_000_000);
     let owner = open(&fs, &clock, CONFIG);
-    block_on(owner.commit(&messages(10), 1_000_000)).expect("commit");
-    let leased = block_on(owner.consume(2, 60_000, 1_000_000)).expect("consume");
+    block_on(owner.commit(&messages(10), Now::at(1_000_000))).expect("commit");
+    let leased = block_on(owner.consume(2, 60_000, Now::at(1_000_000))).expect("consume");
     // The next interval opens with a commit, an ack and a dead letter's end.
     let next = 1_000_000 + crate::rates::RATE_INTERVAL_MS;
     let fresh: Vec<Message> = messages(15).into_iter().skip(10).collect();
-    block_on(owner.commit(&fresh, next)).expect("commit");
+    block_on(owner.commit(&fresh, Now::at(next))).expect("commit");
     owner
-        .ack(leased[0].offset, leased[0].lease.lease_id, next)
+        .ack(leased[0].offset, leased[0].lease.lease_id, Now::at(next))
         .expect("ack");
-    let points = owner.rate_points(next);
+    let points = owner.rate_points(Now::at(next));
     assert_eq!(points.len(), 2);
     assert_eq!(
         (points[0].produced, points[0].available, points[0].in_flight),

@@ -157,7 +157,7 @@ impl<F: FileSystem> Shard<F> {
             kind: kind.clone(),
             config,
             new_owners,
-            now_ms: self.now(),
+            now_ms: self.wall(),
         };
         let (created, topic) = match self.propose(command).await? {
             Applied::ChildPut { topic, created } => (created, topic),
@@ -193,7 +193,7 @@ impl<F: FileSystem> Shard<F> {
             parent: parent.to_string(),
             child: child.to_string(),
             remote,
-            now_ms: self.now(),
+            now_ms: self.wall(),
         };
         let (created, link) = match self.propose(command).await? {
             Applied::RemoteChildPut { link, created } => (created, link),
@@ -345,8 +345,8 @@ impl<F: FileSystem> Shard<F> {
             }
             !stop
         });
-        let deadline = self.now() + u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
-        while stopped.iter().any(|s| !s.ended.get()) && self.now() < deadline {
+        let deadline = self.mono() + u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+        while stopped.iter().any(|s| !s.ended.get()) && self.mono() < deadline {
             self.env.runtime.sleep(Duration::from_millis(2)).await;
         }
     }
@@ -516,11 +516,11 @@ impl<F: FileSystem> Shard<F> {
         };
         // What to do next is `child_cursor.rs`'s to say: this loop reads,
         // commits and stores.
-        let mut at = CopyCursor::new(cursor.position(), self.now());
+        let mut at = CopyCursor::new(cursor.position(), self.wall());
         loop {
             let seen = owner.version();
             let woken = state.wake.version();
-            let now = self.now();
+            let now = self.wall();
             let ending = state.stop.get() || self.is_stopping();
             let Some((parent, target, link)) = self.copy_topics(key).filter(|_| !ending) else {
                 if let Some(position) = at.unstored() {
@@ -721,7 +721,7 @@ impl<F: FileSystem> Shard<F> {
         for byte in key.parent.bytes().chain(key.child.bytes()) {
             seed = (seed ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
         }
-        seed ^ u64::from(key.partition) ^ self.now()
+        seed ^ u64::from(key.partition) ^ self.wall()
     }
 
     /// Where a new child's copy of this partition starts: the first message

@@ -45,7 +45,7 @@ impl<F: FileSystem> Shard<F> {
         let visibility = request
             .visibility_timeout_ms
             .unwrap_or(topic.config.visibility_timeout_ms);
-        let deadline = self.now() + request.wait_ms;
+        let deadline = self.mono() + request.wait_ms;
         let room = request.max_messages;
         let name: &str = &topic.name;
         // The wake-up that started this round, if any: it is finished (or,
@@ -69,7 +69,7 @@ impl<F: FileSystem> Shard<F> {
                 }
                 woken.finish(got.len());
             }
-            let now = self.now();
+            let now = self.mono();
             if !got.is_empty() || now >= deadline || self.flow.stopping.get() {
                 return Ok(got);
             }
@@ -200,7 +200,7 @@ impl<F: FileSystem> Shard<F> {
             if room == 0 {
                 break;
             }
-            let asked_at = self.now();
+            let asked_at = self.mono();
             if !peers.worth_asking(node, &topic.name, asked_at) {
                 continue;
             }
@@ -247,8 +247,9 @@ impl<F: FileSystem> Shard<F> {
             }
             let owner = self.owner(topic, partition).await?;
             self.sweep_owner(&topic.name, &owner);
+            let now = self.now();
             let deliveries = owner
-                .consume(max - out.len(), visibility, self.now())
+                .consume(max - out.len(), visibility, now)
                 .await
                 .map_err(|e| from_owner(&e))?;
             for delivery in deliveries {
@@ -269,7 +270,7 @@ impl<F: FileSystem> Shard<F> {
                     receipt,
                     delivery_count: delivery.lease.delivery_count,
                     produced_at_ms: delivery.message.produced_at_ms,
-                    lease_expires_at_ms: delivery.lease.expires_at_ms,
+                    lease_expires_at_ms: now.wall_of(delivery.lease.expires_at_ms),
                 });
             }
         }

@@ -15,11 +15,11 @@ impl<F: FileSystem> Shard<F> {
     pub async fn run_dispatcher(self: Rc<Self>) {
         loop {
             let seen = self.dispatch.signal.version();
-            let due = self.dispatch.queue.borrow().reroutes_due(self.now());
+            let due = self.dispatch.queue.borrow().reroutes_due(self.mono());
             for destination in due {
                 self.reroute(&destination);
             }
-            let batches = self.dispatch.queue.borrow_mut().poll_ready(self.now());
+            let batches = self.dispatch.queue.borrow_mut().poll_ready(self.mono());
             for batch in batches {
                 let shard = self.clone();
                 self.env
@@ -29,8 +29,9 @@ impl<F: FileSystem> Shard<F> {
             if self.flow.stopping.get() && self.undispatched() == 0 {
                 return;
             }
-            let deadline = self.dispatch.queue.borrow().next_deadline_ms(self.now());
-            let wait = deadline.map(|d| Duration::from_millis(d.saturating_sub(self.now()).max(1)));
+            let deadline = self.dispatch.queue.borrow().next_deadline_ms(self.mono());
+            let wait =
+                deadline.map(|d| Duration::from_millis(d.saturating_sub(self.mono()).max(1)));
             match wait {
                 Some(wait) => {
                     futures_lite::future::or(
@@ -133,7 +134,7 @@ impl<F: FileSystem> Shard<F> {
                     .dispatch
                     .queue
                     .borrow_mut()
-                    .on_committed(batch.batch_id, self.now());
+                    .on_committed(batch.batch_id, self.mono());
                 for pos in positions {
                     self.wal.mark_committed(pos);
                 }
@@ -146,11 +147,11 @@ impl<F: FileSystem> Shard<F> {
                 }
                 let mut queue = self.dispatch.queue.borrow_mut();
                 let outcome = if moved {
-                    queue.on_moved(batch.batch_id, self.now())
+                    queue.on_moved(batch.batch_id, self.mono())
                 } else if owner_dead {
-                    queue.on_owner_dead(batch.batch_id, self.now())
+                    queue.on_owner_dead(batch.batch_id, self.mono())
                 } else {
-                    queue.on_failed(batch.batch_id, self.now())
+                    queue.on_failed(batch.batch_id, self.mono())
                 };
                 drop(queue);
                 if matches!(outcome, Some(FailureOutcome::RerouteDue { .. })) {
@@ -181,7 +182,7 @@ impl<F: FileSystem> Shard<F> {
         let placement = self.placement(&topic);
         let failing = placement.node_of(from.partition);
         let turn = self.flow.round_robin.get().wrapping_add(1);
-        let now = self.now();
+        let now = self.mono();
         let rerouting = |partition| {
             let sibling = Destination {
                 topic: from.topic.clone(),

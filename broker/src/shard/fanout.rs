@@ -40,7 +40,7 @@ impl<F: FileSystem> Shard<F> {
             rotation,
         );
         let other_nodes = others.len();
-        let now = self.now();
+        let now = self.mono();
         let skipped = |node: NodeId| {
             self.is_dead(node)
                 || self
@@ -87,7 +87,7 @@ impl<F: FileSystem> Shard<F> {
                     "a node did not answer; skipping it for a while"
                 );
                 if let Some(peers) = &self.remote.peers {
-                    peers.unreachable(node, self.now());
+                    peers.unreachable(node, self.mono());
                 }
                 None
             }

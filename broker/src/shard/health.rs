@@ -80,7 +80,7 @@ impl<F: FileSystem> Shard<F> {
             );
         }
         let peers = self.remote.peers.as_ref();
-        if peers.is_some_and(|p| p.recently_unreachable(node, self.now())) {
+        if peers.is_some_and(|p| p.recently_unreachable(node, self.mono())) {
             return MemberReadiness::Unreachable(
                 "the node did not answer this node lately".to_string(),
             );
@@ -93,7 +93,7 @@ impl<F: FileSystem> Shard<F> {
             Ok(Err(error)) | Err(CallError::Refused(error)) => MemberReadiness::NotReady(error),
             Err(CallError::Unreachable(reason)) => {
                 if let Some(peers) = peers {
-                    peers.unreachable(node, self.now());
+                    peers.unreachable(node, self.mono());
                 }
                 MemberReadiness::Unreachable(format!(
                     "the node could not be asked (waiting at most {} ms): {reason}",

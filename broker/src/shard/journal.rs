@@ -67,7 +67,7 @@ impl<F: FileSystem> Shard<F> {
                 }
             }
             Location::Shard(shard) => {
-                let accept_ms = self.now();
+                let accept_ms = self.wall();
                 let op = Produce {
                     topic: TopicRef::of(topic),
                     partition,
@@ -184,7 +184,7 @@ impl<F: FileSystem> Shard<F> {
         let Some(shard) = self.me.upgrade() else {
             return Err(JournalOutcome::NotTaken);
         };
-        let accept_ms = self.now();
+        let accept_ms = self.wall();
         let partition = placed.first().map_or(0, |p| p.partition);
         let messages: Vec<Message> = placed
             .iter()
@@ -505,7 +505,7 @@ impl<F: FileSystem> Shard<F> {
             again_as_new = leftover.len(),
             "journal records recovered from the WAL"
         );
-        let now = self.now();
+        let now = self.mono();
         let mut dispatcher = self.dispatch.queue.borrow_mut();
         for (pos, message) in leftover {
             dispatcher.push(

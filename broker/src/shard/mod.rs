@@ -24,7 +24,7 @@ use narad_net::{ApiError, ErrorCode};
 use narad_raft::node::MetaSnapshot;
 use narad_raft::state::{Applied, Command, MetaState, NodeId, Topic, TopicConfig};
 use narad_raft::store::MetaView;
-use narad_storage::clock::SharedClock;
+use narad_storage::clock::{Now, SharedClock};
 use narad_storage::consumer::{ConsumerConfig, ConsumerState};
 use narad_storage::error::StorageError;
 use narad_storage::io::faulty::{Fault, FaultControl, FaultyFs};
@@ -416,7 +416,18 @@ impl<F: FileSystem> Shard<F> {
         self.flow.stopping.get()
     }
 
-    fn now(&self) -> u64 {
+    /// Both clocks at once: what a partition owner takes.
+    fn now(&self) -> Now {
+        self.env.clock.now()
+    }
+
+    /// The monotonic clock: every duration, deadline and timer of the shard.
+    pub fn mono(&self) -> u64 {
+        self.env.clock.mono_ms()
+    }
+
+    /// The wall clock: times that are kept, shown or sent to other nodes.
+    fn wall(&self) -> u64 {
         self.env.clock.now_ms()
     }
 

@@ -139,10 +139,10 @@ impl<F: FileSystem> Shard<F> {
         if self.moves.frozen.borrow().is_empty() || !frozen() {
             return;
         }
-        let deadline = self.now().saturating_add(max.as_millis() as u64);
+        let deadline = self.mono().saturating_add(max.as_millis() as u64);
         loop {
             let seen = self.moves.thawed.version();
-            let left = deadline.saturating_sub(self.now());
+            let left = deadline.saturating_sub(self.mono());
             if !frozen() || left == 0 {
                 return;
             }
@@ -216,7 +216,7 @@ impl<F: FileSystem> Shard<F> {
                     .moves
                     .frozen
                     .borrow_mut()
-                    .insert(key.clone(), (op.move_id.clone(), self.now()))
+                    .insert(key.clone(), (op.move_id.clone(), self.mono()))
                     .is_none();
                 if fresh {
                     tracing::info!(topic = %topic.name, partition = op.partition, id = %op.move_id, "freezing the partition for its handover");
@@ -266,7 +266,7 @@ impl<F: FileSystem> Shard<F> {
     /// serves again only if that applied (else the handover did, and the
     /// metadata's change ends the freeze).
     async fn end_stuck_freezes(&self) {
-        let now = self.now();
+        let now = self.mono();
         let stuck: Vec<(OwnerKey, String)> = self
             .moves
             .frozen
@@ -281,7 +281,7 @@ impl<F: FileSystem> Shard<F> {
                 end: MoveEnd::Abandoned {
                     reason: format!("no handover within {MOVE_FREEZE_MAX:?} of the freeze"),
                 },
-                now_ms: now,
+                now_ms: self.wall(),
             };
             match self.env.meta.propose(end).await {
                 Ok(_) => {
@@ -354,7 +354,7 @@ impl<F: FileSystem> Shard<F> {
             if handed_over {
                 // How long commits here waited (the destination's
                 // `freeze_ms` plus this node's apply of the handover).
-                let frozen_ms = self.now().saturating_sub(since);
+                let frozen_ms = self.mono().saturating_sub(since);
                 tracing::info!(topic = %key.0, partition = key.2, frozen_ms, "partition handed over to its new owner");
             } else if let Some(OwnerSlot::Ready(owner)) = self.owners.slots.borrow().get(&key) {
                 owner.thaw();
@@ -414,7 +414,7 @@ impl<F: FileSystem> Shard<F> {
     /// destination might not copy.
     fn freeze_handovers_under_way(&self, state: &MetaState) {
         let shards = usize::from(self.identity.shards);
-        let now = self.now();
+        let now = self.mono();
         for handover in state.moves.values().filter(|m| {
             m.state == MoveState::Freezing
                 && m.from == self.me()
@@ -489,13 +489,13 @@ impl<F: FileSystem> Shard<F> {
                 end: MoveEnd::Abandoned {
                     reason: "the destination node is dead".to_string(),
                 },
-                now_ms: self.now(),
+                now_ms: self.wall(),
             };
             if let Err(error) = self.env.meta.propose(end).await {
                 tracing::debug!(%error, "a move to a dead node was not abandoned yet");
             }
         }
-        let now = self.now();
+        let now = self.mono();
         if now.saturating_sub(self.moves.replanned_at.get()) < DECOMMISSION_REPLAN_INTERVAL_MS {
             return;
         }
@@ -551,7 +551,7 @@ impl<F: FileSystem> Shard<F> {
                     id: planned.id.clone(),
                     max_running: u32::try_from(self.settings.cluster.max_concurrent_moves)
                         .unwrap_or(u32::MAX),
-                    now_ms: self.now(),
+                    now_ms: self.wall(),
                 };
                 match self.env.meta.propose(start).await {
                     Ok(Applied::MoveChanged(m)) if m.state == MoveState::Copying => planned = m,
@@ -597,7 +597,7 @@ impl<F: FileSystem> Shard<F> {
             end: MoveEnd::Abandoned {
                 reason: reason.to_string(),
             },
-            now_ms: self.now(),
+            now_ms: self.wall(),
         };
         let _ = self.env.meta.propose(end).await;
         let thaw = MoveSource {
@@ -666,7 +666,7 @@ impl<F: FileSystem> Shard<F> {
     /// the controller marks dead for a moment under load is waited for.
     fn dead_long_enough(&self, planned: &Move, node: NodeId) -> bool {
         self.dead_end_at(planned, node)
-            .is_some_and(|at| self.now() >= at)
+            .is_some_and(|at| self.wall() >= at)
     }
 
     /// When `node`, an end of the move that is marked dead, will have been
@@ -748,7 +748,7 @@ impl<F: FileSystem> Shard<F> {
 
     async fn report_progress(&self, planned: &Move, copied: u64, remaining: u64, freezing: bool) {
         let elapsed_ms = self
-            .now()
+            .wall()
             .saturating_sub(planned.started_at_ms.unwrap_or(planned.planned_at_ms))
             .max(1);
         let progress = Command::MoveProgress {
@@ -792,7 +792,7 @@ impl<F: FileSystem> Shard<F> {
             planned: planned.clone(),
             dir,
             incoming,
-            copy: MoveCopy::new(self.settings.cluster.move_bytes_per_s, self.now()),
+            copy: MoveCopy::new(self.settings.cluster.move_bytes_per_s, self.mono()),
             verified: VerifiedCopy::default(),
         };
         match self.copy_and_hand_over(&topic, &mut run).await {
@@ -807,9 +807,9 @@ impl<F: FileSystem> Shard<F> {
     /// installs it and hands over.
     async fn copy_and_hand_over(&self, topic: &Topic, run: &mut MoveRun) -> Result<(), Stalled> {
         let fs = &self.env.fs;
-        let mut froze_at = self.now();
+        let mut froze_at = self.mono();
         loop {
-            match run.copy.next(self.now()) {
+            match run.copy.next(self.mono()) {
                 Step::Ask(action) => {
                     let freeze = action == MoveAction::Freeze;
                     let answer = self.ask_patiently(&run.planned, action).await?;
@@ -836,7 +836,7 @@ impl<F: FileSystem> Shard<F> {
                     self.report_progress(&run.planned, copied, remaining, freezing)
                         .await;
                     if freezing {
-                        froze_at = self.now();
+                        froze_at = self.mono();
                     }
                 }
                 Step::Throttle(wait) => self.env.runtime.sleep(wait).await,
@@ -849,9 +849,9 @@ impl<F: FileSystem> Shard<F> {
                 Step::Install => break,
             }
         }
-        let copied_at = self.now();
+        let copied_at = self.mono();
         let owner = self.install(topic, run, true).await?;
-        let installed_at = self.now();
+        let installed_at = self.mono();
         if owner.high_watermark() != run.copy.latest().high_watermark {
             return Err(Stalled::Failed(ApiError::new(
                 ErrorCode::Internal,
@@ -865,7 +865,7 @@ impl<F: FileSystem> Shard<F> {
         // Once applied here, its messages are announced (see
         // `wake_polls_on_handovers`).
         self.hand_over(&run.planned, MoveEnd::Done).await?;
-        let freeze_ms = self.now().saturating_sub(froze_at);
+        let freeze_ms = self.mono().saturating_sub(froze_at);
         metrics::histogram!(crate::metric_names::MOVE_FREEZE_SECONDS)
             .record(freeze_ms as f64 / 1000.0);
         tracing::info!(
@@ -873,7 +873,7 @@ impl<F: FileSystem> Shard<F> {
             freeze_ms,
             copy_ms = copied_at.saturating_sub(froze_at),
             install_ms = installed_at.saturating_sub(copied_at),
-            hand_over_ms = self.now().saturating_sub(installed_at),
+            hand_over_ms = self.mono().saturating_sub(installed_at),
             bytes = run.copy.progress().copied_bytes(),
             "partition handed over"
         );
@@ -945,7 +945,7 @@ impl<F: FileSystem> Shard<F> {
     ) -> Result<Owner<F>, Stalled> {
         let fs = &self.env.fs;
         let failed = |e: StorageError| Stalled::Failed(from_storage(&e));
-        let started = self.now();
+        let started = self.mono();
         self.sync_and_verify(run).await?;
         // A copy whose source died mid-read ends inside a batch: it is
         // promoted at the end of its last whole batch.
@@ -953,7 +953,7 @@ impl<F: FileSystem> Shard<F> {
             .cut_partial_batches(fs, &run.incoming, run.copy.progress())
             .await
             .map_err(failed)?;
-        let synced_at = self.now();
+        let synced_at = self.mono();
         let latest = run.copy.latest();
         let acks = match AckSet::decode(&latest.acks) {
             Some(acks) => acks,
@@ -989,7 +989,7 @@ impl<F: FileSystem> Shard<F> {
         }
         let key = (topic.name.clone(), topic.incarnation, run.planned.partition);
         self.moves.installing.borrow_mut().insert(key.clone());
-        let placed_at = self.now();
+        let placed_at = self.mono();
         self.moves
             .verified
             .borrow_mut()
@@ -1002,7 +1002,7 @@ impl<F: FileSystem> Shard<F> {
             id = run.planned.id,
             sync_ms = synced_at.saturating_sub(started),
             state_ms = placed_at.saturating_sub(synced_at),
-            open_ms = self.now().saturating_sub(placed_at),
+            open_ms = self.mono().saturating_sub(placed_at),
             "a move's copy installed"
         );
         Ok(owner)
@@ -1020,7 +1020,7 @@ impl<F: FileSystem> Shard<F> {
             let command = Command::EndMove {
                 id: planned.id.clone(),
                 end: end.clone(),
-                now_ms: self.now(),
+                now_ms: self.wall(),
             };
             match self.env.meta.propose(command).await {
                 Ok(_) => return Ok(()),
@@ -1246,7 +1246,7 @@ impl<F: FileSystem> Shard<F> {
         let command = Command::PlanMoves {
             moves: plans,
             decommission,
-            now_ms: self.now(),
+            now_ms: self.wall(),
         };
         match self
             .env

@@ -133,7 +133,7 @@ impl<F: FileSystem> Shard<F> {
         owner.use_journal(self.wal.clone());
         self.replay_journal_into(&key, &owner).await?;
         owner
-            .load_idempotency_keys(self.now())
+            .load_idempotency_keys(self.wall())
             .await
             .map_err(|e| from_owner(&e))?;
         owner

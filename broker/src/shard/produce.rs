@@ -187,7 +187,7 @@ impl<F: FileSystem> Shard<F> {
                 "the node is still recovering the idempotency keys it accepted; try again shortly",
             ));
         }
-        let accept_ms = self.now();
+        let accept_ms = self.wall();
         let topic_name: Arc<str> = Arc::from(topic.name.as_str());
         let placed: Vec<Placed> = messages
             .into_iter()
@@ -248,7 +248,7 @@ impl<F: FileSystem> Shard<F> {
                 })
                 .collect();
             // Claimed in one step: the guard lets go of claims nothing wrote.
-            let (claims, guard) = self.env.keys.claim(self.now(), &wanted);
+            let (claims, guard) = self.env.keys.claim(self.wall(), &wanted);
             let mut claims = claims.into_iter();
             let mut to_write = Vec::with_capacity(pending.len());
             let mut waiting = Vec::new();
@@ -331,7 +331,7 @@ impl<F: FileSystem> Shard<F> {
         topic: &Topic,
         placed: Vec<Placed>,
     ) -> Result<(), ApiError> {
-        let accept_ms = self.now();
+        let accept_ms = self.wall();
         let records: Vec<WalRecordRef<'_>> = placed
             .iter()
             .map(|p| WalRecordRef {
@@ -436,7 +436,7 @@ impl<F: FileSystem> Shard<F> {
         // (as key-only records: their own records may be committed).
         self.env
             .keys
-            .recover(recovery.keys.iter().map(|(_, key)| key), self.now());
+            .recover(recovery.keys.iter().map(|(_, key)| key), self.wall());
         self.env.keys.shard_loaded();
         let carried: Vec<WalRecord> = recovery.keys.iter().map(|(_, k)| k.carried()).collect();
         for chunk in carried.chunks(ADOPT_CHUNK_RECORDS) {
@@ -586,7 +586,7 @@ impl<F: FileSystem> Shard<F> {
     /// committer calls it after each group commit.
     pub fn dispatch_durable(&self) {
         let durable_end = self.wal.durable_end();
-        let now = self.now();
+        let now = self.mono();
         let mut waiting = self.dispatch.awaiting.borrow_mut();
         let mut dispatcher = self.dispatch.queue.borrow_mut();
         let mut moved = false;
@@ -615,7 +615,7 @@ impl<F: FileSystem> Shard<F> {
 
     /// Hands records recovered from the WAL to the dispatcher again.
     pub fn redispatch(&self, records: Vec<(u64, WalRecord)>) {
-        let now = self.now();
+        let now = self.mono();
         let mut dispatcher = self.dispatch.queue.borrow_mut();
         for (pos, record) in records {
             // It may be in its partition's log already.

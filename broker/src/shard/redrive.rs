@@ -106,7 +106,7 @@ impl<F: FileSystem> Shard<F> {
             rate_per_s: request.rate_per_s,
             max_messages: request.max_messages,
             node: self.me(),
-            now_ms: self.now(),
+            now_ms: self.wall(),
         };
         let redrive = match self.propose(command).await? {
             Applied::RedriveChanged(redrive) => redrive,
@@ -226,8 +226,8 @@ impl<F: FileSystem> Shard<F> {
         tracing::info!(id, dlq = %start.dlq, to = %start.to, rate_per_s = ?start.rate_per_s, "redrive running");
         let mut moved = start.moved;
         let mut reported = moved;
-        let mut reported_at = self.now();
-        let mut bucket = start.rate_per_s.map(|rate| Bucket::new(rate, self.now()));
+        let mut reported_at = self.mono();
+        let mut bucket = start.rate_per_s.map(|rate| Bucket::new(rate, self.mono()));
         // When the topic was first found empty: it must stay so for
         // REDRIVE_EMPTY_GRACE, since messages accepted just before may not
         // have reached their partitions yet.
@@ -240,12 +240,12 @@ impl<F: FileSystem> Shard<F> {
             let Some(redrive) = self.running_redrive(id) else {
                 break None;
             };
-            if self.now().saturating_sub(reported_at)
+            if self.mono().saturating_sub(reported_at)
                 >= REDRIVE_PROGRESS_INTERVAL.as_millis() as u64
                 && moved != reported
             {
                 self.report_redrive(id, moved, None).await;
-                (reported, reported_at) = (moved, self.now());
+                (reported, reported_at) = (moved, self.mono());
             }
             let left = redrive.max_messages.map(|max| max.saturating_sub(moved));
             if left == Some(0) {
@@ -253,7 +253,7 @@ impl<F: FileSystem> Shard<F> {
             }
             let mut want = left.unwrap_or(u64::MAX).min(REDRIVE_BATCH_MAX as u64);
             if let Some(bucket) = &mut bucket {
-                let tokens = bucket.available(self.now());
+                let tokens = bucket.available(self.mono());
                 if tokens == 0 {
                     let wait = Duration::from_millis(bucket.wait_ms().max(1));
                     self.env.runtime.sleep(wait).await;
@@ -270,7 +270,7 @@ impl<F: FileSystem> Shard<F> {
                     }
                 }
                 Ok(None) => {
-                    let now = self.now();
+                    let now = self.mono();
                     let since = *empty_since.get_or_insert(now);
                     if now.saturating_sub(since) >= REDRIVE_EMPTY_GRACE.as_millis() as u64 {
                         break Some(RedriveState::Done);

@@ -146,7 +146,7 @@ impl<F: FileSystem> Shard<F> {
                     name: name.to_string(),
                     password_hash: hash,
                     if_absent: false,
-                    now_ms: self.now(),
+                    now_ms: self.wall(),
                 },
                 |state| {
                     state
@@ -172,7 +172,7 @@ impl<F: FileSystem> Shard<F> {
                 name: ADMIN_USER.to_string(),
                 password_hash: hash.clone(),
                 if_absent: true,
-                now_ms: self.now(),
+                now_ms: self.wall(),
             };
             match self.env.meta.propose(command).await {
                 Ok(applied) => {
@@ -216,7 +216,7 @@ impl<F: FileSystem> Shard<F> {
 
     pub async fn add_token(&self, user: &str) -> Result<(NewToken, u64), ApiError> {
         let token = auth::new_token().map_err(|e| ApiError::new(ErrorCode::Internal, e))?;
-        let now_ms = self.now();
+        let now_ms = self.wall();
         self.change(
             Command::AddToken {
                 user: user.to_string(),

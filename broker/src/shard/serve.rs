@@ -146,7 +146,7 @@ impl<F: FileSystem> Shard<F> {
         self.wake_every_poll();
         if from == Reach::Node {
             if let Some(peers) = &self.remote.peers {
-                peers.heard_available(op.from, self.now());
+                peers.heard_available(op.from, self.mono());
             }
             self.wake_other_shards_every_poll();
         }
@@ -156,7 +156,7 @@ impl<F: FileSystem> Shard<F> {
     /// here that cover them, then on the node's other shards what is left.
     fn heard_gained(&self, op: &Gained) {
         if let Some(peers) = &self.remote.peers {
-            peers.heard_available(op.from, self.now());
+            peers.heard_available(op.from, self.mono());
         }
         for (topic, count) in &op.topics {
             let left = self.flow.polls.gained_elsewhere(topic, *count);

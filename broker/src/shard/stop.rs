@@ -11,8 +11,8 @@ impl<F: FileSystem> Shard<F> {
         self.wake_every_poll();
         self.flow.polls.forward_due.notify();
         self.dispatch.signal.notify();
-        let deadline = self.now() + STOP_DRAIN_TIMEOUT.as_millis() as u64;
-        while self.undispatched() > 0 && self.now() < deadline {
+        let deadline = self.mono() + STOP_DRAIN_TIMEOUT.as_millis() as u64;
+        while self.undispatched() > 0 && self.mono() < deadline {
             let seen = self.dispatch.signal.version();
             futures_lite::future::or(
                 self.dispatch.signal.changed(seen),
@@ -21,7 +21,7 @@ impl<F: FileSystem> Shard<F> {
             .await;
         }
         // Commits other nodes sent before the stop finish and are answered.
-        while self.remote.in_flight.get() > 0 && self.now() < deadline {
+        while self.remote.in_flight.get() > 0 && self.mono() < deadline {
             let seen = self.remote.done.version();
             futures_lite::future::or(
                 self.remote.done.changed(seen),
@@ -32,7 +32,7 @@ impl<F: FileSystem> Shard<F> {
         // Copies to children end and store their cursors (a graceful
         // restart copies nothing twice).
         self.stop_copies();
-        while self.copies_running() > 0 && self.now() < deadline {
+        while self.copies_running() > 0 && self.mono() < deadline {
             self.env.runtime.sleep(STOP_DRAIN_POLL).await;
         }
         let copies = self.copies_running();
@@ -61,7 +61,7 @@ impl<F: FileSystem> Shard<F> {
         // nothing to put back.
         self.sync_journals().await;
         self.wal.close();
-        if let Err(error) = self.wal.checkpoint(self.now()).await {
+        if let Err(error) = self.wal.checkpoint(self.wall()).await {
             tracing::error!(%error, "final WAL checkpoint failed");
         }
         for owner in self.open_owners() {

@@ -61,7 +61,7 @@ impl<F: FileSystem> Shard<F> {
             name: name.to_string(),
             config,
             new_owners,
-            now_ms: self.now(),
+            now_ms: self.wall(),
         };
         let (created, topic) = match self.propose(command).await? {
             Applied::TopicCreated(topic) => (true, topic),
@@ -161,10 +161,10 @@ impl<F: FileSystem> Shard<F> {
     /// [`LOCAL_APPLY_WAIT`] (the leader applies a change first).
     pub(super) async fn applied_here_when(&self, holds: impl Fn(&MetaState) -> bool) {
         let mut changes = self.env.meta.subscribe();
-        let deadline = self.now() + LOCAL_APPLY_WAIT.as_millis() as u64;
+        let deadline = self.mono() + LOCAL_APPLY_WAIT.as_millis() as u64;
         loop {
             let held = holds(&changes.borrow_and_update().state);
-            let now = self.now();
+            let now = self.mono();
             if held || now >= deadline {
                 return;
             }

@@ -81,7 +81,7 @@ impl Executor {
     }
 
     pub fn now_ms(&self) -> u64 {
-        self.clock.now_ms()
+        self.clock.mono_ms()
     }
 
     /// Steps taken so far.
@@ -177,10 +177,10 @@ impl Executor {
         let Some((deadline, _)) = self.timers.borrow().keys().next().copied() else {
             return false;
         };
-        if deadline > self.clock.now_ms() {
+        if deadline > self.clock.mono_ms() {
             self.clock.set_ms(deadline);
         }
-        let now = self.clock.now_ms();
+        let now = self.clock.mono_ms();
         let due: Vec<Waker> = {
             let mut timers = self.timers.borrow_mut();
             let later = timers.split_off(&(now + 1, 0));
@@ -202,7 +202,7 @@ impl Executor {
             if done() {
                 return true;
             }
-            if self.clock.now_ms() > until_ms {
+            if self.clock.mono_ms() > until_ms {
                 return false;
             }
             let steps = self.steps.get() + 1;
@@ -213,7 +213,7 @@ impl Executor {
                  (tasks waking each other without end?); replay with NARAD_SIM_SEED={seed} \
                  NARAD_SIM_ITERATIONS=1 cargo test -p narad-broker --test simulation",
                 seed = self.seed,
-                now = self.clock.now_ms(),
+                now = self.clock.mono_ms(),
             );
             if !self.step() {
                 return done();
@@ -226,7 +226,7 @@ impl Executor {
         let ms = if duration.is_zero() { 0 } else { ms.max(1) };
         Sleep {
             executor: self.clone(),
-            deadline: self.clock.now_ms().saturating_add(ms),
+            deadline: self.clock.mono_ms().saturating_add(ms),
             key: None,
         }
     }
@@ -243,7 +243,7 @@ impl Future for Sleep {
     type Output = ();
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if self.executor.clock.now_ms() >= self.deadline {
+        if self.executor.clock.mono_ms() >= self.deadline {
             if let Some(key) = self.key.take() {
                 self.executor.timers.borrow_mut().remove(&key);
             }
