@@ -301,6 +301,11 @@ pub const SHARE_FETCH_WAIT_MS_MAX: u64 = 20_000;
 /// How often a node that has not yet recorded its Kafka address in the
 /// metastore tries again (no quorum, no leader yet).
 pub const KAFKA_ADDRESS_RETRY: Duration = Duration::from_secs(1);
+/// Metadata asks an owner that it would name as a partition's leader
+/// whether it answers, at most this often (a probe waits at most
+/// `READINESS_CALL_TIMEOUT`); one that has not answered for
+/// `dispatcher.reroute_after_ms` is not named.
+pub const KAFKA_LEADER_PROBE_INTERVAL_MS: u64 = 1_000;
 /// A REJECTed share record's lock is held this long while its copy is
 /// written to the dead-letter topic (a WAL append takes milliseconds).
 pub const KAFKA_REJECT_HOLD_MS: u64 = 30_000;

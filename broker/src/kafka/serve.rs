@@ -4,7 +4,8 @@
 //!
 //! Every node answers Metadata with every alive node that has a Kafka
 //! listener as a broker (broker id = node id) and each partition's owner as
-//! its leader (this node when the owner has no listener): a producer then
+//! its leader (this node when the owner has no listener, or has not
+//! answered for the reroute time: [`super::leaders`]): a producer then
 //! sends each partition's records where they are committed without a hop,
 //! and any node still takes any partition, so a client is never told it
 //! asked the wrong broker.
@@ -39,13 +40,14 @@ use narad_raft::state::{Action, Topic};
 use super::epochs::ProducerEpochs;
 use super::errors::kafka_error;
 use super::frame::{decode_request, encode_response, FrameError, Request};
+use super::leaders::OwnerWatch;
 use super::records::{records_of, Producer, RecordsError};
 use super::sasl::{before_login, Caller, Login};
 use super::share::ShareGroups;
 use super::versions::{api_versions, FALLBACK_VERSION};
 use crate::limits::KAFKA_OVERLOAD_THROTTLE_MS;
 use crate::metric_names::KAFKA_REQUESTS_TOTAL;
-use crate::shard::{Incoming, Shard};
+use crate::shard::{Incoming, MemberReadiness, Shard};
 
 /// A node's Kafka listener as clients reach it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -100,6 +102,8 @@ pub struct Answerer {
     pub(super) shares: Arc<ShareGroups>,
     /// The newest epoch of each idempotent producer (all shards').
     producers: Arc<ProducerEpochs>,
+    /// Whether the owners Metadata would name answer this shard.
+    owners: Rc<RefCell<OwnerWatch>>,
 }
 
 impl Answerer {
@@ -114,7 +118,33 @@ impl Answerer {
             me,
             shares,
             producers,
+            owners: Rc::default(),
         }
+    }
+
+    /// Whether Metadata names `owner` as its partitions' leader: not once
+    /// it has failed to answer this shard for the reroute time (then this
+    /// node is named). Asks it in the background, at most once a second.
+    fn names_owner(&self, owner: u64) -> bool {
+        let now = self.shard.mono();
+        // Not borrowed across the spawn: glommio may run the probe at once.
+        let probe = self.owners.borrow_mut().start_probe(owner, now);
+        if probe {
+            let shard = self.shard.clone();
+            let owners = self.owners.clone();
+            // Followed through whatever becomes of the request.
+            glommio::spawn_local(async move {
+                let answered = shard
+                    .readiness_of(&[owner])
+                    .await
+                    .iter()
+                    .all(|r| !matches!(r, MemberReadiness::Unreachable(_)));
+                owners.borrow_mut().probed(owner, now, answered);
+            })
+            .detach();
+        }
+        let reroute_after_ms = self.shard.settings().dispatcher.reroute_after_ms;
+        self.owners.borrow().naming(owner, now, reroute_after_ms)
     }
 
     /// Whether connections must authenticate (`auth.enabled`).
@@ -264,7 +294,8 @@ impl Answerer {
         let brokers = self.brokers();
         let leader_of = |owner: u64| -> i32 {
             match i32::try_from(owner) {
-                Ok(owner) if brokers.iter().any(|b| b.node_id == owner) => owner,
+                Ok(id) if id == self.node_id() => id,
+                Ok(id) if brokers.iter().any(|b| b.node_id == id) && self.names_owner(owner) => id,
                 _ => self.node_id(),
             }
         };

@@ -1,7 +1,9 @@
 """Produces COUNT messages with librdkafka (confluent-kafka): an idempotent
 producer, acks=all, in the codec asked for, at most PER_SECOND a second if
 given. Keys PREFIX-i, values "PREFIX value i". Prints one JSON line:
-delivered (a count), errors, and keys (those the node said it stored)."""
+delivered (a count), errors, keys (those the node said it stored), and
+longest_gap_s: the longest wait between two successful reports of one
+partition while the producer was sending."""
 import json
 import sys
 import time
@@ -21,15 +23,22 @@ producer = Producer({
 delivered = 0
 errors = []
 keys = []
+last_report = {}
+longest_gap = 0.0
 
 
 def on_delivery(error, message):
-    global delivered
+    global delivered, longest_gap
     if error is not None:
         errors.append(str(error))
     else:
         delivered += 1
         keys.append(message.key().decode())
+        now = time.monotonic()
+        before = last_report.get(message.partition())
+        if before is not None:
+            longest_gap = max(longest_gap, now - before)
+        last_report[message.partition()] = now
 
 
 start = time.monotonic()
@@ -48,4 +57,4 @@ for i in range(int(count)):
     producer.poll(0)
 left = producer.flush(90)
 print(json.dumps({"delivered": delivered, "errors": errors[:5], "undelivered": left,
-                  "keys": keys}))
+                  "keys": keys, "longest_gap_s": round(longest_gap, 2)}))
