@@ -212,6 +212,47 @@ pub fn token_user<'s>(state: &'s MetaState, token: &str) -> Option<&'s str> {
     (matches && state.users.contains_key(&record.user)).then_some(record.user.as_str())
 }
 
+/// What a signed-in session's credentials stood on, so that a session
+/// that outlives them (a Kafka connection) can tell when they are gone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Standing {
+    /// The user's password as it was hashed at sign-in: deleting the user
+    /// or changing its password ends it.
+    Password { user: String, hash: String },
+    /// The token by its id: revoking it or deleting its user ends it.
+    Token { id: String },
+}
+
+impl Standing {
+    /// What `credentials`, just accepted, stand on in `state`.
+    pub fn of(state: &MetaState, credentials: &Credentials) -> Option<Self> {
+        match credentials {
+            Credentials::Basic { user, .. } => Some(Self::Password {
+                user: user.clone(),
+                hash: state.users.get(user)?.password_hash.clone(),
+            }),
+            Credentials::Bearer(token) => {
+                let (id, _) = token.strip_prefix(TOKEN_PREFIX)?.split_once('_')?;
+                Some(Self::Token { id: id.to_string() })
+            }
+        }
+    }
+
+    /// Whether the credentials still hold in `state`.
+    pub fn holds(&self, state: &MetaState) -> bool {
+        match self {
+            Self::Password { user, hash } => state
+                .users
+                .get(user)
+                .is_some_and(|u| &u.password_hash == hash),
+            Self::Token { id } => state
+                .tokens
+                .get(id)
+                .is_some_and(|t| state.users.contains_key(&t.user)),
+        }
+    }
+}
+
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }

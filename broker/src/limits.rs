@@ -301,6 +301,9 @@ pub const SHARE_FETCH_WAIT_MS_MAX: u64 = 20_000;
 /// How often a node that has not yet recorded its Kafka address in the
 /// metastore tries again (no quorum, no leader yet).
 pub const KAFKA_ADDRESS_RETRY: Duration = Duration::from_secs(1);
+/// A signed-in Kafka connection with no request under way checks this
+/// often that its credentials still hold (it is closed once they do not).
+pub const KAFKA_SESSION_CHECK_INTERVAL: Duration = Duration::from_secs(5);
 /// Metadata asks an owner that it would name as a partition's leader
 /// whether it answers, at most this often (a probe waits at most
 /// `READINESS_CALL_TIMEOUT`); one that has not answered for

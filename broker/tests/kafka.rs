@@ -1664,6 +1664,63 @@ fn with_auth_the_listener_takes_sasl_plain_over_tls_and_grants_hold() {
         ResponseError::TopicAuthorizationFailed.code()
     );
 
+    // Revoked credentials end the connections they signed in: a deleted
+    // user's at its next request, a changed password's too, and a revoked
+    // token's while the connection sends nothing.
+    let signed_in = |plain: &[u8]| {
+        let mut conn = Conn::connect_tls(
+            &node.kafka_addr.clone().expect("kafka address"),
+            &ca.cert_file,
+        );
+        let _: SaslHandshakeResponse = conn.call(
+            ApiKey::SaslHandshake,
+            1,
+            &SaslHandshakeRequest::default().with_mechanism(StrBytes::from_static_str("PLAIN")),
+        );
+        let accepted: SaslAuthenticateResponse = conn.call(
+            ApiKey::SaslAuthenticate,
+            2,
+            &SaslAuthenticateRequest::default().with_auth_bytes(Bytes::copy_from_slice(plain)),
+        );
+        assert_eq!(accepted.error_code, 0, "{:?}", accepted.error_message);
+        let _: MetadataResponse = conn.call(ApiKey::Metadata, 12, &MetadataRequest::default());
+        conn
+    };
+    let (status, answer) = admin("DELETE", "/v1/users/nobody", json!({}));
+    assert_eq!(status, 204, "{answer}");
+    seeing.send(ApiKey::Metadata, 12, &MetadataRequest::default());
+    assert!(seeing.closed(), "a deleted user's connection goes on");
+    let mut by_password = signed_in(b"\0reader\0reader-pw");
+    let (status, answer) = admin("PUT", "/v1/users/reader", json!({"password": "reader-pw"}));
+    assert_eq!(status, 200, "{answer}");
+    by_password.send(ApiKey::Metadata, 12, &MetadataRequest::default());
+    assert!(
+        by_password.closed(),
+        "a changed password's connection goes on"
+    );
+    let (status, answer) = admin("POST", "/v1/users/reader/tokens", json!({}));
+    assert_eq!(status, 201, "{answer}");
+    let second = answer["token"].as_str().expect("token").to_string();
+    let id = second
+        .strip_prefix("nrd_")
+        .and_then(|t| t.split_once('_'))
+        .map(|(id, _)| id.to_string())
+        .expect("a token's id");
+    let mut by_token = signed_in(format!("\0token\0{second}").as_bytes());
+    let (status, answer) = admin(
+        "DELETE",
+        &format!("/v1/users/reader/tokens/{id}"),
+        json!({}),
+    );
+    assert_eq!(status, 204, "{answer}");
+    let revoked = std::time::Instant::now();
+    assert!(by_token.closed(), "a revoked token's idle connection stays");
+    assert!(
+        revoked.elapsed() < Duration::from_secs(10),
+        "closed {:?} after the revocation",
+        revoked.elapsed()
+    );
+
     let Some(python) = python_with_clients() else {
         return;
     };

@@ -30,7 +30,7 @@ use super::sasl::Login;
 use super::serve::{Answer, Answerer};
 use crate::limits::{
     KAFKA_IDLE_TIMEOUT, KAFKA_IN_FLIGHT_PER_CONNECTION, KAFKA_REQUEST_BYTES_MAX,
-    KAFKA_TLS_HANDSHAKE_TIMEOUT,
+    KAFKA_SESSION_CHECK_INTERVAL, KAFKA_TLS_HANDSHAKE_TIMEOUT,
 };
 
 /// Bytes read from the socket at a time.
@@ -108,7 +108,8 @@ async fn handshake(
 enum Event {
     Read(std::io::Result<usize>),
     Answered(Option<Answer>),
-    Idle,
+    /// [`KAFKA_SESSION_CHECK_INTERVAL`] passed with nothing to do.
+    Quiet,
 }
 
 type Pending<'a> = FuturesOrdered<Pin<Box<dyn Future<Output = Answer> + 'a>>>;
@@ -124,6 +125,8 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
     let login = &login;
     let mut pending: Pending<'_> = FuturesOrdered::new();
     let mut reading = true;
+    // How long the connection has had no request under way.
+    let mut idle = std::time::Duration::ZERO;
     // Until it authenticated, a connection's requests run one at a time:
     // each sees what the one before it did to the login.
     let in_flight = || {
@@ -169,8 +172,8 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
             futures_lite::future::or(
                 async { Event::Read(stream.read(&mut chunk).await) },
                 async {
-                    glommio::timer::sleep(KAFKA_IDLE_TIMEOUT).await;
-                    Event::Idle
+                    glommio::timer::sleep(KAFKA_SESSION_CHECK_INTERVAL).await;
+                    Event::Quiet
                 },
             )
             .await
@@ -185,8 +188,21 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
         };
         match event {
             Event::Read(Ok(0)) => reading = false,
-            Event::Read(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
-            Event::Read(Err(_)) | Event::Idle => return,
+            Event::Read(Ok(n)) => {
+                idle = std::time::Duration::ZERO;
+                buf.extend_from_slice(&chunk[..n]);
+            }
+            Event::Read(Err(_)) => return,
+            Event::Quiet => {
+                idle += KAFKA_SESSION_CHECK_INTERVAL;
+                if idle >= KAFKA_IDLE_TIMEOUT {
+                    return;
+                }
+                if !answerer.login_holds(login) {
+                    tracing::info!("closing a Kafka connection: its credentials were revoked");
+                    return;
+                }
+            }
             Event::Answered(Some(Answer::Frame(frame))) => {
                 // Flushed: a TLS stream may hold the frame's last record.
                 if stream.write_all(&frame).await.is_err() || stream.flush().await.is_err() {

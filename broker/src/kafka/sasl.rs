@@ -5,7 +5,11 @@
 //! by the same code as HTTP's `Authorization` header. Any other request
 //! before that closes the connection, as a failed authentication does once
 //! its answer is written. From then on every request is that user's, and
-//! grants apply as over HTTP ([`Caller`]). With auth off, anyone may do
+//! grants apply as over HTTP ([`Caller`]). A connection whose credentials
+//! are revoked (the user deleted, its password changed, the token revoked)
+//! is closed at its next request, or within
+//! [`crate::limits::KAFKA_SESSION_CHECK_INTERVAL`] while idle: the client
+//! connects again and must sign in anew. With auth off, anyone may do
 //! anything and SASL is refused.
 
 use std::cell::RefCell;
@@ -51,6 +55,8 @@ enum Stage {
 #[derive(Debug)]
 pub struct Login {
     stage: RefCell<Stage>,
+    /// What its credentials stood on at sign-in (none with auth off).
+    standing: RefCell<Option<auth::Standing>>,
 }
 
 impl Login {
@@ -63,6 +69,7 @@ impl Login {
         };
         Self {
             stage: RefCell::new(stage),
+            standing: RefCell::new(None),
         }
     }
 
@@ -90,6 +97,16 @@ pub fn before_login(key: ApiKey) -> bool {
 }
 
 impl Answerer {
+    /// Whether the credentials `login` signed in with still hold (always,
+    /// before sign-in and with auth off).
+    pub fn login_holds(&self, login: &Login) -> bool {
+        login
+            .standing
+            .borrow()
+            .as_ref()
+            .is_none_or(|standing| standing.holds(&self.shard.meta().view().state))
+    }
+
     /// Whether `caller` may do `action` on `topic`: 403's error when not.
     pub(super) fn may(&self, caller: &Caller, action: Action, topic: &str) -> Result<(), ApiError> {
         match caller {
@@ -156,11 +173,18 @@ impl Answerer {
         let stage = login.stage.borrow().clone();
         let outcome = match stage {
             Stage::Authenticate => match auth::sasl_plain(&body.auth_bytes) {
-                Ok(credentials) => self
-                    .shard
-                    .authenticate_with(credentials)
-                    .await
-                    .map_err(|e| (ResponseError::SaslAuthenticationFailed, e.message)),
+                Ok(credentials) => {
+                    let signed_in = self
+                        .shard
+                        .authenticate_with(credentials.clone())
+                        .await
+                        .map_err(|e| (ResponseError::SaslAuthenticationFailed, e.message));
+                    if signed_in.is_ok() {
+                        *login.standing.borrow_mut() =
+                            auth::Standing::of(&self.shard.meta().view().state, &credentials);
+                    }
+                    signed_in
+                }
                 Err(error) => Err((ResponseError::SaslAuthenticationFailed, error.message)),
             },
             _ => Err((

@@ -185,6 +185,12 @@ impl Answerer {
             ApiKey::SaslAuthenticate => return self.sasl_authenticate(&request, login).await,
             _ => {}
         }
+        if !self.login_holds(login) {
+            count(label, "sasl_authentication_failed");
+            return Answer::Close(
+                "the credentials this connection signed in with were revoked".to_string(),
+            );
+        }
         let caller = match login.caller() {
             Some(caller) => caller,
             None if before_login(key) => Caller::Anyone,
