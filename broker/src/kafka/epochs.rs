@@ -87,8 +87,9 @@ impl ProducerEpochs {
                 sent: epoch,
                 newest,
             }),
-            Some(newest) if newest == epoch => Ok(()),
             _ => {
+                // Also a producer still at its newest epoch: kept among the
+                // newer generation, so a busy producer keeps its fence.
                 seen.set(id, epoch, self.per_generation);
                 Ok(())
             }

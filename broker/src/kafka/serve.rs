@@ -139,7 +139,9 @@ impl Answerer {
                     .await
                     .iter()
                     .all(|r| !matches!(r, MemberReadiness::Unreachable(_)));
-                owners.borrow_mut().probed(owner, now, answered);
+                owners
+                    .borrow_mut()
+                    .probed(owner, now, shard.mono(), answered);
             })
             .detach();
         }
