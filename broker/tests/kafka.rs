@@ -1634,39 +1634,7 @@ fn with_auth_the_listener_takes_sasl_plain_over_tls_and_grants_hold() {
         .as_ref()
         .is_some_and(|m| m.contains("wrong user name or password")));
     assert!(wrong.closed(), "closed after a failed authentication");
-    // Metadata lists only the topics a user holds a grant on.
-    let mut seeing = Conn::connect_tls(
-        &node.kafka_addr.clone().expect("kafka address"),
-        &ca.cert_file,
-    );
-    let _: SaslHandshakeResponse = seeing.call(
-        ApiKey::SaslHandshake,
-        1,
-        &SaslHandshakeRequest::default().with_mechanism(StrBytes::from_static_str("PLAIN")),
-    );
-    let accepted: SaslAuthenticateResponse = seeing.call(
-        ApiKey::SaslAuthenticate,
-        2,
-        &SaslAuthenticateRequest::default()
-            .with_auth_bytes(Bytes::from_static(b"\0nobody\0nobody-pw")),
-    );
-    assert_eq!(accepted.error_code, 0, "{:?}", accepted.error_message);
-    let listed: MetadataResponse = seeing.call(ApiKey::Metadata, 12, &MetadataRequest::default());
-    assert!(listed.topics.is_empty(), "nobody sees no topic: {listed:?}");
-    let named: MetadataResponse = seeing.call(
-        ApiKey::Metadata,
-        12,
-        &MetadataRequest::default().with_topics(Some(vec![MetadataRequestTopic::default()
-            .with_name(Some(TopicName(StrBytes::from_static_str("orders"))))])),
-    );
-    assert_eq!(
-        named.topics[0].error_code,
-        ResponseError::TopicAuthorizationFailed.code()
-    );
-
-    // Revoked credentials end the connections they signed in: a deleted
-    // user's at its next request, a changed password's too, and a revoked
-    // token's while the connection sends nothing.
+    // A connection signed in with `plain` (SASL PLAIN's message).
     let signed_in = |plain: &[u8]| {
         let mut conn = Conn::connect_tls(
             &node.kafka_addr.clone().expect("kafka address"),
@@ -1686,6 +1654,24 @@ fn with_auth_the_listener_takes_sasl_plain_over_tls_and_grants_hold() {
         let _: MetadataResponse = conn.call(ApiKey::Metadata, 12, &MetadataRequest::default());
         conn
     };
+    // Metadata lists only the topics a user holds a grant on.
+    let mut seeing = signed_in(b"\0nobody\0nobody-pw");
+    let listed: MetadataResponse = seeing.call(ApiKey::Metadata, 12, &MetadataRequest::default());
+    assert!(listed.topics.is_empty(), "nobody sees no topic: {listed:?}");
+    let named: MetadataResponse = seeing.call(
+        ApiKey::Metadata,
+        12,
+        &MetadataRequest::default().with_topics(Some(vec![MetadataRequestTopic::default()
+            .with_name(Some(TopicName(StrBytes::from_static_str("orders"))))])),
+    );
+    assert_eq!(
+        named.topics[0].error_code,
+        ResponseError::TopicAuthorizationFailed.code()
+    );
+
+    // Revoked credentials end the connections they signed in: a deleted
+    // user's at its next request, a changed password's too, and a revoked
+    // token's while the connection sends nothing.
     let (status, answer) = admin("DELETE", "/v1/users/nobody", json!({}));
     assert_eq!(status, 204, "{answer}");
     seeing.send(ApiKey::Metadata, 12, &MetadataRequest::default());
